@@ -1,0 +1,116 @@
+// On-media structures of a pmsnap pool (FORMAT.md describes them in prose).
+// Every struct here is stored in persistent memory: layout is pinned by
+// static_asserts, and changing any of them needs a new kFormatVersion.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace pmsnap::layout::detail {
+
+inline constexpr char kPoolMagic[8] = {'P', 'M', 'S', 'N', 'A', 'P', 'P', 'L'};
+inline constexpr std::uint64_t kChunkMagic = 0x4b4e4843534d50ull;  // "PMSCHNK"
+inline constexpr std::uint64_t kSlotDataAlignment = 4096;
+
+// Root header: immutable after creation, protected by header_checksum.
+struct PoolHeader {
+  char magic[8];                      // kPoolMagic, written last at creation
+  std::uint32_t format_version;       // kFormatVersion
+  std::uint32_t header_bytes;         // sizeof(PoolHeader)
+  std::uint64_t header_checksum;      // XXH3 of the header with this field 0
+  std::uint64_t model_signature;      // Manifest::Signature()
+  std::uint64_t created_unix_ns;
+  std::uint64_t part_bytes;
+  std::uint64_t extra_state_capacity;
+  std::uint64_t chunk_heap_bytes;
+  std::uint64_t unit_count;
+  std::uint64_t part_count;
+  std::uint64_t slot_bytes;
+  std::uint64_t record_bytes;
+  std::uint64_t manifest_offset;      // pool offsets (PMEMoid.off)
+  std::uint64_t manifest_bytes;
+  std::uint64_t manifest_checksum;
+  std::uint64_t slot_alloc_offset[2];  // allocation, for pmemobj
+  std::uint64_t slot_data_offset[2];   // kSlotDataAlignment-aligned data start
+  std::uint64_t slot_record_offset[2];
+  std::uint64_t reserved[11];
+};
+static_assert(std::is_standard_layout_v<PoolHeader>);
+static_assert(sizeof(PoolHeader) == 256);
+static_assert(offsetof(PoolHeader, format_version) == 8);
+static_assert(offsetof(PoolHeader, header_checksum) == 16);
+static_assert(offsetof(PoolHeader, manifest_offset) == 96);
+static_assert(offsetof(PoolHeader, slot_record_offset) == 152);
+
+// Mutable list head of the chunk heap; changed only inside transactions.
+struct ChunkHeapRoot {
+  std::uint64_t head_offset;  // 0: empty
+  std::uint64_t used_bytes;   // header + payload bytes of linked chunks
+  std::uint64_t count;
+  std::uint64_t reserved[5];
+};
+static_assert(sizeof(ChunkHeapRoot) == 64);
+
+struct PoolRoot {
+  PoolHeader header;
+  ChunkHeapRoot chunks;
+};
+static_assert(std::is_standard_layout_v<PoolRoot>);
+static_assert(sizeof(PoolRoot) == 320);
+static_assert(offsetof(PoolRoot, chunks) == 256);
+
+// commit_word = epoch << 2 | SlotState; the one 8-byte store that commits.
+inline constexpr std::uint64_t MakeCommitWord(std::uint64_t epoch, std::uint8_t state) {
+  return (epoch << 2) | state;
+}
+inline constexpr std::uint64_t CommitWordEpoch(std::uint64_t word) { return word >> 2; }
+inline constexpr std::uint8_t CommitWordState(std::uint64_t word) {
+  return static_cast<std::uint8_t>(word & 3);
+}
+
+// Per-slot commit record, followed in PM by
+//   std::uint64_t part_checksums[part_count];
+//   std::byte     extra_state[extra_state_capacity];
+struct SlotRecordHeader {
+  std::atomic<std::uint64_t> commit_word;
+  std::uint64_t iteration;
+  std::uint64_t commit_time_unix_ns;
+  std::uint64_t extra_bytes;
+  std::uint64_t extra_checksum;
+  std::uint64_t parts_checksum;   // XXH3 over part_checksums[]
+  std::uint64_t record_checksum;  // over RecordChecksumInput
+  std::uint64_t reserved;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+static_assert(std::is_standard_layout_v<SlotRecordHeader>);
+static_assert(sizeof(SlotRecordHeader) == 64);
+static_assert(offsetof(SlotRecordHeader, commit_word) == 0);
+
+struct RecordChecksumInput {
+  std::uint64_t epoch;
+  std::uint64_t iteration;
+  std::uint64_t commit_time_unix_ns;
+  std::uint64_t extra_bytes;
+  std::uint64_t extra_checksum;
+  std::uint64_t parts_checksum;
+};
+
+// A chunk of the chunk heap; the payload follows the header.
+struct ChunkHeader {
+  std::uint64_t magic;            // kChunkMagic
+  std::uint64_t prev_offset;      // doubly linked: O(1) unlink in a transaction
+  std::uint64_t next_offset;
+  std::uint64_t epoch;
+  std::uint64_t tag;
+  std::uint64_t bytes;            // payload bytes
+  std::uint64_t header_checksum;  // over magic, epoch, tag, bytes
+  std::uint64_t sealed;           // 1 once payload_checksum is valid
+  std::uint64_t payload_checksum;
+  std::uint64_t reserved[7];
+};
+static_assert(std::is_standard_layout_v<ChunkHeader>);
+static_assert(sizeof(ChunkHeader) == 128);
+
+}  // namespace pmsnap::layout::detail

@@ -1,0 +1,242 @@
+// Pool: one pmsnap checkpoint file (a libpmemobj pool) with two preallocated
+// slots, a per-slot commit record and a chunk heap. Format: FORMAT.md.
+//
+// Writer protocol (one epoch in flight at a time):
+//   BeginEpoch(iteration) -> WritePart / WriteUnit from any threads, any
+//   order, each part exactly once -> Commit(extra_state).
+// Commit persists the part checksums and the record, then publishes the
+// epoch with one 8-byte atomic store. A crash at any point leaves a pool that
+// opens to the last committed epoch, bit-exact.
+//
+// Reader: Latest() is the newest COMPLETE slot whose record and (on open, by
+// default) data checksums verify; a corrupt newest slot falls back to the
+// older one with a warning (see warnings()).
+//
+// Thread-safety: WritePart / WriteUnit / SealPart may be called concurrently
+// for different parts. Every other method is for one thread at a time (the
+// runtime's coordinator). Read-only spans stay valid until the Pool is
+// destroyed; a slot's spans change content once that slot is rewritten.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pmsnap/common/status.h"
+#include "pmsnap/pmem_layout/manifest.h"
+
+namespace pmsnap::layout {
+
+inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr char kPoolLayoutName[] = "pmsnap";
+
+struct PoolOptions {
+  // Largest piece of a tensor copied, persisted and checksummed as one part.
+  std::uint64_t part_bytes = 4ull << 20;
+  // Capacity of the user's extra-state blob per slot (data-loader position,
+  // RNG state, LR scheduler...).
+  std::uint64_t extra_state_capacity = 64ull << 10;
+  // Bytes reserved for variable-size chunks (differential / quantized
+  // payloads). 0 for a pool without a chunk heap.
+  std::uint64_t chunk_heap_bytes = 0;
+  // Refuse to create when the file system has less free space than needed.
+  bool check_free_space = true;
+};
+
+struct OpenOptions {
+  // Verify the data checksums of the slot recovery picks (reads every byte
+  // once). Without it only commit records are verified at open.
+  bool verify_data = true;
+};
+
+enum class SlotState : std::uint8_t { kEmpty = 0, kWriting = 1, kComplete = 2 };
+const char* SlotStateName(SlotState state);
+
+struct SlotInfo {
+  int slot = 0;
+  SlotState state = SlotState::kEmpty;
+  std::uint64_t epoch = 0;
+  std::uint64_t iteration = 0;
+  std::uint64_t commit_time_unix_ns = 0;
+  std::uint64_t extra_state_bytes = 0;
+  bool record_valid = false;  // commit record checksum verifies (COMPLETE only)
+};
+
+// A committed epoch as seen through the pool mapping. Cheap to copy.
+class SnapshotView {
+ public:
+  int slot() const { return info_.slot; }
+  std::uint64_t epoch() const { return info_.epoch; }
+  std::uint64_t iteration() const { return info_.iteration; }
+  std::uint64_t commit_time_unix_ns() const { return info_.commit_time_unix_ns; }
+  std::span<const std::byte> extra_state() const { return extra_state_; }
+  // Bytes of tensor `tensor` of unit `unit` in this slot.
+  std::span<const std::byte> tensor(std::uint32_t unit, std::uint32_t tensor) const;
+
+ private:
+  friend class Pool;
+  SlotInfo info_;
+  const std::byte* slot_data_ = nullptr;
+  const SlotLayout* layout_ = nullptr;
+  std::span<const std::byte> extra_state_;
+};
+
+struct ChunkInfo {
+  std::uint64_t id = 0;  // stable handle: the chunk's offset in the pool
+  std::uint64_t epoch = 0;
+  std::uint64_t tag = 0;  // caller's meaning (table id, policy, ...)
+  std::uint64_t bytes = 0;
+  bool sealed = false;
+};
+
+struct VerifyReport {
+  struct SlotReport {
+    SlotInfo info;
+    std::vector<std::string> problems;  // empty: slot is consistent
+  };
+  SlotReport slots[2];
+  std::vector<std::string> chunk_problems;
+  std::optional<int> recoverable_slot;  // what Latest() would return
+  bool ok() const;
+};
+
+// Byte ranges of the pool's structures in the file (file offset == pool
+// offset for a single-file pool). For `pmsnap info` and fault-injection tests.
+struct FileRegion {
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+struct FileRegions {
+  FileRegion header;
+  FileRegion manifest;
+  FileRegion record[2];     // commit record incl. part checksums and extra state
+  FileRegion slot_data[2];
+  FileRegion chunk_heap_root;
+};
+
+// Where warnings go (default: stderr, prefixed "pmsnap: warning: ").
+using WarningSink = std::function<void(const std::string&)>;
+void SetWarningSink(WarningSink sink);
+
+class Pool {
+ public:
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  // Bytes the pool file for `manifest` with `options` occupies: slots,
+  // records, manifest, chunk heap and libpmemobj's own metadata.
+  static Result<std::uint64_t> RequiredBytes(const Manifest& manifest, const PoolOptions& options);
+
+  // Creates a new pool file. Fails without touching `path` if it exists
+  // (kInvalidArgument), the manifest is invalid, or the file system has less
+  // free space than RequiredBytes (kNoSpace, with both figures). The file
+  // appears at `path` only once complete (built under a temporary name).
+  static Result<std::unique_ptr<Pool>> Create(const std::string& path, const Manifest& manifest,
+                                              const PoolOptions& options = {});
+
+  // Opens an existing pool and recovers: picks the newest committed slot that
+  // verifies. Errors name the file and what is wrong: kNotFound, kNotAPool,
+  // kUnsupportedVersion, kCorruption, kBusy (open in another process).
+  static Result<std::unique_ptr<Pool>> Open(const std::string& path,
+                                            const OpenOptions& options = {});
+  // As Open, and checks the pool was made for `expected`
+  // (kModelMismatch naming the first unit that differs).
+  static Result<std::unique_ptr<Pool>> Open(const std::string& path, const Manifest& expected,
+                                            const OpenOptions& options = {});
+
+  const std::string& path() const { return path_; }
+  const Manifest& manifest() const { return manifest_; }
+  const SlotLayout& layout() const { return layout_; }
+  const PoolOptions& options() const { return options_; }
+  std::uint64_t signature() const;
+  std::uint32_t format_version() const;
+  std::uint64_t created_unix_ns() const;
+  std::uint64_t file_bytes() const { return file_bytes_; }
+  // Unit id for a name, via the DRAM hash index built at open.
+  std::optional<std::uint32_t> FindUnit(std::string_view name) const;
+  // Warnings raised while opening (e.g. fallback to the older slot).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+  SlotInfo slot_info(int slot) const;
+  // Newest recoverable committed epoch; kNotFound when none was committed.
+  Result<SnapshotView> Latest() const;
+  // A specific slot if it is COMPLETE and its record verifies (data is
+  // verified only by Verify(deep=true)).
+  Result<SnapshotView> Slot(int slot) const;
+
+  // --- writer ---
+  // Starts epoch last_committed+1 for training iteration `iteration`, marks
+  // its slot WRITING. kBusy if an epoch is already open. The first call after
+  // open also frees chunks left by epochs that never committed.
+  Result<std::uint64_t> BeginEpoch(std::uint64_t iteration);
+  // Copies part `part` (index into layout().parts) from `src` (that part's
+  // bytes) into the open epoch's slot with non-temporal stores, drains, and
+  // records the part's checksum.
+  Status WritePart(std::uint32_t part, const void* src);
+  // All parts of one tensor from the tensor's contiguous bytes.
+  Status WriteTensor(std::uint32_t unit, std::uint32_t tensor, const void* src);
+  // Destination of a part in the open epoch's slot, for writers that copy by
+  // other means (a GPU DMA); follow with SealPart.
+  Result<std::span<std::byte>> PartDestination(std::uint32_t part);
+  // Persists a part written through PartDestination and records its checksum.
+  Status SealPart(std::uint32_t part);
+  // Publishes the open epoch. Every part must have been written
+  // (kFailedPrecondition names the first missing unit/tensor); extra_state
+  // must fit the configured capacity (kCapacityExceeded, epoch stays open).
+  Status Commit(std::span<const std::byte> extra_state = {});
+  // Gives up the open epoch; the pool keeps its last committed epoch.
+  void Abandon();
+  std::optional<std::uint64_t> open_epoch() const;
+  std::optional<std::uint64_t> last_committed_epoch() const;
+
+  // --- chunk heap (crash-consistent through pmemobj transactions) ---
+  // Allocates and links a chunk of `bytes` for `epoch`. kNoSpace when the
+  // configured chunk heap cannot hold it (with needed and free bytes).
+  Result<ChunkInfo> AllocChunk(std::uint64_t bytes, std::uint64_t epoch, std::uint64_t tag);
+  // Writable payload of an unsealed chunk.
+  Result<std::span<std::byte>> ChunkPayload(std::uint64_t chunk_id);
+  // Persists the payload and stores its checksum; the chunk becomes readable.
+  Status SealChunk(std::uint64_t chunk_id);
+  // Verified payload of a sealed chunk (kCorruption on checksum mismatch).
+  Result<std::span<const std::byte>> ReadChunk(std::uint64_t chunk_id) const;
+  // Unlinks and frees a chunk in one transaction.
+  Status FreeChunk(std::uint64_t chunk_id);
+  std::vector<ChunkInfo> ListChunks() const;
+  std::uint64_t chunk_heap_used() const;
+  std::uint64_t chunk_heap_capacity() const { return options_.chunk_heap_bytes; }
+
+  FileRegions regions() const;
+
+  // Checks both slots' records and, if deep, every data checksum and chunk.
+  VerifyReport Verify(bool deep) const;
+
+ private:
+  struct Impl;
+  Pool();
+  static Result<std::unique_ptr<Pool>> OpenImpl(const std::string& path, const Manifest* expected,
+                                                const OpenOptions& options);
+  Status LoadAndRecover(const OpenOptions& options);
+  std::vector<std::string> CheckSlot(int slot, bool deep) const;
+  Status CheckPart(std::uint32_t part) const;
+  Result<SnapshotView> MakeView(int slot) const;
+  Status SweepOrphanChunks();
+
+  std::string path_;
+  Manifest manifest_;
+  SlotLayout layout_;
+  PoolOptions options_;
+  std::uint64_t file_bytes_ = 0;
+  std::vector<std::string> warnings_;
+  std::optional<int> recovered_slot_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pmsnap::layout

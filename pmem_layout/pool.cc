@@ -1,0 +1,971 @@
+#include "pmsnap/pmem_layout/pool.h"
+
+#include <fcntl.h>
+#include <libpmemobj.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <unordered_map>
+
+#include "detail/format.h"
+#include "pmsnap/pmem_layout/checksum.h"
+
+namespace pmsnap::layout {
+namespace {
+
+using detail::ChunkHeader;
+using detail::PoolHeader;
+using detail::PoolRoot;
+using detail::SlotRecordHeader;
+
+// Source bytes are hashed in blocks that stay in L2 while they are copied,
+// so the source is read from DRAM once.
+constexpr std::size_t kCopyBlockBytes = 256 << 10;
+// libpmemobj internals, sized generously: pool header, lanes, heap header.
+constexpr std::uint64_t kPmemobjBaseOverhead = 16ull << 20;
+// Per zone (up to ~16 GiB of heap): zone header plus chunk headers.
+constexpr std::uint64_t kPmemobjZoneBytes = 16ull << 30;
+constexpr std::uint64_t kPmemobjZoneOverhead = 1ull << 20;
+// Allocation unit of large pmemobj objects.
+constexpr std::uint64_t kPmemobjChunkBytes = 256ull << 10;
+constexpr std::uint64_t kPmemobjMinPool = 8ull << 20;
+
+std::mutex g_warning_mutex;
+WarningSink& WarningSinkRef() {
+  static WarningSink sink = [](const std::string& message) {
+    std::cerr << "pmsnap: warning: " << message << std::endl;
+  };
+  return sink;
+}
+
+void Warn(std::vector<std::string>* into, const std::string& message) {
+  into->push_back(message);
+  std::lock_guard<std::mutex> lock(g_warning_mutex);
+  if (WarningSinkRef()) WarningSinkRef()(message);
+}
+
+std::uint64_t AlignUp(std::uint64_t value, std::uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+std::uint64_t NowUnixNs() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count());
+}
+
+std::string PmdkError(const char* what) {
+  const char* msg = pmemobj_errormsg();
+  return std::string(what) + ": " + ((msg != nullptr && *msg != '\0') ? msg : std::strerror(errno));
+}
+
+std::uint64_t RecordBytes(std::uint64_t part_count, std::uint64_t extra_capacity) {
+  return AlignUp(sizeof(SlotRecordHeader) + 8 * part_count + extra_capacity, 64);
+}
+
+std::uint64_t HeaderChecksum(const PoolHeader& header) {
+  PoolHeader copy = header;
+  copy.header_checksum = 0;
+  return Checksum64(&copy, sizeof(copy));
+}
+
+std::uint64_t ChunkHeaderChecksum(const ChunkHeader& chunk) {
+  const std::uint64_t fields[4] = {chunk.magic, chunk.epoch, chunk.tag, chunk.bytes};
+  return Checksum64(fields, sizeof(fields));
+}
+
+std::uint64_t RecordChecksum(std::uint64_t epoch, const SlotRecordHeader& record) {
+  const detail::RecordChecksumInput input{epoch,
+                                          record.iteration,
+                                          record.commit_time_unix_ns,
+                                          record.extra_bytes,
+                                          record.extra_checksum,
+                                          record.parts_checksum};
+  return Checksum64(&input, sizeof(input));
+}
+
+// Runs `body` inside a pmemobj transaction that returns (never longjmps) on
+// failure. `body` returns 0 or an errno value.
+template <typename Body>
+Status RunTransaction(PMEMobjpool* pop, const std::string& what, Body&& body) {
+  if (pmemobj_tx_begin(pop, nullptr, TX_PARAM_NONE) != 0) {
+    return {StatusCode::kIOError, PmdkError(("cannot begin transaction for " + what).c_str())};
+  }
+  pmemobj_tx_set_failure_behavior(POBJ_TX_FAILURE_RETURN);
+  int rc = body();
+  std::string failure;
+  if (rc != 0 && pmemobj_tx_stage() == TX_STAGE_WORK) {
+    failure = PmdkError(what.c_str());
+    pmemobj_tx_abort(rc);
+  } else if (rc == 0) {
+    pmemobj_tx_commit();
+  } else {
+    failure = PmdkError(what.c_str());
+  }
+  const int end_rc = pmemobj_tx_end();
+  if (rc == 0 && end_rc == 0) return Status::Ok();
+  const int err = rc != 0 ? rc : end_rc;
+  if (failure.empty()) failure = PmdkError(what.c_str());
+  return {err == ENOMEM ? StatusCode::kNoSpace : StatusCode::kIOError, failure};
+}
+
+}  // namespace
+
+void SetWarningSink(WarningSink sink) {
+  std::lock_guard<std::mutex> lock(g_warning_mutex);
+  WarningSinkRef() = std::move(sink);
+}
+
+const char* SlotStateName(SlotState state) {
+  switch (state) {
+    case SlotState::kEmpty: return "EMPTY";
+    case SlotState::kWriting: return "WRITING";
+    case SlotState::kComplete: return "COMPLETE";
+  }
+  return "INVALID";
+}
+
+bool VerifyReport::ok() const {
+  for (const SlotReport& slot : slots) {
+    if (!slot.problems.empty()) return false;
+  }
+  return chunk_problems.empty();
+}
+
+std::span<const std::byte> SnapshotView::tensor(std::uint32_t unit, std::uint32_t tensor) const {
+  const TensorLayout& t = layout_->units.at(unit).tensors.at(tensor);
+  return {slot_data_ + t.slot_offset, t.bytes};
+}
+
+struct Pool::Impl {
+  PMEMobjpool* pop = nullptr;
+  std::byte* base = nullptr;  // the mapping: pool offsets are relative to it
+  PoolRoot* root = nullptr;
+  std::uint64_t pool_uuid_lo = 0;
+  std::unordered_map<std::string, std::uint32_t> unit_index;
+
+  // Writer state. written[] is per part: a relaxed flag set by WritePart on
+  // any thread, read by Commit after the caller joined those threads.
+  std::optional<std::uint64_t> open_epoch;
+  std::optional<std::uint64_t> last_committed;
+  std::unique_ptr<std::atomic<std::uint8_t>[]> written;
+  bool orphans_swept = false;
+
+  // Chunk heap mirror: chunk id -> info, rebuilt at open.
+  mutable std::mutex chunk_mutex;  // guards chunks and the pmemobj chunk list
+  std::unordered_map<std::uint64_t, ChunkInfo> chunks;
+
+  ~Impl() {
+    if (pop != nullptr) pmemobj_close(pop);
+  }
+
+  template <typename T = std::byte>
+  T* At(std::uint64_t offset) const {
+    return reinterpret_cast<T*>(base + offset);
+  }
+  PoolHeader& header() const { return root->header; }
+  SlotRecordHeader& record(int slot) const {
+    return *At<SlotRecordHeader>(header().slot_record_offset[slot]);
+  }
+  std::uint64_t* part_checksums(int slot) const {
+    return reinterpret_cast<std::uint64_t*>(&record(slot) + 1);
+  }
+  std::byte* extra_state(int slot) const {
+    return reinterpret_cast<std::byte*>(part_checksums(slot) + header().part_count);
+  }
+  std::byte* slot_data(int slot) const { return At(header().slot_data_offset[slot]); }
+  PMEMoid Oid(std::uint64_t offset) const { return PMEMoid{pool_uuid_lo, offset}; }
+};
+
+Pool::Pool() : impl_(std::make_unique<Impl>()) {}
+Pool::~Pool() = default;
+
+Result<std::uint64_t> Pool::RequiredBytes(const Manifest& manifest, const PoolOptions& options) {
+  PMSNAP_RETURN_IF_ERROR(manifest.Validate());
+  if (options.part_bytes < 4096 || options.part_bytes % kTensorAlignment != 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "part_bytes " + std::to_string(options.part_bytes) +
+                      " must be at least 4096 and a multiple of " + std::to_string(kTensorAlignment));
+  }
+  const SlotLayout layout = ComputeLayout(manifest, options.part_bytes);
+  auto allocation = [](std::uint64_t bytes) {
+    return AlignUp(bytes + 64, kPmemobjChunkBytes);
+  };
+  std::uint64_t heap = allocation(sizeof(PoolRoot)) + allocation(manifest.Serialize().size());
+  heap += 2 * allocation(layout.slot_bytes + detail::kSlotDataAlignment);
+  heap += 2 * allocation(RecordBytes(layout.parts.size(), options.extra_state_capacity));
+  if (options.chunk_heap_bytes > 0) {
+    // Allocator rounding and run metadata for variable-size chunks.
+    heap += AlignUp(options.chunk_heap_bytes + options.chunk_heap_bytes / 8 + (1ull << 20),
+                    kPmemobjChunkBytes);
+  }
+  const std::uint64_t zones = heap / kPmemobjZoneBytes + 1;
+  return std::max(kPmemobjMinPool, kPmemobjBaseOverhead + zones * kPmemobjZoneOverhead + heap);
+}
+
+Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manifest& manifest,
+                                           const PoolOptions& options) {
+  PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t required, RequiredBytes(manifest, options));
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) {
+    return Status(StatusCode::kInvalidArgument,
+                  "cannot create pool '" + path + "': the file already exists");
+  }
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) parent = ".";
+  if (!std::filesystem::is_directory(parent, ec)) {
+    return Status(StatusCode::kNotFound, "cannot create pool '" + path + "': directory '" +
+                                             parent.string() + "' does not exist");
+  }
+  if (options.check_free_space) {
+    struct statvfs fs {};
+    if (::statvfs(parent.c_str(), &fs) == 0) {
+      const std::uint64_t free_bytes = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+      if (free_bytes < required) {
+        return Status(StatusCode::kNoSpace,
+                      "cannot create pool '" + path + "': needs " + std::to_string(required) +
+                          " bytes, only " + std::to_string(free_bytes) + " free on " +
+                          parent.string());
+      }
+    }
+  }
+
+  const SlotLayout layout = ComputeLayout(manifest, options.part_bytes);
+  const std::vector<std::byte> manifest_bytes = manifest.Serialize();
+  const std::uint64_t record_bytes = RecordBytes(layout.parts.size(), options.extra_state_capacity);
+  const std::string temp_path = path + ".creating-" + std::to_string(::getpid());
+  std::filesystem::remove(temp_path, ec);
+
+  PMEMobjpool* pop = pmemobj_create(temp_path.c_str(), kPoolLayoutName, required, 0644);
+  if (pop == nullptr) {
+    const int err = errno;
+    return Status(err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kIOError,
+                  PmdkError(("cannot create pool '" + path + "' (" + std::to_string(required) +
+                             " bytes)").c_str()));
+  }
+  auto fail = [&](Status status) {
+    pmemobj_close(pop);
+    std::filesystem::remove(temp_path, ec);
+    return status;
+  };
+  PMEMoid root_oid = pmemobj_root(pop, sizeof(PoolRoot));
+  if (OID_IS_NULL(root_oid)) return fail({StatusCode::kIOError, PmdkError("cannot make pool root")});
+  auto* root = static_cast<PoolRoot*>(pmemobj_direct(root_oid));
+  auto* base = reinterpret_cast<std::byte*>(pop);
+
+  PoolHeader header{};
+  Status allocated = RunTransaction(pop, "allocating pool structures", [&]() -> int {
+    auto alloc = [&](std::uint64_t bytes, std::uint64_t flags) -> std::uint64_t {
+      PMEMoid oid = pmemobj_tx_xalloc(bytes, 0, flags | POBJ_XALLOC_NO_ABORT);
+      return OID_IS_NULL(oid) ? 0 : oid.off;
+    };
+    header.manifest_offset = alloc(manifest_bytes.size(), 0);
+    for (int s = 0; s < 2; ++s) {
+      header.slot_alloc_offset[s] = alloc(layout.slot_bytes + detail::kSlotDataAlignment, 0);
+      header.slot_record_offset[s] = alloc(record_bytes, POBJ_XALLOC_ZERO);
+      if (header.slot_alloc_offset[s] == 0 || header.slot_record_offset[s] == 0) return ENOMEM;
+    }
+    return header.manifest_offset == 0 ? ENOMEM : 0;
+  });
+  if (!allocated.ok()) {
+    return fail({allocated.code(), "cannot create pool '" + path + "': " + allocated.message()});
+  }
+  for (int s = 0; s < 2; ++s) {
+    const auto data_address = reinterpret_cast<std::uintptr_t>(base + header.slot_alloc_offset[s]);
+    header.slot_data_offset[s] =
+        AlignUp(data_address, detail::kSlotDataAlignment) - reinterpret_cast<std::uintptr_t>(base);
+  }
+  pmemobj_memcpy_persist(pop, base + header.manifest_offset, manifest_bytes.data(),
+                         manifest_bytes.size());
+
+  header.format_version = kFormatVersion;
+  header.header_bytes = sizeof(PoolHeader);
+  header.model_signature = manifest.Signature();
+  header.created_unix_ns = NowUnixNs();
+  header.part_bytes = options.part_bytes;
+  header.extra_state_capacity = options.extra_state_capacity;
+  header.chunk_heap_bytes = options.chunk_heap_bytes;
+  header.unit_count = manifest.units.size();
+  header.part_count = layout.parts.size();
+  header.slot_bytes = layout.slot_bytes;
+  header.record_bytes = record_bytes;
+  header.manifest_bytes = manifest_bytes.size();
+  header.manifest_checksum = Checksum64(manifest_bytes.data(), manifest_bytes.size());
+  std::memcpy(header.magic, detail::kPoolMagic, sizeof(header.magic));
+  header.header_checksum = HeaderChecksum(header);
+  pmemobj_memcpy_persist(pop, &root->header, &header, sizeof(header));
+  pmemobj_close(pop);
+
+  // The file appears under its real name only once complete.
+  std::filesystem::rename(temp_path, path, ec);
+  if (ec) {
+    std::filesystem::remove(temp_path, ec);
+    return Status(StatusCode::kIOError, "cannot rename new pool to '" + path + "': " + ec.message());
+  }
+  const int dir_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+  OpenOptions open_options;
+  open_options.verify_data = false;  // nothing committed yet
+  return OpenImpl(path, &manifest, open_options);
+}
+
+Result<std::unique_ptr<Pool>> Pool::Open(const std::string& path, const OpenOptions& options) {
+  return OpenImpl(path, nullptr, options);
+}
+
+Result<std::unique_ptr<Pool>> Pool::Open(const std::string& path, const Manifest& expected,
+                                         const OpenOptions& options) {
+  return OpenImpl(path, &expected, options);
+}
+
+Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Manifest* expected,
+                                             const OpenOptions& options) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return Status(StatusCode::kNotFound, "pool file '" + path + "' does not exist");
+    }
+    return Status(StatusCode::kIOError,
+                  "cannot stat pool file '" + path + "': " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return Status(StatusCode::kInvalidArgument,
+                  "'" + path + "' is a directory, expected a pmsnap pool file");
+  }
+  if (st.st_size == 0) {
+    return Status(StatusCode::kNotAPool, "'" + path + "' is empty (0 bytes), not a pmsnap pool");
+  }
+  {
+    char signature[8] = {};
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) {
+      return Status(StatusCode::kIOError,
+                    "cannot read pool file '" + path + "': " + std::strerror(errno));
+    }
+    const ssize_t got = ::pread(fd, signature, sizeof(signature), 0);
+    ::close(fd);
+    if (got != static_cast<ssize_t>(sizeof(signature)) || std::memcmp(signature, "PMEMOBJ", 7) != 0) {
+      return Status(StatusCode::kNotAPool, "'" + path +
+                                               "' is not a pmsnap pool (no PMDK object-pool "
+                                               "signature at offset 0)");
+    }
+  }
+  if (static_cast<std::uint64_t>(st.st_size) < kPmemobjMinPool) {
+    return Status(StatusCode::kCorruption, "pool '" + path + "' is truncated: " +
+                                               std::to_string(st.st_size) +
+                                               " bytes, a pool has at least " +
+                                               std::to_string(kPmemobjMinPool));
+  }
+
+  std::unique_ptr<Pool> pool(new Pool());
+  pool->path_ = path;
+  pool->file_bytes_ = static_cast<std::uint64_t>(st.st_size);
+  Impl& impl = *pool->impl_;
+  impl.pop = pmemobj_open(path.c_str(), kPoolLayoutName);
+  if (impl.pop == nullptr) {
+    const int err = errno;
+    const std::string message = PmdkError(("cannot open pool '" + path + "'").c_str());
+    if (err == EWOULDBLOCK || err == EAGAIN) {
+      return Status(StatusCode::kBusy, message + " (is it open in another process?)");
+    }
+    if (message.find("layout") != std::string::npos) {
+      return Status(StatusCode::kNotAPool, message + " (a PMDK pool of another program)");
+    }
+    if (message.find("size") != std::string::npos || message.find("trunc") != std::string::npos) {
+      return Status(StatusCode::kCorruption, message + " (the file looks truncated)");
+    }
+    return Status(err == EINVAL ? StatusCode::kCorruption : StatusCode::kIOError, message);
+  }
+  PMSNAP_RETURN_IF_ERROR(pool->LoadAndRecover(options));
+
+  if (expected != nullptr && expected->Signature() != pool->signature()) {
+    std::string difference = pool->manifest_.FirstDifference(*expected);
+    if (difference.empty()) difference = "signatures differ";
+    return Status(StatusCode::kModelMismatch,
+                  "pool '" + path + "' was made for another model: pool has " + difference +
+                      " (pool vs this model)");
+  }
+  return pool;
+}
+
+Status Pool::LoadAndRecover(const OpenOptions& options) {
+  Impl& impl = *impl_;
+  impl.base = reinterpret_cast<std::byte*>(impl.pop);
+  const std::string where = "pool '" + path_ + "'";
+  auto corruption = [&](const std::string& what) {
+    return Status(StatusCode::kCorruption, where + ": " + what);
+  };
+
+  if (pmemobj_root_size(impl.pop) < sizeof(PoolRoot)) {
+    return Status(StatusCode::kNotAPool, where + " has no pmsnap root object");
+  }
+  PMEMoid root_oid = pmemobj_root(impl.pop, sizeof(PoolRoot));
+  impl.pool_uuid_lo = root_oid.pool_uuid_lo;
+  impl.root = static_cast<PoolRoot*>(pmemobj_direct(root_oid));
+  const PoolHeader& header = impl.header();
+
+  static constexpr char kZeroMagic[8] = {};
+  if (std::memcmp(header.magic, kZeroMagic, 8) == 0) {
+    return Status(StatusCode::kNotAPool, where + " was never completely created (no header)");
+  }
+  if (std::memcmp(header.magic, detail::kPoolMagic, 8) != 0) {
+    return corruption("header magic is damaged");
+  }
+  if (header.header_bytes != sizeof(PoolHeader)) {
+    return corruption("header size " + std::to_string(header.header_bytes) + ", expected " +
+                      std::to_string(sizeof(PoolHeader)));
+  }
+  if (HeaderChecksum(header) != header.header_checksum) {
+    return corruption("header checksum mismatch (the header was damaged)");
+  }
+  if (header.format_version != kFormatVersion) {
+    return Status(StatusCode::kUnsupportedVersion,
+                  where + " has format version " + std::to_string(header.format_version) +
+                      ", this build reads version " + std::to_string(kFormatVersion));
+  }
+  auto in_bounds = [&](std::uint64_t offset, std::uint64_t bytes) {
+    return offset >= sizeof(PoolRoot) && offset <= file_bytes_ && bytes <= file_bytes_ - offset;
+  };
+  if (!in_bounds(header.manifest_offset, header.manifest_bytes)) {
+    return corruption("manifest lies outside the file");
+  }
+  for (int s = 0; s < 2; ++s) {
+    if (!in_bounds(header.slot_data_offset[s], header.slot_bytes) ||
+        !in_bounds(header.slot_record_offset[s], header.record_bytes)) {
+      return corruption("slot " + std::to_string(s) + " lies outside the file (truncated?)");
+    }
+  }
+  const std::byte* manifest_bytes = impl.At(header.manifest_offset);
+  if (Checksum64(manifest_bytes, header.manifest_bytes) != header.manifest_checksum) {
+    return corruption("manifest checksum mismatch (the manifest was damaged)");
+  }
+  PMSNAP_ASSIGN_OR_RETURN(manifest_, Manifest::Parse({manifest_bytes, header.manifest_bytes}, where));
+  if (manifest_.Signature() != header.model_signature) {
+    return corruption("manifest does not match the model signature in the header");
+  }
+  options_.part_bytes = header.part_bytes;
+  options_.extra_state_capacity = header.extra_state_capacity;
+  options_.chunk_heap_bytes = header.chunk_heap_bytes;
+  if (options_.part_bytes < 4096 || options_.part_bytes % kTensorAlignment != 0) {
+    return corruption("part size " + std::to_string(options_.part_bytes) + " is invalid");
+  }
+  layout_ = ComputeLayout(manifest_, options_.part_bytes);
+  if (layout_.slot_bytes != header.slot_bytes || layout_.parts.size() != header.part_count ||
+      RecordBytes(header.part_count, header.extra_state_capacity) != header.record_bytes) {
+    return corruption("slot layout recomputed from the manifest differs from the header");
+  }
+  for (std::uint32_t u = 0; u < manifest_.units.size(); ++u) {
+    impl.unit_index.emplace(manifest_.units[u].name, u);
+  }
+  impl.written = std::make_unique<std::atomic<std::uint8_t>[]>(layout_.parts.size());
+
+  // Recovery: newest COMPLETE slot whose record (and data) verify.
+  std::vector<int> candidates;
+  for (int s = 0; s < 2; ++s) {
+    if (slot_info(s).state == SlotState::kComplete) candidates.push_back(s);
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [&](int a, int b) { return slot_info(a).epoch > slot_info(b).epoch; });
+  std::vector<std::string> rejected;
+  for (int s : candidates) {
+    std::vector<std::string> problems = CheckSlot(s, options.verify_data);
+    if (problems.empty()) {
+      recovered_slot_ = s;
+      impl.last_committed = slot_info(s).epoch;
+      break;
+    }
+    std::string summary = "slot " + std::to_string(s) + " (epoch " +
+                          std::to_string(slot_info(s).epoch) + "): " + problems.front();
+    if (problems.size() > 1) summary += " (+" + std::to_string(problems.size() - 1) + " more)";
+    rejected.push_back(summary);
+  }
+  if (!recovered_slot_ && !rejected.empty()) {
+    std::string all;
+    for (const std::string& r : rejected) all += (all.empty() ? "" : "; ") + r;
+    return corruption("no committed slot verifies: " + all);
+  }
+  for (const std::string& r : rejected) {
+    Warn(&warnings_, where + ": newest checkpoint is damaged, falling back to the older one: " + r);
+  }
+
+  // Mirror the chunk list in DRAM; a damaged list stops the walk with a warning.
+  std::uint64_t offset = impl.root->chunks.head_offset;
+  std::uint64_t prev = 0;
+  while (offset != 0) {
+    if (!in_bounds(offset, sizeof(ChunkHeader)) || impl.chunks.size() > impl.root->chunks.count) {
+      Warn(&warnings_, where + ": chunk list is damaged at offset " + std::to_string(offset));
+      break;
+    }
+    const ChunkHeader& chunk = *impl.At<ChunkHeader>(offset);
+    if (chunk.magic != detail::kChunkMagic || chunk.prev_offset != prev ||
+        !in_bounds(offset + sizeof(ChunkHeader), chunk.bytes)) {
+      Warn(&warnings_, where + ": chunk list is damaged at offset " + std::to_string(offset));
+      break;
+    }
+    impl.chunks.emplace(offset,
+                        ChunkInfo{offset, chunk.epoch, chunk.tag, chunk.bytes, chunk.sealed == 1});
+    prev = offset;
+    offset = chunk.next_offset;
+  }
+  return Status::Ok();
+}
+
+std::uint64_t Pool::signature() const { return impl_->header().model_signature; }
+std::uint32_t Pool::format_version() const { return impl_->header().format_version; }
+std::uint64_t Pool::created_unix_ns() const { return impl_->header().created_unix_ns; }
+
+std::optional<std::uint32_t> Pool::FindUnit(std::string_view name) const {
+  auto it = impl_->unit_index.find(std::string(name));
+  if (it == impl_->unit_index.end()) return std::nullopt;
+  return it->second;
+}
+
+SlotInfo Pool::slot_info(int slot) const {
+  const SlotRecordHeader& record = impl_->record(slot);
+  // Acquire pairs with the release store in Commit: the record fields read
+  // below are at least as new as the commit word.
+  const std::uint64_t word = record.commit_word.load(std::memory_order_acquire);
+  SlotInfo info;
+  info.slot = slot;
+  const std::uint8_t state = detail::CommitWordState(word);
+  info.state = state <= 2 ? static_cast<SlotState>(state) : SlotState::kEmpty;
+  info.epoch = detail::CommitWordEpoch(word);
+  if (info.state == SlotState::kComplete) {
+    info.iteration = record.iteration;
+    info.commit_time_unix_ns = record.commit_time_unix_ns;
+    info.extra_state_bytes = record.extra_bytes;
+    info.record_valid = RecordChecksum(info.epoch, record) == record.record_checksum;
+  }
+  return info;
+}
+
+std::vector<std::string> Pool::CheckSlot(int slot, bool deep) const {
+  const Impl& impl = *impl_;
+  std::vector<std::string> problems;
+  const SlotInfo info = slot_info(slot);
+  if (info.state != SlotState::kComplete) return problems;
+  const SlotRecordHeader& record = impl.record(slot);
+  if (!info.record_valid) {
+    problems.push_back("commit record checksum mismatch (the record was damaged)");
+    return problems;
+  }
+  if (record.extra_bytes > options_.extra_state_capacity) {
+    problems.push_back("commit record claims " + std::to_string(record.extra_bytes) +
+                       " bytes of extra state, capacity is " +
+                       std::to_string(options_.extra_state_capacity));
+    return problems;
+  }
+  if (Checksum64(impl.part_checksums(slot), 8 * layout_.parts.size()) != record.parts_checksum) {
+    problems.push_back("part checksum table is damaged");
+    return problems;
+  }
+  if (Checksum64(impl.extra_state(slot), record.extra_bytes) != record.extra_checksum) {
+    problems.push_back("extra state checksum mismatch");
+  }
+  if (deep) {
+    for (std::uint32_t p = 0; p < layout_.parts.size(); ++p) {
+      const PartLayout& part = layout_.parts[p];
+      const std::uint64_t actual = Checksum64(impl.slot_data(slot) + part.slot_offset, part.bytes);
+      if (actual != impl.part_checksums(slot)[p]) {
+        const UnitSpec& unit = manifest_.units[part.unit];
+        problems.push_back("unit '" + unit.name + "' tensor '" + unit.tensors[part.tensor].name +
+                           "' bytes [" + std::to_string(part.offset_in_tensor) + ", " +
+                           std::to_string(part.offset_in_tensor + part.bytes) +
+                           ") fail their checksum");
+      }
+    }
+  }
+  return problems;
+}
+
+Result<SnapshotView> Pool::MakeView(int slot) const {
+  SnapshotView view;
+  view.info_ = slot_info(slot);
+  view.slot_data_ = impl_->slot_data(slot);
+  view.layout_ = &layout_;
+  view.extra_state_ = {impl_->extra_state(slot), view.info_.extra_state_bytes};
+  return view;
+}
+
+Result<SnapshotView> Pool::Latest() const {
+  if (!recovered_slot_) {
+    return Status(StatusCode::kNotFound, "pool '" + path_ + "' has no committed checkpoint yet");
+  }
+  return MakeView(*recovered_slot_);
+}
+
+Result<SnapshotView> Pool::Slot(int slot) const {
+  if (slot != 0 && slot != 1) {
+    return Status(StatusCode::kInvalidArgument, "slot must be 0 or 1, got " + std::to_string(slot));
+  }
+  const SlotInfo info = slot_info(slot);
+  if (info.state != SlotState::kComplete) {
+    return Status(StatusCode::kNotFound, "pool '" + path_ + "' slot " + std::to_string(slot) +
+                                             " is " + SlotStateName(info.state) +
+                                             ", not a committed checkpoint");
+  }
+  std::vector<std::string> problems = CheckSlot(slot, /*deep=*/false);
+  if (!problems.empty()) {
+    return Status(StatusCode::kCorruption,
+                  "pool '" + path_ + "' slot " + std::to_string(slot) + ": " + problems.front());
+  }
+  return MakeView(slot);
+}
+
+std::optional<std::uint64_t> Pool::open_epoch() const { return impl_->open_epoch; }
+std::optional<std::uint64_t> Pool::last_committed_epoch() const { return impl_->last_committed; }
+
+Result<std::uint64_t> Pool::BeginEpoch(std::uint64_t iteration) {
+  Impl& impl = *impl_;
+  if (impl.open_epoch) {
+    return Status(StatusCode::kBusy, "pool '" + path_ + "': epoch " +
+                                         std::to_string(*impl.open_epoch) +
+                                         " is still open; commit or abandon it first");
+  }
+  if (!impl.orphans_swept) {
+    PMSNAP_RETURN_IF_ERROR(SweepOrphanChunks());
+    impl.orphans_swept = true;
+  }
+  const std::uint64_t epoch = impl.last_committed ? *impl.last_committed + 1 : 1;
+  const int slot = static_cast<int>(epoch % 2);
+  SlotRecordHeader& record = impl.record(slot);
+  record.commit_word.store(detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kWriting)),
+                           std::memory_order_release);
+  pmemobj_persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
+  record.iteration = iteration;
+  for (std::size_t p = 0; p < layout_.parts.size(); ++p) {
+    impl.written[p].store(0, std::memory_order_relaxed);
+  }
+  impl.open_epoch = epoch;
+  return epoch;
+}
+
+Status Pool::WritePart(std::uint32_t part, const void* src) {
+  PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> dst, PartDestination(part));
+  Impl& impl = *impl_;
+  const auto* in = static_cast<const std::byte*>(src);
+  StreamingChecksum checksum;
+  for (std::size_t done = 0; done < dst.size(); done += kCopyBlockBytes) {
+    const std::size_t n = std::min(kCopyBlockBytes, dst.size() - done);
+    checksum.Update(in + done, n);
+    pmemobj_memcpy(impl.pop, dst.data() + done, in + done, n,
+                   PMEMOBJ_F_MEM_NONTEMPORAL | PMEMOBJ_F_MEM_NODRAIN);
+  }
+  pmemobj_drain(impl.pop);
+  const int slot = static_cast<int>(*impl.open_epoch % 2);
+  std::uint64_t* stored = &impl.part_checksums(slot)[part];
+  *stored = checksum.Digest();
+  pmemobj_persist(impl.pop, stored, sizeof(*stored));
+  impl.written[part].store(1, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+Status Pool::WriteTensor(std::uint32_t unit, std::uint32_t tensor, const void* src) {
+  if (unit >= layout_.units.size() || tensor >= layout_.units[unit].tensors.size()) {
+    return Status(StatusCode::kInvalidArgument, "pool '" + path_ + "': no tensor " +
+                                                    std::to_string(tensor) + " in unit " +
+                                                    std::to_string(unit));
+  }
+  const TensorLayout& t = layout_.units[unit].tensors[tensor];
+  for (std::uint32_t p = t.first_part; p < t.first_part + t.part_count; ++p) {
+    PMSNAP_RETURN_IF_ERROR(
+        WritePart(p, static_cast<const std::byte*>(src) + layout_.parts[p].offset_in_tensor));
+  }
+  return Status::Ok();
+}
+
+Result<std::span<std::byte>> Pool::PartDestination(std::uint32_t part) {
+  const Impl& impl = *impl_;
+  if (!impl.open_epoch) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "pool '" + path_ + "': no epoch is open (call BeginEpoch first)");
+  }
+  if (part >= layout_.parts.size()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "pool '" + path_ + "': part " + std::to_string(part) + " out of range (" +
+                      std::to_string(layout_.parts.size()) + " parts)");
+  }
+  const int slot = static_cast<int>(*impl.open_epoch % 2);
+  const PartLayout& p = layout_.parts[part];
+  return std::span<std::byte>(impl.slot_data(slot) + p.slot_offset, p.bytes);
+}
+
+Status Pool::SealPart(std::uint32_t part) {
+  PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> dst, PartDestination(part));
+  Impl& impl = *impl_;
+  pmemobj_persist(impl.pop, dst.data(), dst.size());
+  const int slot = static_cast<int>(*impl.open_epoch % 2);
+  std::uint64_t* stored = &impl.part_checksums(slot)[part];
+  *stored = Checksum64(dst.data(), dst.size());
+  pmemobj_persist(impl.pop, stored, sizeof(*stored));
+  impl.written[part].store(1, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+Status Pool::Commit(std::span<const std::byte> extra_state) {
+  Impl& impl = *impl_;
+  if (!impl.open_epoch) {
+    return Status(StatusCode::kFailedPrecondition, "pool '" + path_ + "': no epoch to commit");
+  }
+  if (extra_state.size() > options_.extra_state_capacity) {
+    return Status(StatusCode::kCapacityExceeded,
+                  "pool '" + path_ + "': extra state of " + std::to_string(extra_state.size()) +
+                      " bytes exceeds the configured capacity of " +
+                      std::to_string(options_.extra_state_capacity) +
+                      " bytes (PoolOptions::extra_state_capacity)");
+  }
+  for (std::uint32_t p = 0; p < layout_.parts.size(); ++p) {
+    if (impl.written[p].load(std::memory_order_relaxed) == 0) {
+      const PartLayout& part = layout_.parts[p];
+      const UnitSpec& unit = manifest_.units[part.unit];
+      return Status(StatusCode::kFailedPrecondition,
+                    "pool '" + path_ + "': cannot commit epoch " +
+                        std::to_string(*impl.open_epoch) + ": unit '" + unit.name + "' tensor '" +
+                        unit.tensors[part.tensor].name + "' was not written");
+    }
+  }
+  const std::uint64_t epoch = *impl.open_epoch;
+  const int slot = static_cast<int>(epoch % 2);
+  SlotRecordHeader& record = impl.record(slot);
+  if (!extra_state.empty()) {
+    pmemobj_memcpy_persist(impl.pop, impl.extra_state(slot), extra_state.data(), extra_state.size());
+  }
+  record.commit_time_unix_ns = NowUnixNs();
+  record.extra_bytes = extra_state.size();
+  record.extra_checksum = Checksum64(extra_state.data(), extra_state.size());
+  record.parts_checksum = Checksum64(impl.part_checksums(slot), 8 * layout_.parts.size());
+  record.record_checksum = RecordChecksum(epoch, record);
+  pmemobj_persist(impl.pop, &record.iteration, sizeof(SlotRecordHeader) - sizeof(record.commit_word));
+  // The commit point: one 8-byte atomic store, then persist.
+  record.commit_word.store(detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kComplete)),
+                           std::memory_order_release);
+  pmemobj_persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
+  impl.last_committed = epoch;
+  impl.open_epoch.reset();
+  recovered_slot_ = slot;
+  return Status::Ok();
+}
+
+void Pool::Abandon() { impl_->open_epoch.reset(); }
+
+Status Pool::SweepOrphanChunks() {
+  const std::uint64_t committed = impl_->last_committed.value_or(0);
+  std::vector<std::uint64_t> orphans;
+  {
+    std::lock_guard<std::mutex> lock(impl_->chunk_mutex);
+    for (const auto& [id, info] : impl_->chunks) {
+      if (info.epoch > committed) orphans.push_back(id);
+    }
+  }
+  for (std::uint64_t id : orphans) PMSNAP_RETURN_IF_ERROR(FreeChunk(id));
+  return Status::Ok();
+}
+
+Result<ChunkInfo> Pool::AllocChunk(std::uint64_t bytes, std::uint64_t epoch, std::uint64_t tag) {
+  Impl& impl = *impl_;
+  std::lock_guard<std::mutex> lock(impl.chunk_mutex);
+  const std::uint64_t needed = sizeof(ChunkHeader) + bytes;
+  const std::uint64_t used = impl.root->chunks.used_bytes;
+  const std::uint64_t capacity = options_.chunk_heap_bytes;
+  if (used > capacity || needed > capacity - used) {
+    return Status(StatusCode::kNoSpace,
+                  "pool '" + path_ + "': chunk heap full: chunk needs " + std::to_string(needed) +
+                      " bytes, " + std::to_string(capacity - std::min(used, capacity)) +
+                      " of " + std::to_string(capacity) + " free");
+  }
+  std::uint64_t offset = 0;
+  Status status = RunTransaction(impl.pop, "allocating a chunk", [&]() -> int {
+    auto& heap = impl.root->chunks;
+    if (pmemobj_tx_add_range_direct(&heap, sizeof(heap)) != 0) return errno ? errno : EIO;
+    PMEMoid oid = pmemobj_tx_xalloc(needed, 0, POBJ_XALLOC_NO_ABORT);
+    if (OID_IS_NULL(oid)) return ENOMEM;
+    offset = oid.off;
+    auto& chunk = *impl.At<ChunkHeader>(offset);
+    // Fresh allocation: undo not needed for its contents.
+    std::memset(&chunk, 0, sizeof(chunk));
+    chunk.magic = detail::kChunkMagic;
+    chunk.next_offset = heap.head_offset;
+    chunk.epoch = epoch;
+    chunk.tag = tag;
+    chunk.bytes = bytes;
+    chunk.header_checksum = ChunkHeaderChecksum(chunk);
+    pmemobj_persist(impl.pop, &chunk, sizeof(chunk));
+    if (heap.head_offset != 0) {
+      auto& old_head = *impl.At<ChunkHeader>(heap.head_offset);
+      if (pmemobj_tx_add_range_direct(&old_head.prev_offset, 8) != 0) return errno ? errno : EIO;
+      old_head.prev_offset = offset;
+    }
+    heap.head_offset = offset;
+    heap.used_bytes += needed;
+    heap.count += 1;
+    return 0;
+  });
+  if (!status.ok()) {
+    return Status(status.code(), "pool '" + path_ + "': cannot allocate a chunk of " +
+                                     std::to_string(bytes) + " bytes: " + status.message());
+  }
+  ChunkInfo info{offset, epoch, tag, bytes, false};
+  impl.chunks.emplace(offset, info);
+  return info;
+}
+
+Result<std::span<std::byte>> Pool::ChunkPayload(std::uint64_t chunk_id) {
+  std::lock_guard<std::mutex> lock(impl_->chunk_mutex);
+  auto it = impl_->chunks.find(chunk_id);
+  if (it == impl_->chunks.end()) {
+    return Status(StatusCode::kNotFound,
+                  "pool '" + path_ + "': no chunk with id " + std::to_string(chunk_id));
+  }
+  if (it->second.sealed) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "pool '" + path_ + "': chunk " + std::to_string(chunk_id) + " is sealed");
+  }
+  return std::span<std::byte>(impl_->At(chunk_id + sizeof(ChunkHeader)), it->second.bytes);
+}
+
+Status Pool::SealChunk(std::uint64_t chunk_id) {
+  PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, ChunkPayload(chunk_id));
+  Impl& impl = *impl_;
+  pmemobj_persist(impl.pop, payload.data(), payload.size());
+  auto& chunk = *impl.At<ChunkHeader>(chunk_id);
+  chunk.payload_checksum = Checksum64(payload.data(), payload.size());
+  pmemobj_persist(impl.pop, &chunk.payload_checksum, sizeof(chunk.payload_checksum));
+  chunk.sealed = 1;
+  pmemobj_persist(impl.pop, &chunk.sealed, sizeof(chunk.sealed));
+  std::lock_guard<std::mutex> lock(impl.chunk_mutex);
+  impl.chunks[chunk_id].sealed = true;
+  return Status::Ok();
+}
+
+Result<std::span<const std::byte>> Pool::ReadChunk(std::uint64_t chunk_id) const {
+  const Impl& impl = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(impl.chunk_mutex);
+    auto it = impl.chunks.find(chunk_id);
+    if (it == impl.chunks.end()) {
+      return Status(StatusCode::kNotFound,
+                    "pool '" + path_ + "': no chunk with id " + std::to_string(chunk_id));
+    }
+    if (!it->second.sealed) {
+      return Status(StatusCode::kFailedPrecondition,
+                    "pool '" + path_ + "': chunk " + std::to_string(chunk_id) +
+                        " was never sealed (its writer did not finish)");
+    }
+  }
+  const auto& chunk = *impl.At<ChunkHeader>(chunk_id);
+  const std::string where = "pool '" + path_ + "': chunk " + std::to_string(chunk_id) +
+                            " (epoch " + std::to_string(chunk.epoch) + ", tag " +
+                            std::to_string(chunk.tag) + ")";
+  if (ChunkHeaderChecksum(chunk) != chunk.header_checksum) {
+    return Status(StatusCode::kCorruption, where + ": chunk header checksum mismatch");
+  }
+  std::span<const std::byte> payload(impl.At(chunk_id + sizeof(ChunkHeader)), chunk.bytes);
+  if (Checksum64(payload.data(), payload.size()) != chunk.payload_checksum) {
+    return Status(StatusCode::kCorruption, where + ": payload checksum mismatch");
+  }
+  return payload;
+}
+
+Status Pool::FreeChunk(std::uint64_t chunk_id) {
+  Impl& impl = *impl_;
+  std::lock_guard<std::mutex> lock(impl.chunk_mutex);
+  if (impl.chunks.find(chunk_id) == impl.chunks.end()) {
+    return Status(StatusCode::kNotFound,
+                  "pool '" + path_ + "': no chunk with id " + std::to_string(chunk_id));
+  }
+  Status status = RunTransaction(impl.pop, "freeing a chunk", [&]() -> int {
+    auto& heap = impl.root->chunks;
+    auto& chunk = *impl.At<ChunkHeader>(chunk_id);
+    if (pmemobj_tx_add_range_direct(&heap, sizeof(heap)) != 0) return errno ? errno : EIO;
+    if (chunk.prev_offset != 0) {
+      auto& prev = *impl.At<ChunkHeader>(chunk.prev_offset);
+      if (pmemobj_tx_add_range_direct(&prev.next_offset, 8) != 0) return errno ? errno : EIO;
+      prev.next_offset = chunk.next_offset;
+    } else {
+      heap.head_offset = chunk.next_offset;
+    }
+    if (chunk.next_offset != 0) {
+      auto& next = *impl.At<ChunkHeader>(chunk.next_offset);
+      if (pmemobj_tx_add_range_direct(&next.prev_offset, 8) != 0) return errno ? errno : EIO;
+      next.prev_offset = chunk.prev_offset;
+    }
+    heap.used_bytes -= std::min(heap.used_bytes, sizeof(ChunkHeader) + chunk.bytes);
+    heap.count -= std::min<std::uint64_t>(heap.count, 1);
+    return pmemobj_tx_free(impl.Oid(chunk_id));
+  });
+  if (!status.ok()) return status;
+  impl.chunks.erase(chunk_id);
+  return Status::Ok();
+}
+
+std::vector<ChunkInfo> Pool::ListChunks() const {
+  std::lock_guard<std::mutex> lock(impl_->chunk_mutex);
+  std::vector<ChunkInfo> out;
+  out.reserve(impl_->chunks.size());
+  for (const auto& [id, info] : impl_->chunks) out.push_back(info);
+  std::sort(out.begin(), out.end(),
+            [](const ChunkInfo& a, const ChunkInfo& b) { return a.id < b.id; });
+  return out;
+}
+
+std::uint64_t Pool::chunk_heap_used() const {
+  std::lock_guard<std::mutex> lock(impl_->chunk_mutex);
+  return impl_->root->chunks.used_bytes;
+}
+
+FileRegions Pool::regions() const {
+  const Impl& impl = *impl_;
+  const PoolHeader& header = impl.header();
+  auto offset_of = [&](const void* p) {
+    return static_cast<std::uint64_t>(static_cast<const std::byte*>(p) - impl.base);
+  };
+  FileRegions regions;
+  regions.header = {offset_of(&impl.root->header), sizeof(PoolHeader)};
+  regions.chunk_heap_root = {offset_of(&impl.root->chunks), sizeof(detail::ChunkHeapRoot)};
+  regions.manifest = {header.manifest_offset, header.manifest_bytes};
+  for (int s = 0; s < 2; ++s) {
+    regions.record[s] = {header.slot_record_offset[s], header.record_bytes};
+    regions.slot_data[s] = {header.slot_data_offset[s], header.slot_bytes};
+  }
+  return regions;
+}
+
+VerifyReport Pool::Verify(bool deep) const {
+  VerifyReport report;
+  for (int s = 0; s < 2; ++s) {
+    report.slots[s].info = slot_info(s);
+    report.slots[s].problems = CheckSlot(s, deep);
+  }
+  std::optional<int> best;
+  for (int s = 0; s < 2; ++s) {
+    if (report.slots[s].info.state == SlotState::kComplete && report.slots[s].problems.empty() &&
+        (!best || report.slots[s].info.epoch > report.slots[*best].info.epoch)) {
+      best = s;
+    }
+  }
+  report.recoverable_slot = best;
+  if (deep) {
+    for (const ChunkInfo& chunk : ListChunks()) {
+      if (!chunk.sealed) continue;
+      Result<std::span<const std::byte>> payload = ReadChunk(chunk.id);
+      if (!payload.ok()) report.chunk_problems.push_back(payload.status().message());
+    }
+  }
+  for (const std::string& w : warnings_) {
+    if (w.find("chunk list is damaged") != std::string::npos) report.chunk_problems.push_back(w);
+  }
+  return report;
+}
+
+}  // namespace pmsnap::layout

@@ -1,0 +1,321 @@
+// Bad or damaged pool files: each gives its own clear error naming the file
+// and what is wrong, never a crash and never a partial load.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <libpmemobj.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "detail/format.h"
+#include "pmsnap/pmem_layout/checksum.h"
+#include "pmsnap/pmem_layout/pool.h"
+#include "testutil/pool_fixtures.h"
+#include "testutil/temp_pool.h"
+
+namespace pmsnap::layout {
+namespace {
+
+using pmsnap::testing::CheckSeededView;
+using pmsnap::testing::MakeManifest;
+using pmsnap::testing::TempPoolPath;
+using pmsnap::testing::WriteSeededEpoch;
+using ::testing::HasSubstr;
+
+void FlipBit(const std::string& path, std::uint64_t offset, int bit = 3) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  unsigned char byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(offset)), 1);
+  byte ^= static_cast<unsigned char>(1u << bit);
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(offset)), 1);
+  ::close(fd);
+}
+
+class DamagedPoolTest : public ::testing::Test {
+ protected:
+  // A pool with epochs 1 (slot 1) and 2 (slot 0) committed, closed.
+  void SetUp() override {
+    auto pool = Pool::Create(path_.path(), manifest_);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 10, "one").ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 2, 20, "two").ok());
+    regions_ = (*pool)->regions();
+    SetWarningSink([this](const std::string& w) { warnings_.push_back(w); });
+  }
+  void TearDown() override { SetWarningSink(nullptr); }
+
+  TempPoolPath path_{"damaged"};
+  Manifest manifest_ = MakeManifest(3, 3000);
+  FileRegions regions_;
+  std::vector<std::string> warnings_;
+};
+
+TEST(PoolOpenTest, MissingFileIsNotFound) {
+  auto pool = Pool::Open(pmsnap::testing::PoolDir() + "/pmsnap-does-not-exist.pool");
+  EXPECT_EQ(pool.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(pool.status().message(), HasSubstr("pmsnap-does-not-exist.pool"));
+}
+
+TEST(PoolOpenTest, DirectoryIsRejected) {
+  TempPoolPath path("dir");
+  std::filesystem::create_directory(path.path());
+  auto pool = Pool::Open(path.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(pool.status().message(), HasSubstr("is a directory"));
+}
+
+TEST(PoolOpenTest, EmptyFileIsNotAPool) {
+  TempPoolPath path("empty");
+  std::ofstream(path.path()).close();
+  auto pool = Pool::Open(path.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kNotAPool);
+  EXPECT_THAT(pool.status().message(), HasSubstr("empty"));
+}
+
+TEST(PoolOpenTest, ArbitraryFileIsNotAPool) {
+  TempPoolPath path("text");
+  std::ofstream out(path.path());
+  for (int i = 0; i < 400000; ++i) out << "not a pool ";
+  out.close();
+  auto pool = Pool::Open(path.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kNotAPool);
+  EXPECT_THAT(pool.status().message(), HasSubstr(path.path()));
+}
+
+TEST(PoolOpenTest, PmdkPoolOfAnotherProgramIsNotAPool) {
+  TempPoolPath path("other-layout");
+  PMEMobjpool* pop = pmemobj_create(path.path().c_str(), "someone-else", PMEMOBJ_MIN_POOL, 0644);
+  ASSERT_NE(pop, nullptr) << pmemobj_errormsg();
+  pmemobj_close(pop);
+  auto pool = Pool::Open(path.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kNotAPool) << pool.status().ToString();
+}
+
+TEST(PoolOpenTest, HalfCreatedPoolWithoutHeaderIsNotAPool) {
+  TempPoolPath path("half-created");
+  PMEMobjpool* pop = pmemobj_create(path.path().c_str(), kPoolLayoutName, PMEMOBJ_MIN_POOL, 0644);
+  ASSERT_NE(pop, nullptr) << pmemobj_errormsg();
+  pmemobj_root(pop, sizeof(detail::PoolRoot));
+  pmemobj_close(pop);
+  auto pool = Pool::Open(path.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kNotAPool);
+  EXPECT_THAT(pool.status().message(), HasSubstr("never completely created"));
+}
+
+TEST(PoolOpenTest, PoolOpenTwiceIsBusy) {
+  TempPoolPath path("twice");
+  auto first = Pool::Create(path.path(), MakeManifest(1, 10));
+  ASSERT_TRUE(first.ok());
+  auto second = Pool::Open(path.path());
+  EXPECT_EQ(second.status().code(), StatusCode::kBusy) << second.status().ToString();
+}
+
+TEST(PoolCreateTest, ExistingFileIsNeverOverwritten) {
+  TempPoolPath path("exists");
+  std::ofstream(path.path()) << "precious";
+  auto pool = Pool::Create(path.path(), MakeManifest(1, 10));
+  EXPECT_EQ(pool.status().code(), StatusCode::kInvalidArgument);
+  std::ifstream in(path.path());
+  std::string content;
+  in >> content;
+  EXPECT_EQ(content, "precious");
+}
+
+TEST(PoolCreateTest, FileSystemTooSmallReportsNeededAndFreeBytes) {
+  TempPoolPath path("too-big");
+  Manifest manifest;
+  manifest.units.push_back({"huge", {{"param", DType::kFloat32, {1ll << 40}}}, 0});  // 4 TiB
+  auto pool = Pool::Create(path.path(), manifest);
+  EXPECT_EQ(pool.status().code(), StatusCode::kNoSpace);
+  EXPECT_THAT(pool.status().message(), HasSubstr("needs"));
+  EXPECT_THAT(pool.status().message(), HasSubstr("free"));
+  EXPECT_FALSE(std::filesystem::exists(path.path()));
+}
+
+TEST(PoolCreateTest, InvalidManifestIsRejected) {
+  TempPoolPath path("invalid");
+  Manifest manifest = MakeManifest(2, 10);
+  manifest.units[1].name = manifest.units[0].name;
+  auto pool = Pool::Create(path.path(), manifest);
+  EXPECT_EQ(pool.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(pool.status().message(), HasSubstr("duplicate"));
+}
+
+TEST(PoolCommitTest, ExtraStateLargerThanConfiguredIsRefusedAndEpochStaysOpen) {
+  TempPoolPath path("extra");
+  PoolOptions options;
+  options.extra_state_capacity = 16;
+  const Manifest manifest = MakeManifest(1, 10);
+  auto pool = Pool::Create(path.path(), manifest, options);
+  ASSERT_TRUE(pool.ok());
+  Status too_big = WriteSeededEpoch(**pool, 1, 1, std::string(17, 'x'));
+  EXPECT_EQ(too_big.code(), StatusCode::kCapacityExceeded);
+  EXPECT_THAT(too_big.message(), HasSubstr("17 bytes"));
+  EXPECT_TRUE((*pool)->open_epoch().has_value());
+  std::string fits(16, 'y');
+  EXPECT_TRUE((*pool)->Commit({reinterpret_cast<const std::byte*>(fits.data()), fits.size()}).ok());
+}
+
+TEST_F(DamagedPoolTest, TruncatedPoolIsReportedNotMapped) {
+  std::filesystem::resize_file(path_.path(), std::filesystem::file_size(path_.path()) / 2);
+  auto pool = Pool::Open(path_.path());
+  ASSERT_FALSE(pool.ok());
+  EXPECT_THAT(pool.status().message(), HasSubstr(path_.path()));
+}
+
+TEST_F(DamagedPoolTest, TruncatedBelowMinimumPoolSizeIsCorruption) {
+  std::filesystem::resize_file(path_.path(), 1 << 20);
+  auto pool = Pool::Open(path_.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(pool.status().message(), HasSubstr("truncated"));
+}
+
+TEST_F(DamagedPoolTest, UnknownFormatVersionIsUnsupported) {
+  // A well-formed header from a future version: valid checksum, version 99.
+  detail::PoolHeader header{};
+  const int fd = ::open(path_.path().c_str(), O_RDWR);
+  ASSERT_EQ(::pread(fd, &header, sizeof(header), regions_.header.offset),
+            static_cast<ssize_t>(sizeof(header)));
+  header.format_version = 99;
+  header.header_checksum = 0;
+  header.header_checksum = Checksum64(&header, sizeof(header));
+  ASSERT_EQ(::pwrite(fd, &header, sizeof(header), regions_.header.offset),
+            static_cast<ssize_t>(sizeof(header)));
+  ::close(fd);
+  auto pool = Pool::Open(path_.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kUnsupportedVersion);
+  EXPECT_THAT(pool.status().message(), HasSubstr("version 99"));
+}
+
+TEST_F(DamagedPoolTest, FlippedBitInHeaderIsCorruption) {
+  for (std::uint64_t field : {8ull, 24ull, 40ull, 100ull, 140ull}) {
+    FlipBit(path_.path(), regions_.header.offset + field);
+    auto pool = Pool::Open(path_.path());
+    EXPECT_EQ(pool.status().code(), StatusCode::kCorruption) << field;
+    EXPECT_THAT(pool.status().message(), HasSubstr("header")) << field;
+    FlipBit(path_.path(), regions_.header.offset + field);
+  }
+  EXPECT_TRUE(Pool::Open(path_.path()).ok());
+}
+
+TEST_F(DamagedPoolTest, FlippedBitInManifestIsCorruption) {
+  FlipBit(path_.path(), regions_.manifest.offset + regions_.manifest.bytes / 2);
+  auto pool = Pool::Open(path_.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(pool.status().message(), HasSubstr("manifest"));
+}
+
+TEST_F(DamagedPoolTest, FlippedBitInNewestCommitRecordFallsBackWithWarning) {
+  FlipBit(path_.path(), regions_.record[0].offset + 8);  // iteration of epoch 2
+  auto pool = Pool::Open(path_.path());
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->epoch(), 1u);
+  EXPECT_EQ(CheckSeededView(manifest_, *latest, 1), "");
+  ASSERT_EQ((*pool)->warnings().size(), 1u);
+  EXPECT_THAT((*pool)->warnings()[0], HasSubstr("falling back"));
+  EXPECT_THAT((*pool)->warnings()[0], HasSubstr("commit record"));
+  ASSERT_EQ(warnings_.size(), 1u);  // also reported through the sink
+}
+
+TEST_F(DamagedPoolTest, FlippedBitInPartChecksumTableFallsBack) {
+  FlipBit(path_.path(), regions_.record[0].offset + 64 + 8);
+  auto pool = Pool::Open(path_.path());
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->Latest()->epoch(), 1u);
+}
+
+TEST_F(DamagedPoolTest, FlippedBitInUnitDataFallsBackAndNamesTheUnit) {
+  const std::uint64_t offset = regions_.slot_data[0].offset + regions_.slot_data[0].bytes / 2;
+  FlipBit(path_.path(), offset);
+  auto pool = Pool::Open(path_.path());
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->Latest()->epoch(), 1u);
+  EXPECT_EQ(CheckSeededView(manifest_, *(*pool)->Latest(), 1), "");
+  ASSERT_EQ((*pool)->warnings().size(), 1u);
+  EXPECT_THAT((*pool)->warnings()[0], HasSubstr("layer1.weight"));
+  VerifyReport report = (*pool)->Verify(/*deep=*/true);
+  EXPECT_FALSE(report.ok());
+  EXPECT_EQ(report.slots[0].problems.size(), 1u);
+  EXPECT_TRUE(report.slots[1].problems.empty());
+  EXPECT_EQ(report.recoverable_slot, std::optional<int>(1));
+}
+
+TEST_F(DamagedPoolTest, NextEpochAfterFallbackOverwritesTheDamagedSlot) {
+  FlipBit(path_.path(), regions_.slot_data[0].offset + 5);
+  {
+    auto pool = Pool::Open(path_.path());
+    ASSERT_TRUE(pool.ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 22, 21).ok());
+    EXPECT_EQ((*pool)->Latest()->epoch(), 2u);
+    EXPECT_EQ((*pool)->Latest()->slot(), 0);
+  }
+  auto pool = Pool::Open(path_.path());
+  ASSERT_TRUE(pool.ok());
+  EXPECT_TRUE((*pool)->warnings().empty());
+  EXPECT_EQ(CheckSeededView(manifest_, *(*pool)->Latest(), 22), "");
+}
+
+TEST_F(DamagedPoolTest, BothSlotsDamagedIsCorruptionNeverAPartialLoad) {
+  FlipBit(path_.path(), regions_.slot_data[0].offset + 5);
+  FlipBit(path_.path(), regions_.record[1].offset + 16);
+  auto pool = Pool::Open(path_.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(pool.status().message(), HasSubstr("no committed slot verifies"));
+  EXPECT_THAT(pool.status().message(), HasSubstr("slot 0"));
+  EXPECT_THAT(pool.status().message(), HasSubstr("slot 1"));
+}
+
+TEST_F(DamagedPoolTest, FlippedBitInExtraStateFallsBack) {
+  const std::uint64_t parts = 9;  // 3 units x 3 tensors, each one part
+  FlipBit(path_.path(), regions_.record[0].offset + 64 + 8 * parts + 1);  // inside "two"
+  auto pool = Pool::Open(path_.path());
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->Latest()->epoch(), 1u);
+}
+
+TEST_F(DamagedPoolTest, PoolOfAnotherModelNamesTheFirstDifferentUnit) {
+  Manifest other = manifest_;
+  other.units[2].tensors[0].shape = {16, 999};
+  auto pool = Pool::Open(path_.path(), other);
+  EXPECT_EQ(pool.status().code(), StatusCode::kModelMismatch);
+  EXPECT_THAT(pool.status().message(), HasSubstr("layer2.weight"));
+  EXPECT_THAT(pool.status().message(), HasSubstr("shape"));
+
+  Manifest fewer = manifest_;
+  fewer.units.pop_back();
+  auto pool2 = Pool::Open(path_.path(), fewer);
+  EXPECT_EQ(pool2.status().code(), StatusCode::kModelMismatch);
+  EXPECT_THAT(pool2.status().message(), HasSubstr("layer2.weight"));
+}
+
+TEST(ChunkCorruptionTest, DamagedChunkPayloadIsCorruptionNamingTheChunk) {
+  TempPoolPath path("chunk-damaged");
+  PoolOptions options;
+  options.chunk_heap_bytes = 1 << 20;
+  std::uint64_t id = 0;
+  {
+    auto pool = Pool::Create(path.path(), MakeManifest(1, 16), options);
+    ASSERT_TRUE(pool.ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 1).ok());
+    auto chunk = (*pool)->AllocChunk(512, 1, 77);
+    ASSERT_TRUE(chunk.ok());
+    id = chunk->id;
+    std::memset((*pool)->ChunkPayload(id)->data(), 0x5a, 512);
+    ASSERT_TRUE((*pool)->SealChunk(id).ok());
+  }
+  FlipBit(path.path(), id + 128 + 100);
+  auto pool = Pool::Open(path.path());
+  ASSERT_TRUE(pool.ok());
+  auto payload = (*pool)->ReadChunk(id);
+  EXPECT_EQ(payload.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(payload.status().message(), HasSubstr("tag 77"));
+  EXPECT_FALSE((*pool)->Verify(true).ok());
+}
+
+}  // namespace
+}  // namespace pmsnap::layout

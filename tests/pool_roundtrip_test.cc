@@ -1,0 +1,296 @@
+// Pool write/commit/read behaviour on well-formed pools.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "pmsnap/pmem_layout/pool.h"
+#include "testutil/pool_fixtures.h"
+#include "testutil/temp_pool.h"
+
+namespace pmsnap::layout {
+namespace {
+
+using pmsnap::testing::CheckSeededView;
+using pmsnap::testing::MakeManifest;
+using pmsnap::testing::SeededTensor;
+using pmsnap::testing::TempPoolPath;
+using pmsnap::testing::WriteSeededEpoch;
+
+std::string AsString(std::span<const std::byte> bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+TEST(PoolTest, FreshPoolHasNoCommittedCheckpoint) {
+  TempPoolPath path("fresh");
+  auto pool = Pool::Create(path.path(), MakeManifest(3, 1000));
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto latest = (*pool)->Latest();
+  EXPECT_EQ(latest.status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE((*pool)->last_committed_epoch().has_value());
+}
+
+TEST(PoolTest, CommittedEpochSurvivesReopenBitExact) {
+  TempPoolPath path("roundtrip");
+  const Manifest manifest = MakeManifest(4, 5000);
+  {
+    auto pool = Pool::Create(path.path(), manifest);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 100, "loader=100").ok());
+  }
+  auto pool = Pool::Open(path.path(), manifest);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(latest->epoch(), 1u);
+  EXPECT_EQ(latest->iteration(), 100u);
+  EXPECT_EQ(AsString(latest->extra_state()), "loader=100");
+  EXPECT_EQ(CheckSeededView(manifest, *latest, 1), "");
+  EXPECT_TRUE((*pool)->warnings().empty());
+}
+
+TEST(PoolTest, EpochsAlternateSlotsAndOlderSlotKeepsPreviousEpoch) {
+  TempPoolPath path("alternate");
+  const Manifest manifest = MakeManifest(2, 777);
+  auto pool = Pool::Create(path.path(), manifest);
+  ASSERT_TRUE(pool.ok());
+  for (std::uint64_t e = 1; e <= 5; ++e) {
+    ASSERT_TRUE(WriteSeededEpoch(**pool, e, e * 10).ok());
+    auto latest = (*pool)->Latest();
+    ASSERT_TRUE(latest.ok());
+    EXPECT_EQ(latest->epoch(), e);
+    EXPECT_EQ(latest->slot(), static_cast<int>(e % 2));
+    if (e > 1) {
+      auto older = (*pool)->Slot(static_cast<int>((e - 1) % 2));
+      ASSERT_TRUE(older.ok()) << older.status().ToString();
+      EXPECT_EQ(older->epoch(), e - 1);
+      EXPECT_EQ(CheckSeededView(manifest, *older, e - 1), "");
+    }
+  }
+}
+
+TEST(PoolTest, UncommittedEpochIsInvisibleAfterReopen) {
+  TempPoolPath path("uncommitted");
+  const Manifest manifest = MakeManifest(2, 4096);
+  {
+    auto pool = Pool::Create(path.path(), manifest);
+    ASSERT_TRUE(pool.ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 1).ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 2, 2).ok());
+    // Epoch 3 writes half its parts, then the process "dies" (pool closed).
+    ASSERT_TRUE((*pool)->BeginEpoch(3).ok());
+    auto bytes = SeededTensor(manifest, 3, 0, 0);
+    ASSERT_TRUE((*pool)->WriteTensor(0, 0, bytes.data()).ok());
+  }
+  auto pool = Pool::Open(path.path());
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->epoch(), 2u);
+  EXPECT_EQ(CheckSeededView(manifest, *latest, 2), "");
+  EXPECT_EQ((*pool)->slot_info(1).state, SlotState::kWriting);
+  // The next epoch reuses the number of the one that never committed.
+  auto next = (*pool)->BeginEpoch(3);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(*next, 3u);
+}
+
+TEST(PoolTest, CommitRefusesWhileAPartIsMissingAndNamesIt) {
+  TempPoolPath path("missing-part");
+  const Manifest manifest = MakeManifest(2, 100);
+  auto pool = Pool::Create(path.path(), manifest);
+  ASSERT_TRUE(pool.ok());
+  ASSERT_TRUE((*pool)->BeginEpoch(7).ok());
+  for (std::uint32_t t = 0; t < 3; ++t) {
+    auto bytes = SeededTensor(manifest, 1, 0, t);
+    ASSERT_TRUE((*pool)->WriteTensor(0, t, bytes.data()).ok());
+  }
+  Status status = (*pool)->Commit();
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("layer1.weight"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("param"), std::string::npos) << status.message();
+}
+
+TEST(PoolTest, SecondBeginEpochWhileOneIsOpenIsBusy) {
+  TempPoolPath path("busy");
+  auto pool = Pool::Create(path.path(), MakeManifest(1, 10));
+  ASSERT_TRUE(pool.ok());
+  ASSERT_TRUE((*pool)->BeginEpoch(1).ok());
+  EXPECT_EQ((*pool)->BeginEpoch(2).status().code(), StatusCode::kBusy);
+  (*pool)->Abandon();
+  EXPECT_TRUE((*pool)->BeginEpoch(2).ok());
+}
+
+TEST(PoolTest, LargeTensorsAreCutIntoPartsWrittenFromSeveralThreads) {
+  TempPoolPath path("parts");
+  const Manifest manifest = MakeManifest(3, 300000);  // 1.2 MB per tensor
+  PoolOptions options;
+  options.part_bytes = 64 << 10;
+  auto pool = Pool::Create(path.path(), manifest, options);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  const SlotLayout& layout = (*pool)->layout();
+  ASSERT_GT(layout.parts.size(), 30u);
+  ASSERT_TRUE((*pool)->BeginEpoch(5).ok());
+  std::vector<std::vector<std::byte>> sources;
+  for (std::uint32_t u = 0; u < 3; ++u)
+    for (std::uint32_t t = 0; t < 3; ++t) sources.push_back(SeededTensor(manifest, 9, u, t));
+  // Parts in reverse order, interleaved over two threads.
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int worker = 0; worker < 2; ++worker) {
+    threads.emplace_back([&, worker] {
+      for (std::size_t i = layout.parts.size(); i-- > 0;) {
+        if (static_cast<int>(i % 2) != worker) continue;
+        const PartLayout& part = layout.parts[i];
+        const auto& src = sources[part.unit * 3 + part.tensor];
+        if (!(*pool)->WritePart(static_cast<std::uint32_t>(i), src.data() + part.offset_in_tensor).ok())
+          failures++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(failures.load(), 0);
+  ASSERT_TRUE((*pool)->Commit().ok());
+  auto report = (*pool)->Verify(/*deep=*/true);
+  EXPECT_TRUE(report.ok());
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(CheckSeededView(manifest, *latest, 9), "");
+}
+
+TEST(PoolTest, PartDestinationAndSealPartPersistExternallyCopiedBytes) {
+  TempPoolPath path("seal");
+  const Manifest manifest = MakeManifest(1, 2048);
+  auto pool = Pool::Create(path.path(), manifest);
+  ASSERT_TRUE(pool.ok());
+  ASSERT_TRUE((*pool)->BeginEpoch(1).ok());
+  for (std::uint32_t p = 0; p < (*pool)->layout().parts.size(); ++p) {
+    const PartLayout& part = (*pool)->layout().parts[p];
+    auto dst = (*pool)->PartDestination(p);
+    ASSERT_TRUE(dst.ok());
+    auto src = SeededTensor(manifest, 4, part.unit, part.tensor);
+    std::memcpy(dst->data(), src.data() + part.offset_in_tensor, part.bytes);
+    ASSERT_TRUE((*pool)->SealPart(p).ok());
+  }
+  ASSERT_TRUE((*pool)->Commit().ok());
+  EXPECT_TRUE((*pool)->Verify(true).ok());
+  EXPECT_EQ(CheckSeededView(manifest, *(*pool)->Latest(), 4), "");
+}
+
+TEST(PoolTest, FindUnitUsesTheManifestIndex) {
+  TempPoolPath path("index");
+  auto pool = Pool::Create(path.path(), MakeManifest(5, 10));
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->FindUnit("layer3.weight"), std::optional<std::uint32_t>(3));
+  EXPECT_FALSE((*pool)->FindUnit("nope").has_value());
+}
+
+TEST(PoolTest, RequiredBytesIsEnoughForManySizes) {
+  for (std::int64_t floats : {1, 1000, 1 << 20}) {
+    for (std::uint64_t heap : {0ull, 1ull << 20, 64ull << 20}) {
+      TempPoolPath path("size");
+      PoolOptions options;
+      options.chunk_heap_bytes = heap;
+      const Manifest manifest = MakeManifest(7, floats);
+      auto pool = Pool::Create(path.path(), manifest, options);
+      ASSERT_TRUE(pool.ok()) << floats << " " << heap << ": " << pool.status().ToString();
+      ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 1).ok());
+      // The whole chunk heap budget can be allocated.
+      std::uint64_t allocated = 0;
+      while (heap > 0) {
+        auto chunk = (*pool)->AllocChunk(heap / 16 - 128, 1, 0);
+        if (!chunk.ok()) {
+          EXPECT_EQ(chunk.status().code(), StatusCode::kNoSpace);
+          break;
+        }
+        allocated += chunk->bytes + 128;
+      }
+      EXPECT_EQ(allocated, heap);
+    }
+  }
+}
+
+TEST(ChunkHeapTest, SealedChunkReadsBackAndSurvivesReopen) {
+  TempPoolPath path("chunks");
+  PoolOptions options;
+  options.chunk_heap_bytes = 4 << 20;
+  const Manifest manifest = MakeManifest(1, 16);
+  std::uint64_t id = 0;
+  {
+    auto pool = Pool::Create(path.path(), manifest, options);
+    ASSERT_TRUE(pool.ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 1).ok());
+    auto chunk = (*pool)->AllocChunk(10000, 1, 42);
+    ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+    id = chunk->id;
+    auto payload = (*pool)->ChunkPayload(id);
+    ASSERT_TRUE(payload.ok());
+    for (std::size_t i = 0; i < payload->size(); ++i) (*payload)[i] = std::byte(i * 7);
+    ASSERT_TRUE((*pool)->SealChunk(id).ok());
+    EXPECT_EQ((*pool)->chunk_heap_used(), 10000u + 128u);
+  }
+  auto pool = Pool::Open(path.path());
+  ASSERT_TRUE(pool.ok());
+  auto chunks = (*pool)->ListChunks();
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].tag, 42u);
+  EXPECT_EQ(chunks[0].epoch, 1u);
+  auto payload = (*pool)->ReadChunk(id);
+  ASSERT_TRUE(payload.ok());
+  for (std::size_t i = 0; i < payload->size(); ++i) ASSERT_EQ((*payload)[i], std::byte(i * 7));
+}
+
+TEST(ChunkHeapTest, FreedChunksReturnTheirSpace) {
+  TempPoolPath path("chunk-free");
+  PoolOptions options;
+  options.chunk_heap_bytes = 1 << 20;
+  auto pool = Pool::Create(path.path(), MakeManifest(1, 16), options);
+  ASSERT_TRUE(pool.ok());
+  std::vector<std::uint64_t> ids;
+  for (int i = 0; i < 5; ++i) {
+    auto chunk = (*pool)->AllocChunk(1000 * (i + 1), 1, i);
+    ASSERT_TRUE(chunk.ok());
+    ids.push_back(chunk->id);
+  }
+  // Free from the middle, the head and the tail of the list.
+  for (int i : {2, 4, 0, 1, 3}) ASSERT_TRUE((*pool)->FreeChunk(ids[i]).ok());
+  EXPECT_EQ((*pool)->chunk_heap_used(), 0u);
+  EXPECT_TRUE((*pool)->ListChunks().empty());
+  EXPECT_EQ((*pool)->FreeChunk(ids[0]).code(), StatusCode::kNotFound);
+}
+
+TEST(ChunkHeapTest, ChunksOfAnEpochThatNeverCommittedAreFreed) {
+  TempPoolPath path("chunk-orphan");
+  PoolOptions options;
+  options.chunk_heap_bytes = 1 << 20;
+  const Manifest manifest = MakeManifest(1, 16);
+  {
+    auto pool = Pool::Create(path.path(), manifest, options);
+    ASSERT_TRUE(pool.ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 1).ok());
+    ASSERT_TRUE((*pool)->AllocChunk(100, 1, 0).ok());
+    ASSERT_TRUE((*pool)->BeginEpoch(2).ok());
+    ASSERT_TRUE((*pool)->AllocChunk(100, 2, 0).ok());  // epoch 2 never commits
+  }
+  auto pool = Pool::Open(path.path());
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->ListChunks().size(), 2u);
+  ASSERT_TRUE((*pool)->BeginEpoch(2).ok());
+  auto chunks = (*pool)->ListChunks();
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].epoch, 1u);
+}
+
+TEST(ChunkHeapTest, UnsealedChunkIsNotReadable) {
+  TempPoolPath path("chunk-unsealed");
+  PoolOptions options;
+  options.chunk_heap_bytes = 1 << 20;
+  auto pool = Pool::Create(path.path(), MakeManifest(1, 16), options);
+  ASSERT_TRUE(pool.ok());
+  auto chunk = (*pool)->AllocChunk(100, 0, 0);
+  ASSERT_TRUE(chunk.ok());
+  EXPECT_EQ((*pool)->ReadChunk(chunk->id).status().code(), StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace pmsnap::layout

@@ -1,0 +1,26 @@
+// Test helpers: unique pool paths under $PMSNAP_POOL_DIR (default /dev/shm),
+// removed when the owner goes out of scope.
+#pragma once
+
+#include <string>
+
+namespace pmsnap::testing {
+
+// The directory pools live in during tests.
+std::string PoolDir();
+
+// A unique file path for one test; the file (if created) is removed on
+// destruction. Not thread-safe to share; cheap to create per test.
+class TempPoolPath {
+ public:
+  explicit TempPoolPath(const std::string& tag);
+  ~TempPoolPath();
+  TempPoolPath(const TempPoolPath&) = delete;
+  TempPoolPath& operator=(const TempPoolPath&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace pmsnap::testing
