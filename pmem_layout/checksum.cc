@@ -1,31 +1,43 @@
 #include "pmsnap/pmem_layout/checksum.h"
 
-#include <xxhash.h>
-
-#include <new>
+#include "detail/xxh3_kernels.h"
 
 namespace pmsnap::layout {
 
+namespace detail {
+
+const Xxh3Kernels& BestXxh3Kernels() {
+  static const Xxh3Kernels& best = []() -> const Xxh3Kernels& {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return kXxh3Avx512;
+    if (__builtin_cpu_supports("avx2")) return kXxh3Avx2;
+    return kXxh3Scalar;
+  }();
+  return best;
+}
+
+}  // namespace detail
+
 std::uint64_t Checksum64(const void* data, std::size_t bytes, std::uint64_t seed) {
-  return XXH3_64bits_withSeed(data, bytes, seed);
+  return detail::BestXxh3Kernels().hash(data, bytes, seed);
 }
 
 struct StreamingChecksum::State {
-  XXH3_state_t* xxh = nullptr;
+  detail::Xxh3State xxh;
 };
 
 StreamingChecksum::StreamingChecksum(std::uint64_t seed) : state_(std::make_unique<State>()) {
-  state_->xxh = XXH3_createState();
-  if (state_->xxh == nullptr) throw std::bad_alloc();
-  XXH3_64bits_reset_withSeed(state_->xxh, seed);
+  detail::BestXxh3Kernels().reset(&state_->xxh, seed);
 }
 
-StreamingChecksum::~StreamingChecksum() { XXH3_freeState(state_->xxh); }
+StreamingChecksum::~StreamingChecksum() = default;
 
 void StreamingChecksum::Update(const void* data, std::size_t bytes) {
-  XXH3_64bits_update(state_->xxh, data, bytes);
+  detail::BestXxh3Kernels().update(&state_->xxh, data, bytes);
 }
 
-std::uint64_t StreamingChecksum::Digest() const { return XXH3_64bits_digest(state_->xxh); }
+std::uint64_t StreamingChecksum::Digest() const {
+  return detail::BestXxh3Kernels().digest(&state_->xxh);
+}
 
 }  // namespace pmsnap::layout

@@ -1,6 +1,7 @@
 #include "pmsnap/pmem_layout/pool.h"
 
 #include <fcntl.h>
+#include <libpmem.h>
 #include <libpmemobj.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -16,6 +17,7 @@
 #include <unordered_map>
 
 #include "detail/format.h"
+#include "detail/xxh3_kernels.h"
 #include "pmsnap/pmem_layout/checksum.h"
 
 namespace pmsnap::layout {
@@ -26,9 +28,6 @@ using detail::PoolHeader;
 using detail::PoolRoot;
 using detail::SlotRecordHeader;
 
-// Source bytes are hashed in blocks that stay in L2 while they are copied,
-// so the source is read from DRAM once.
-constexpr std::size_t kCopyBlockBytes = 256 << 10;
 // libpmemobj internals, sized generously: pool header, lanes, heap header.
 constexpr std::uint64_t kPmemobjBaseOverhead = 16ull << 20;
 // Per zone (up to ~16 GiB of heap): zone header plus chunk headers.
@@ -149,6 +148,7 @@ struct Pool::Impl {
   PMEMobjpool* pop = nullptr;
   std::byte* base = nullptr;  // the mapping: pool offsets are relative to it
   PoolRoot* root = nullptr;
+  bool is_pmem = false;  // true: flushes + drain persist; false: msync
   std::uint64_t pool_uuid_lo = 0;
   std::unordered_map<std::string, std::uint32_t> unit_index;
 
@@ -402,6 +402,7 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
 Status Pool::LoadAndRecover(const OpenOptions& options) {
   Impl& impl = *impl_;
   impl.base = reinterpret_cast<std::byte*>(impl.pop);
+  impl.is_pmem = pmem_is_pmem(impl.base, file_bytes_) != 0;
   const std::string where = "pool '" + path_ + "'";
   auto corruption = [&](const std::string& what) {
     return Status(StatusCode::kCorruption, where + ": " + what);
@@ -655,17 +656,26 @@ Status Pool::WritePart(std::uint32_t part, const void* src) {
   PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> dst, PartDestination(part));
   Impl& impl = *impl_;
   const auto* in = static_cast<const std::byte*>(src);
-  StreamingChecksum checksum;
-  for (std::size_t done = 0; done < dst.size(); done += kCopyBlockBytes) {
-    const std::size_t n = std::min(kCopyBlockBytes, dst.size() - done);
-    checksum.Update(in + done, n);
-    pmemobj_memcpy(impl.pop, dst.data() + done, in + done, n,
+  std::uint64_t digest = 0;
+  std::size_t streamed = 0;
+  if (reinterpret_cast<std::uintptr_t>(dst.data()) % 64 == 0) {
+    // Bulk of the part: one pass that streams to PM and hashes the same loads.
+    streamed = detail::BestXxh3Kernels().copy_and_hash(dst.data(), in, dst.size(), &digest);
+  }
+  if (streamed == 0) {
+    digest = Checksum64(in, dst.size());
+  }
+  if (streamed < dst.size()) {
+    pmemobj_memcpy(impl.pop, dst.data() + streamed, in + streamed, dst.size() - streamed,
                    PMEMOBJ_F_MEM_NONTEMPORAL | PMEMOBJ_F_MEM_NODRAIN);
+  }
+  if (streamed > 0 && !impl.is_pmem) {
+    pmemobj_persist(impl.pop, dst.data(), streamed);  // msync path: stores are in the page cache
   }
   pmemobj_drain(impl.pop);
   const int slot = static_cast<int>(*impl.open_epoch % 2);
   std::uint64_t* stored = &impl.part_checksums(slot)[part];
-  *stored = checksum.Digest();
+  *stored = digest;
   pmemobj_persist(impl.pop, stored, sizeof(*stored));
   impl.written[part].store(1, std::memory_order_relaxed);
   return Status::Ok();

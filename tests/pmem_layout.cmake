@@ -8,3 +8,5 @@ pmsnap_add_pool_test(pool_crash_test SOURCES pool_crash_test.cc LIBS pmsnap::lay
 pmsnap_add_test(cli_test SOURCES cli_test.cc LIBS pmsnap::layout ENV "PMEM_IS_PMEM_FORCE=1")
 target_compile_definitions(cli_test PRIVATE PMSNAP_CLI_PATH="$<TARGET_FILE:pmsnap>")
 add_dependencies(cli_test pmsnap)
+pmsnap_add_test(checksum_test SOURCES checksum_test.cc LIBS pmsnap::layout PkgConfig::XXHASH)
+target_include_directories(checksum_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)

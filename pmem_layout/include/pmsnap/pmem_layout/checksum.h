@@ -25,7 +25,7 @@ class StreamingChecksum {
 
  private:
   struct State;
-  std::unique_ptr<State> state_;
+  std::unique_ptr<State> state_;  // heap: keeps the 576-byte XXH3 state out of this header
 };
 
 }  // namespace pmsnap::layout
