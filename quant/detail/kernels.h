@@ -1,0 +1,63 @@
+// Per-row inner loops of the quantizers, one table per instruction set
+// (internal).
+//
+// Contract shared by every set, so their outputs are identical:
+//  - MinMax: exact min and max (order-independent), -0.0 normalized to +0.0;
+//    returns false if any element is NaN or +-Inf.
+//  - Encode: code = nearbyint(clamp((x - bias) * inv_scale, 0, qmax)), one
+//    byte per element, computed with separate IEEE float subtract, multiply,
+//    clamp and round-to-nearest-even (no FMA).
+//  - Loss2: for two parameter sets, sum over elements of (x - (q * scale +
+//    bias))^2 with q as in Encode; element i accumulates into lane i % 16 and
+//    the 16 lanes are summed by ReduceLanes16, so the float result is the same
+//    whatever the vector width.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+
+#include "pmsnap/quant/cpu.h"
+
+namespace pmsnap::quant::detail {
+
+struct EncodeParams {
+  float bias;
+  float inv_scale;
+  float scale;  // Loss2 only: the dequantization step
+};
+
+struct Kernels {
+  Isa isa;
+  bool (*min_max)(const float* x, std::uint32_t n, float* min_out, float* max_out);
+  void (*encode)(const float* x, std::uint32_t n, EncodeParams p, float qmax, std::uint8_t* codes);
+  void (*loss2)(const float* x, std::uint32_t n, EncodeParams a, EncodeParams b, float qmax,
+                float* loss_a, float* loss_b);
+};
+
+// Kernels for `isa` (kAuto resolves to DetectIsa()). The caller checks
+// IsaSupported() first.
+const Kernels& KernelsFor(Isa isa);
+
+const Kernels& PortableKernels();
+// nullptr when the build has no such set (non-x86 targets).
+const Kernels* Avx2Kernels();
+const Kernels* Avx512Kernels();
+
+// Fixed summation tree over 16 lane partial sums: i + (i + 8), then + 4, + 2, + 1.
+inline float ReduceLanes16(const float* lanes) {
+  float r8[8], r4[4], r2[2];
+  for (int i = 0; i < 8; ++i) r8[i] = lanes[i] + lanes[i + 8];
+  for (int i = 0; i < 4; ++i) r4[i] = r8[i] + r8[i + 4];
+  for (int i = 0; i < 2; ++i) r2[i] = r4[i] + r4[i + 2];
+  return r2[0] + r2[1];
+}
+
+// Scalar element step shared by the portable set and the vector tails.
+inline float EncodeOne(float x, const EncodeParams& p, float qmax) {
+  float t = (x - p.bias) * p.inv_scale;
+  t = t < 0.0f ? 0.0f : t;
+  t = t > qmax ? qmax : t;
+  return __builtin_nearbyintf(t);
+}
+
+}  // namespace pmsnap::quant::detail

@@ -1,0 +1,22 @@
+# Tests of the quant/ library (issue 5). Each file is one behaviour.
+foreach(quant_test
+    quant_round_trip_test
+    quant_adaptive_test
+    quant_kmeans_test
+    quant_edge_cases_test
+    quant_nonfinite_test
+    quant_param_selection_test
+    quant_simd_equivalence_test
+    quant_format_test)
+  pmsnap_add_test(${quant_test} SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/${quant_test}.cc
+                  LIBS pmsnap::quant)
+endforeach()
+
+# Byte equality with PyTorch's fused rowwise prepack ops, through libtorch's
+# dispatcher (slow to compile, so only when torch is enabled).
+if(PMSNAP_WITH_TORCH)
+  find_package(Torch REQUIRED)
+  pmsnap_add_test(quant_torch_interop_test
+                  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/quant_torch_interop_test.cc
+                  LIBS pmsnap::quant ${TORCH_LIBRARIES})
+endif()
