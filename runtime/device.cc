@@ -1,0 +1,138 @@
+#include "pmsnap/runtime/device.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <thread>
+
+namespace pmsnap::runtime {
+namespace {
+
+// Measured-once host memcpy bandwidth stand-in for estimates (GB/s). A
+// conservative single-thread DRAM -> PM figure; estimates only steer policy.
+constexpr double kHostCopyGbps = 10.0;
+
+std::string FormatBytes(std::uint64_t bytes) {
+  char buf[32];
+  if (bytes >= (1ull << 30)) {
+    std::snprintf(buf, sizeof(buf), "%.1f GiB", bytes / 1073741824.0);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.0f MiB", bytes / 1048576.0);
+  }
+  return buf;
+}
+
+}  // namespace
+
+Result<void*> HostMemoryDevice::Allocate(std::size_t bytes) {
+  // Reserve first so concurrent allocations never exceed the capacity.
+  std::uint64_t current = allocated_.load(std::memory_order_relaxed);
+  do {
+    if (current + bytes > capacity_) {
+      return Status(StatusCode::kNoSpace, name() + ": cannot allocate " + std::to_string(bytes) +
+                                              " bytes of device memory, " +
+                                              std::to_string(capacity_ - current) + " free");
+    }
+  } while (!allocated_.compare_exchange_weak(current, current + bytes, std::memory_order_relaxed));
+  std::uint64_t now = current + bytes;
+  std::uint64_t peak = peak_.load(std::memory_order_relaxed);
+  while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+  void* ptr = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (ptr == nullptr) {
+    allocated_.fetch_sub(bytes, std::memory_order_relaxed);
+    return Status(StatusCode::kNoSpace, name() + ": host allocation of " + std::to_string(bytes) +
+                                            " bytes failed");
+  }
+  return ptr;
+}
+
+void HostMemoryDevice::Free(void* ptr, std::size_t bytes) {
+  if (ptr == nullptr) return;
+  std::free(ptr);
+  allocated_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+std::uint64_t HostMemoryDevice::free_bytes() const {
+  const std::uint64_t used = allocated_.load(std::memory_order_relaxed);
+  return used >= capacity_ ? 0 : capacity_ - used;
+}
+
+Status HostDevice::CopyToHost(void* dst, const void* src, std::size_t bytes) {
+  std::memcpy(dst, src, bytes);
+  return Status::Ok();
+}
+
+Status HostDevice::CopyFromHost(void* dst, const void* src, std::size_t bytes) {
+  std::memcpy(dst, src, bytes);
+  return Status::Ok();
+}
+
+Status HostDevice::CopyInDevice(void* dst, const void* src, std::size_t bytes) {
+  std::memcpy(dst, src, bytes);
+  return Status::Ok();
+}
+
+double HostDevice::EstimateCopyToHostSeconds(std::uint64_t bytes) const {
+  return bytes / (kHostCopyGbps * 1e9);
+}
+
+double HostDevice::EstimateInDeviceCopySeconds(std::uint64_t bytes) const {
+  return bytes / (kHostCopyGbps * 1e9);
+}
+
+SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options)
+    : HostMemoryDevice(options.memory_bytes), options_(options) {}
+
+std::string SimulatedDevice::name() const {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "simulated(%.1f GB/s link, %.0f us, %s device memory)",
+                options_.copy_bandwidth_gbps, options_.latency_us,
+                FormatBytes(options_.memory_bytes).c_str());
+  return buf;
+}
+
+Status SimulatedDevice::TimedCopy(void* dst, const void* src, std::size_t bytes,
+                                  double bandwidth_gbps, bool uses_link) {
+  const auto start = Clock::now();
+  const auto transfer = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(bytes / (bandwidth_gbps * 1e9)));
+  const auto latency = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.latency_us * 1e-6));
+  Clock::time_point done;
+  if (uses_link) {
+    // Reserve the link: transfers queue behind each other like on PCIe.
+    std::lock_guard<std::mutex> lock(link_mutex_);
+    const Clock::time_point begin = std::max(start, link_free_at_);
+    link_free_at_ = begin + transfer;
+    done = link_free_at_ + latency;
+  } else {
+    done = start + transfer + latency;
+  }
+  std::memcpy(dst, src, bytes);
+  std::this_thread::sleep_until(done);
+  return Status::Ok();
+}
+
+Status SimulatedDevice::CopyToHost(void* dst, const void* src, std::size_t bytes) {
+  return TimedCopy(dst, src, bytes, options_.copy_bandwidth_gbps, /*uses_link=*/true);
+}
+
+Status SimulatedDevice::CopyFromHost(void* dst, const void* src, std::size_t bytes) {
+  return TimedCopy(dst, src, bytes, options_.copy_bandwidth_gbps, /*uses_link=*/true);
+}
+
+Status SimulatedDevice::CopyInDevice(void* dst, const void* src, std::size_t bytes) {
+  return TimedCopy(dst, src, bytes, options_.in_device_bandwidth_gbps, /*uses_link=*/false);
+}
+
+double SimulatedDevice::EstimateCopyToHostSeconds(std::uint64_t bytes) const {
+  return options_.latency_us * 1e-6 + bytes / (options_.copy_bandwidth_gbps * 1e9);
+}
+
+double SimulatedDevice::EstimateInDeviceCopySeconds(std::uint64_t bytes) const {
+  return options_.latency_us * 1e-6 + bytes / (options_.in_device_bandwidth_gbps * 1e9);
+}
+
+}  // namespace pmsnap::runtime

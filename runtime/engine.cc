@@ -1,0 +1,623 @@
+#include "pmsnap/runtime/engine.h"
+
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <unordered_map>
+
+namespace pmsnap::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+constexpr std::size_t kBlockedHistory = 65536;
+
+// Adds to an atomic<double> (no fetch_add for floating point before C++20 libs).
+void AtomicAdd(std::atomic<double>& target, double value) {
+  double current = target.load(std::memory_order_relaxed);
+  while (!target.compare_exchange_weak(current, current + value, std::memory_order_relaxed)) {
+  }
+}
+
+// Epoch in flight. Created and destroyed by the training thread; workers
+// reach it through the jobs they run, and the training thread destroys it
+// only after every job finished (outstanding_jobs == 0).
+struct Epoch {
+  std::uint64_t epoch = 0;
+  std::uint64_t iteration = 0;
+  Clock::time_point started;
+  std::vector<std::unique_ptr<UnitTask>> tasks;         // null until captured
+  std::vector<Clock::time_point> captured_at;
+  std::unique_ptr<std::atomic<std::uint32_t>[]> persist_remaining;  // parts per unit
+  std::unique_ptr<std::atomic<std::int64_t>[]> first_claim_ns;      // since `started`, -1 none
+  std::vector<double> next_update_gap;                   // training thread
+  std::vector<bool> conflicted;                          // training thread
+  // Units not yet persisted, plus one released by EndStep.
+  std::atomic<std::uint32_t> remaining{0};
+  std::uint32_t captured_count = 0;  // training thread
+  bool step_ended = false;           // training thread
+  std::vector<std::byte> extra_state;  // written by EndStep before the release
+  std::atomic<bool> failed{false};
+  std::atomic<bool> committed{false};
+  std::atomic<std::int64_t> snapshot_done_ns{0};  // latest part snapshot, since `started`
+  std::atomic<std::int64_t> finished_ns{0};
+};
+
+}  // namespace
+
+struct Engine::Impl {
+  EngineOptions options;
+  std::vector<UnitRegistration> units;
+  std::unique_ptr<layout::Pool> pool;
+  std::unique_ptr<Device> owned_device;
+  Device* device = nullptr;
+  std::shared_ptr<IntervalPolicy> policy;
+  std::shared_ptr<ConflictStrategy> strategy;
+  std::unique_ptr<tbb::task_arena> arena;
+  std::uint64_t model_bytes = 0;
+
+  std::atomic<std::uint64_t> outstanding_jobs{0};
+  // True from BeginEpoch until the epoch committed or was abandoned. The
+  // release store in FinishEpoch pairs with the acquire loads that allow the
+  // training thread to start the next epoch or reap this one.
+  std::atomic<bool> epoch_busy{false};
+  std::unique_ptr<Epoch> current;  // training thread
+
+  std::mutex error_mutex;  // guards first_error
+  Status first_error;
+
+  // Training-thread state.
+  bool closed = false;
+  bool in_step = false;
+  bool started_training = false;
+  bool capturing = false;  // the current step is captured by `current`
+  std::uint64_t step = 0;
+  Clock::time_point last_step_begin{};
+  Clock::time_point first_update_in_step{};
+  bool saw_update_in_step = false;
+  double blocked_this_step = 0;
+  PolicyInputs policy_inputs;
+
+  // Stats, guarded by stats_mutex (stats() may be called from any thread).
+  mutable std::mutex stats_mutex;
+  Stats stats;
+  std::deque<double> blocked_history;
+  Clock::time_point opened_at = Clock::now();
+  std::atomic<std::uint64_t> bytes_written{0};
+  std::atomic<std::uint64_t> epochs_committed{0};
+
+  ~Impl() = default;
+
+  void RecordError(const Status& status) {
+    std::lock_guard<std::mutex> lock(error_mutex);
+    if (first_error.ok()) first_error = status;
+  }
+  Status TakeError() {
+    std::lock_guard<std::mutex> lock(error_mutex);
+    return first_error;
+  }
+
+  void Enqueue(Epoch* epoch, UnitTask* task, std::uint32_t part) {
+    outstanding_jobs.fetch_add(1, std::memory_order_relaxed);
+    arena->enqueue([this, epoch, task, part] {
+      RunPart(*epoch, *task, part);
+      // Last touch of the job: the training thread may free `epoch` once the
+      // count is zero.
+      if (outstanding_jobs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        outstanding_jobs.notify_all();
+      }
+    });
+  }
+
+  void RunPart(Epoch& epoch, UnitTask& task, std::uint32_t p) {
+    if (!task.TryClaim(p)) return;  // a strategy took it; it requeues when redirected
+    const auto start = Clock::now();
+    std::int64_t none = -1;
+    epoch.first_claim_ns[task.unit()].compare_exchange_strong(
+        none, std::chrono::duration_cast<std::chrono::nanoseconds>(start - epoch.started).count(),
+        std::memory_order_relaxed);
+    const UnitTask::Part& part = task.part(p);
+    Status status;
+    double copy = 0, persist = 0;
+    if (!epoch.failed.load(std::memory_order_relaxed)) {
+      if (device->kind() == DeviceKind::kHost) {
+        // Host memory: one fused pass copies into PM, checksums and drains.
+        status = pool->WritePart(part.pool_part, task.source(p));
+        copy = SecondsSince(start);
+      } else {
+        auto dst = pool->PartDestination(part.pool_part);
+        status = dst.ok() ? device->CopyToHost(dst->data(), task.source(p), part.bytes)
+                          : dst.status();
+        copy = SecondsSince(start);
+      }
+    }
+    task.MarkSnapshotted(p);
+    const auto snapshotted = Clock::now();
+    std::int64_t ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(snapshotted - epoch.started).count();
+    std::int64_t seen = epoch.snapshot_done_ns.load(std::memory_order_relaxed);
+    while (ns > seen &&
+           !epoch.snapshot_done_ns.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
+    }
+    if (status.ok() && !epoch.failed.load(std::memory_order_relaxed) &&
+        device->kind() != DeviceKind::kHost) {
+      status = pool->SealPart(part.pool_part);
+      persist = SecondsSince(snapshotted);
+    }
+    if (!status.ok()) {
+      RecordError(Status(status.code(), "checkpoint of unit '" + units[task.unit()].name +
+                                            "' (epoch " + std::to_string(epoch.epoch) +
+                                            ") failed: " + status.message()));
+      epoch.failed.store(true, std::memory_order_relaxed);
+    }
+    AtomicAdd(task.copy_seconds, copy);
+    AtomicAdd(task.persist_seconds, persist);
+    if (epoch.persist_remaining[task.unit()].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      bytes_written.fetch_add(task.bytes(), std::memory_order_relaxed);
+      ReleaseUnits(epoch, 1);
+    }
+  }
+
+  // Drops `count` from the epoch's remaining units; the last one commits.
+  void ReleaseUnits(Epoch& epoch, std::uint32_t count) {
+    if (count == 0) return;
+    if (epoch.remaining.fetch_sub(count, std::memory_order_acq_rel) != count) return;
+    if (!epoch.failed.load(std::memory_order_acquire)) {
+      Status status = pool->Commit(epoch.extra_state);
+      if (status.ok()) {
+        epoch.committed.store(true, std::memory_order_relaxed);
+        epochs_committed.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        RecordError(status);
+        pool->Abandon();
+      }
+    } else {
+      pool->Abandon();
+    }
+    epoch.finished_ns.store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - epoch.started).count(),
+        std::memory_order_relaxed);
+    epoch_busy.store(false, std::memory_order_release);
+    epoch_busy.notify_all();
+  }
+
+  void WaitEpochIdle() {
+    while (epoch_busy.load(std::memory_order_acquire)) {
+      epoch_busy.wait(true, std::memory_order_acquire);
+    }
+    std::uint64_t jobs = outstanding_jobs.load(std::memory_order_acquire);
+    while (jobs != 0) {
+      outstanding_jobs.wait(jobs, std::memory_order_acquire);
+      jobs = outstanding_jobs.load(std::memory_order_acquire);
+    }
+  }
+
+  // Training thread: once the epoch in flight is over, fold its profile into
+  // stats, the strategy and the policy inputs, and free it.
+  void ReapIfDone() {
+    if (!current || epoch_busy.load(std::memory_order_acquire)) return;
+    WaitEpochIdle();  // jobs are past their last access to `current`
+    Epoch& epoch = *current;
+    std::vector<UnitProfile> profiles;
+    const bool committed = epoch.committed.load(std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      for (std::uint32_t u = 0; u < epoch.tasks.size(); ++u) {
+        const UnitTask* task = epoch.tasks[u].get();
+        if (task == nullptr) continue;
+        UnitProfile profile;
+        profile.unit = u;
+        profile.bytes = task->bytes();
+        const std::int64_t claim = epoch.first_claim_ns[u].load(std::memory_order_relaxed);
+        const double captured = std::chrono::duration<double>(epoch.captured_at[u] - epoch.started).count();
+        profile.queue_wait_seconds = claim < 0 ? 0 : std::max(0.0, claim * 1e-9 - captured);
+        profile.copy_seconds = task->copy_seconds.load();
+        profile.persist_seconds = task->persist_seconds.load();
+        profile.next_update_gap_seconds = epoch.next_update_gap[u];
+        profile.conflicted = epoch.conflicted[u];
+        profiles.push_back(profile);
+        if (committed) {
+          UnitStats& us = stats.units[u];
+          us.snapshots += 1;
+          us.last_copy_seconds = profile.copy_seconds;
+          us.last_persist_seconds = profile.persist_seconds;
+          us.total_copy_seconds += profile.copy_seconds;
+          us.total_persist_seconds += profile.persist_seconds;
+          us.strategy_counts[static_cast<int>(strategy->choice(u))] += 1;
+        }
+      }
+      const double finished = epoch.finished_ns.load() * 1e-9;
+      const double snapshot = epoch.snapshot_done_ns.load() * 1e-9;
+      if (committed) {
+        stats.last_epoch_seconds = finished;
+        stats.last_committed_iteration = epoch.iteration;
+        policy_inputs.snapshot_seconds = snapshot;
+        policy_inputs.persist_seconds = std::max(0.0, finished - snapshot);
+        policy_inputs.have_profile = true;
+      } else {
+        stats.epochs_abandoned += 1;
+      }
+    }
+    if (committed) strategy->OnEpochCommitted(profiles);
+    current.reset();
+  }
+
+  Status CheckUnit(std::uint32_t unit) const {
+    if (unit >= units.size()) {
+      return Status(StatusCode::kInvalidArgument, "unit " + std::to_string(unit) +
+                                                      " out of range (" +
+                                                      std::to_string(units.size()) + " registered)");
+    }
+    return Status::Ok();
+  }
+
+  Status Capture(std::uint32_t u) {
+    Epoch& epoch = *current;
+    const layout::SlotLayout& layout = pool->layout();
+    const layout::UnitLayout& unit_layout = layout.units[u];
+    std::vector<UnitTask::Part> parts;
+    parts.reserve(unit_layout.part_count);
+    for (std::uint32_t p = unit_layout.first_part; p < unit_layout.first_part + unit_layout.part_count;
+         ++p) {
+      const layout::PartLayout& part = layout.parts[p];
+      const auto* base = static_cast<const std::byte*>(units[u].tensors[part.tensor].data);
+      parts.push_back({base + part.offset_in_tensor, part.bytes, p});
+    }
+    Epoch* epoch_ptr = &epoch;
+    auto task = std::make_unique<UnitTask>(
+        u, epoch.epoch, device, std::move(parts),
+        [this, epoch_ptr](UnitTask* t, std::uint32_t p) { Enqueue(epoch_ptr, t, p); });
+    UnitTask* raw = task.get();
+    epoch.persist_remaining[u].store(raw->part_count(), std::memory_order_relaxed);
+    epoch.captured_at[u] = Clock::now();
+    epoch.tasks[u] = std::move(task);
+    epoch.captured_count += 1;
+    const auto prepare_start = Clock::now();
+    Status prepared = strategy->OnCaptured(*raw);
+    const double prepare = SecondsSince(prepare_start);
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      stats.in_device_copy_seconds += prepare;
+    }
+    if (!prepared.ok()) {
+      epoch.failed.store(true, std::memory_order_relaxed);
+      RecordError(prepared);
+    }
+    if (raw->part_count() == 0) {  // encoded units have no slot parts
+      ReleaseUnits(epoch, 1);
+      return prepared;
+    }
+    for (std::uint32_t p = 0; p < raw->part_count(); ++p) Enqueue(&epoch, raw, p);
+    return prepared;
+  }
+
+  // Abandons the epoch in flight from the training thread.
+  void AbandonCurrent() {
+    if (!current) return;
+    Epoch& epoch = *current;
+    epoch.failed.store(true, std::memory_order_release);
+    std::uint32_t never_captured = static_cast<std::uint32_t>(units.size()) - epoch.captured_count;
+    if (!epoch.step_ended) {
+      never_captured += 1;
+      epoch.step_ended = true;
+    }
+    epoch.captured_count = static_cast<std::uint32_t>(units.size());
+    ReleaseUnits(epoch, never_captured);
+    capturing = false;
+  }
+
+  void AddBlocked(double seconds) { blocked_this_step += seconds; }
+};
+
+layout::Manifest ManifestFor(const std::vector<UnitRegistration>& units) {
+  layout::Manifest manifest;
+  for (const UnitRegistration& unit : units) {
+    layout::UnitSpec spec;
+    spec.name = unit.name;
+    for (const TensorView& t : unit.tensors) spec.tensors.push_back({t.name, t.dtype, t.shape});
+    manifest.units.push_back(std::move(spec));
+  }
+  return manifest;
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  if (impl_ && !impl_->closed) {
+    Status status = Close(CloseMode::kFinish);
+    if (!status.ok()) std::cerr << "pmsnap: error while closing: " << status.ToString() << "\n";
+  }
+}
+
+Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
+                                             std::vector<UnitRegistration> units) {
+  if (options.pool_path.empty()) {
+    return Status(StatusCode::kInvalidArgument, "EngineOptions::pool_path is empty");
+  }
+  if (units.empty()) {
+    return Status(StatusCode::kInvalidArgument, "no units registered for " + options.pool_path);
+  }
+  if (options.workers < 1) {
+    return Status(StatusCode::kInvalidArgument,
+                  "EngineOptions::workers must be >= 1, got " + std::to_string(options.workers));
+  }
+  const layout::Manifest manifest = ManifestFor(units);
+  PMSNAP_RETURN_IF_ERROR(manifest.Validate());
+  for (const UnitRegistration& unit : units) {
+    for (const TensorView& t : unit.tensors) {
+      if (t.data == nullptr && layout::TensorSpec{t.name, t.dtype, t.shape}.bytes() > 0) {
+        return Status(StatusCode::kInvalidArgument,
+                      "unit '" + unit.name + "' tensor '" + t.name + "' has no data pointer");
+      }
+    }
+  }
+
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->units = std::move(units);
+  if (options.device == nullptr) {
+    impl->owned_device = std::make_unique<HostDevice>();
+    impl->device = impl->owned_device.get();
+  } else {
+    impl->device = options.device;
+  }
+  impl->policy = options.policy ? options.policy : std::make_shared<ContinuousPolicy>();
+  impl->strategy = options.strategy ? options.strategy : std::make_shared<WaitForSnapshotStrategy>();
+
+  std::error_code ec;
+  layout::OpenOptions open_options;
+  open_options.verify_data = options.verify_on_open;
+  Result<std::unique_ptr<layout::Pool>> pool =
+      std::filesystem::exists(options.pool_path, ec)
+          ? layout::Pool::Open(options.pool_path, manifest, open_options)
+          : layout::Pool::Create(options.pool_path, manifest, options.pool_options);
+  if (!pool.ok()) return pool.status();
+  impl->pool = std::move(pool).value();
+  for (const auto& unit : impl->pool->layout().units) impl->model_bytes += unit.bytes;
+
+  // No slot reserved for the training thread: it never joins the arena.
+  impl->arena = std::make_unique<tbb::task_arena>(options.workers, /*reserved_for_masters=*/0);
+  impl->stats.device = impl->device->name();
+  impl->stats.strategy = impl->strategy->name();
+  impl->stats.policy = impl->policy->name();
+  for (std::size_t u = 0; u < impl->units.size(); ++u) {
+    UnitStats us;
+    us.name = impl->units[u].name;
+    us.bytes = impl->pool->layout().units[u].bytes;
+    impl->stats.units.push_back(us);
+  }
+  impl->policy_inputs.model_bytes = impl->model_bytes;
+  impl->policy_inputs.in_device_seconds = impl->device->EstimateInDeviceCopySeconds(impl->model_bytes);
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Status Engine::BeginStep(std::uint64_t step) {
+  Impl& impl = *impl_;
+  if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
+  PMSNAP_RETURN_IF_ERROR(impl.TakeError());
+  if (impl.in_step) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "BeginStep(" + std::to_string(step) + ") before EndStep of step " +
+                      std::to_string(impl.step));
+  }
+  const auto start = Clock::now();
+  if (impl.started_training) {
+    impl.policy_inputs.iteration_seconds =
+        std::chrono::duration<double>(start - impl.last_step_begin).count();
+  }
+  impl.started_training = true;
+  impl.last_step_begin = start;
+  impl.in_step = true;
+  impl.step = step;
+  impl.saw_update_in_step = false;
+  impl.blocked_this_step = 0;
+  impl.ReapIfDone();
+
+  impl.policy_inputs.device_free_bytes = impl.device->free_bytes();
+  if (impl.policy->ShouldCheckpoint(step, impl.policy_inputs)) {
+    if (impl.epoch_busy.load(std::memory_order_acquire) && impl.policy->wait_if_busy()) {
+      const auto wait_start = Clock::now();
+      impl.WaitEpochIdle();
+      std::lock_guard<std::mutex> lock(impl.stats_mutex);
+      impl.stats.boundary_wait_seconds += SecondsSince(wait_start);
+    }
+    impl.ReapIfDone();
+    PMSNAP_RETURN_IF_ERROR(impl.TakeError());
+    if (!impl.epoch_busy.load(std::memory_order_acquire)) {
+      PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t epoch_number, impl.pool->BeginEpoch(step));
+      auto epoch = std::make_unique<Epoch>();
+      const std::size_t n = impl.units.size();
+      epoch->epoch = epoch_number;
+      epoch->iteration = step;
+      epoch->started = Clock::now();
+      epoch->tasks.resize(n);
+      epoch->captured_at.resize(n);
+      epoch->persist_remaining = std::make_unique<std::atomic<std::uint32_t>[]>(n);
+      epoch->first_claim_ns = std::make_unique<std::atomic<std::int64_t>[]>(n);
+      for (std::size_t u = 0; u < n; ++u) epoch->first_claim_ns[u].store(-1);
+      epoch->next_update_gap.assign(n, -1.0);
+      epoch->conflicted.assign(n, false);
+      epoch->remaining.store(static_cast<std::uint32_t>(n + 1), std::memory_order_relaxed);
+      impl.current = std::move(epoch);
+      impl.epoch_busy.store(true, std::memory_order_release);
+      impl.capturing = true;
+      impl.policy->OnEpochStarted(step);
+      std::lock_guard<std::mutex> lock(impl.stats_mutex);
+      impl.stats.epochs_started += 1;
+    }
+  }
+  impl.AddBlocked(SecondsSince(start));
+  return Status::Ok();
+}
+
+Status Engine::BeforeUpdate(std::uint32_t unit) {
+  Impl& impl = *impl_;
+  PMSNAP_RETURN_IF_ERROR(impl.CheckUnit(unit));
+  const auto start = Clock::now();
+  if (!impl.saw_update_in_step) {
+    impl.saw_update_in_step = true;
+    impl.first_update_in_step = start;
+  }
+  Status result = impl.TakeError();
+  if (result.ok() && impl.current) {
+    Epoch& epoch = *impl.current;
+    UnitTask* task = epoch.tasks[unit].get();
+    // A captured unit from an earlier step: its next update would overwrite
+    // the value the epoch is still copying.
+    if (task != nullptr && !(impl.capturing && !epoch.step_ended)) {
+      if (epoch.next_update_gap[unit] < 0) {
+        epoch.next_update_gap[unit] = std::chrono::duration<double>(start - epoch.captured_at[unit]).count();
+      }
+      if (!task->snapshotted()) {
+        epoch.conflicted[unit] = true;
+        result = impl.strategy->Resolve(*task);
+        const double waited = SecondsSince(start);
+        std::lock_guard<std::mutex> lock(impl.stats_mutex);
+        impl.stats.conflicts += 1;
+        impl.stats.conflict_wait_seconds += waited;
+        impl.stats.units[unit].conflicts += 1;
+        impl.stats.units[unit].conflict_wait_seconds += waited;
+      }
+    }
+  }
+  impl.AddBlocked(SecondsSince(start));
+  return result;
+}
+
+Status Engine::AfterUpdate(std::uint32_t unit) {
+  Impl& impl = *impl_;
+  PMSNAP_RETURN_IF_ERROR(impl.CheckUnit(unit));
+  const auto start = Clock::now();
+  Status result = Status::Ok();
+  if (impl.capturing && impl.current && impl.current->tasks[unit] == nullptr) {
+    result = impl.Capture(unit);
+  }
+  impl.AddBlocked(SecondsSince(start));
+  return result;
+}
+
+Status Engine::EndStep(std::span<const std::byte> extra_state) {
+  Impl& impl = *impl_;
+  if (!impl.in_step) {
+    return Status(StatusCode::kFailedPrecondition, "EndStep without BeginStep");
+  }
+  const auto start = Clock::now();
+  Status result = Status::Ok();
+  if (impl.saw_update_in_step) {
+    impl.policy_inputs.update_seconds = std::chrono::duration<double>(start - impl.first_update_in_step).count();
+  }
+  if (impl.capturing && impl.current) {
+    Epoch& epoch = *impl.current;
+    if (extra_state.size() > impl.pool->options().extra_state_capacity) {
+      result = Status(StatusCode::kCapacityExceeded,
+                      "extra state of " + std::to_string(extra_state.size()) +
+                          " bytes exceeds the pool's capacity of " +
+                          std::to_string(impl.pool->options().extra_state_capacity) +
+                          " bytes (PoolOptions::extra_state_capacity); epoch for step " +
+                          std::to_string(epoch.iteration) + " abandoned");
+      impl.AbandonCurrent();
+    } else {
+      // Units without an update this step hold their post-step value now.
+      for (std::uint32_t u = 0; u < impl.units.size() && result.ok(); ++u) {
+        if (epoch.tasks[u] == nullptr) result = impl.Capture(u);
+      }
+      epoch.extra_state.assign(extra_state.begin(), extra_state.end());
+      epoch.step_ended = true;
+      impl.ReleaseUnits(epoch, 1);
+    }
+    impl.capturing = false;
+  }
+  impl.in_step = false;
+  impl.AddBlocked(SecondsSince(start));
+  {
+    std::lock_guard<std::mutex> lock(impl.stats_mutex);
+    impl.stats.steps += 1;
+    impl.stats.blocked_seconds += impl.blocked_this_step;
+    impl.blocked_history.push_back(impl.blocked_this_step);
+    if (impl.blocked_history.size() > kBlockedHistory) impl.blocked_history.pop_front();
+  }
+  if (!result.ok()) return result;
+  return impl.TakeError();
+}
+
+Status Engine::Flush() {
+  Impl& impl = *impl_;
+  if (impl.current && !impl.current->step_ended) {
+    return Status(StatusCode::kFailedPrecondition, "Flush inside a step (call EndStep first)");
+  }
+  impl.WaitEpochIdle();
+  impl.ReapIfDone();
+  return impl.TakeError();
+}
+
+Status Engine::Close(CloseMode mode) {
+  Impl& impl = *impl_;
+  if (impl.closed) return impl.TakeError();
+  if (impl.current && (mode == CloseMode::kAbandon || !impl.current->step_ended)) {
+    impl.AbandonCurrent();
+  }
+  impl.WaitEpochIdle();
+  impl.ReapIfDone();
+  impl.closed = true;
+  impl.arena->terminate();
+  if (impl.options.print_summary) std::cerr << stats().Summary() << "\n";
+  impl.pool.reset();
+  return impl.TakeError();
+}
+
+Result<RestoreResult> Engine::Restore() {
+  Impl& impl = *impl_;
+  if (impl.started_training) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "Restore after training started (call it before the first BeginStep)");
+  }
+  if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
+  PMSNAP_ASSIGN_OR_RETURN(layout::SnapshotView view, impl.pool->Latest());
+  for (std::uint32_t u = 0; u < impl.units.size(); ++u) {
+    for (std::uint32_t t = 0; t < impl.units[u].tensors.size(); ++t) {
+      std::span<const std::byte> bytes = view.tensor(u, t);
+      if (bytes.empty()) continue;
+      PMSNAP_RETURN_IF_ERROR(
+          impl.device->CopyFromHost(impl.units[u].tensors[t].data, bytes.data(), bytes.size()));
+    }
+  }
+  RestoreResult result;
+  result.iteration = view.iteration();
+  result.epoch = view.epoch();
+  result.extra_state.assign(view.extra_state().begin(), view.extra_state().end());
+  return result;
+}
+
+std::optional<std::uint32_t> Engine::FindUnit(const std::string& name) const {
+  return impl_->pool ? impl_->pool->FindUnit(name) : std::nullopt;
+}
+std::uint32_t Engine::unit_count() const { return static_cast<std::uint32_t>(impl_->units.size()); }
+const layout::Pool& Engine::pool() const { return *impl_->pool; }
+Device& Engine::device() const { return *impl_->device; }
+const ConflictStrategy& Engine::strategy() const { return *impl_->strategy; }
+const IntervalPolicy& Engine::policy() const { return *impl_->policy; }
+
+Stats Engine::stats() const {
+  const Impl& impl = *impl_;
+  std::lock_guard<std::mutex> lock(impl.stats_mutex);
+  Stats out = impl.stats;
+  out.policy = impl.policy->name();
+  out.epochs_committed = impl.epochs_committed.load(std::memory_order_relaxed);
+  out.bytes_written = impl.bytes_written.load(std::memory_order_relaxed);
+  out.peak_device_extra_bytes = impl.device->peak_allocated_bytes();
+  out.wall_seconds = SecondsSince(impl.opened_at);
+  out.blocked_per_step.assign(impl.blocked_history.begin(), impl.blocked_history.end());
+  return out;
+}
+
+}  // namespace pmsnap::runtime

@@ -1,0 +1,72 @@
+// ConflictStrategy: what happens when the training thread is about to update
+// a unit whose value the epoch in flight has not yet copied out (a conflict),
+// and what may be prepared right after the update that the epoch captures.
+//
+// Strategy 2 ("wait for the snapshot, not the persist") lives here; the
+// others and the adaptive selector are in conflict/.
+//
+// Thread-safety: OnCaptured and Resolve are called on the training thread;
+// OnUnitSnapshotted and OnEpochCommitted on worker threads. Implementations
+// guard their own state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "pmsnap/common/status.h"
+#include "pmsnap/runtime/unit_task.h"
+
+namespace pmsnap::runtime {
+
+// What a strategy decided for one unit in one epoch (for stats).
+enum class StrategyChoice : std::uint8_t {
+  kInDeviceCopy = 1,   // strategy 1
+  kWaitSnapshot = 2,   // strategy 2
+  kPartsOnConflict = 3,  // strategy 3
+  kSplitGroups = 4,    // strategy 4
+};
+
+struct UnitProfile {
+  std::uint32_t unit = 0;
+  std::uint64_t bytes = 0;
+  double queue_wait_seconds = 0;   // captured -> first part claimed
+  double copy_seconds = 0;         // device -> host, summed over parts
+  double persist_seconds = 0;
+  double next_update_gap_seconds = -1;  // captured -> next BeforeUpdate (-1: none seen)
+  bool conflicted = false;
+};
+
+class ConflictStrategy {
+ public:
+  virtual ~ConflictStrategy() = default;
+  virtual std::string name() const = 0;
+  // Right after the update that the epoch captures, before workers see the
+  // unit. May redirect parts (e.g. copy them inside the device first).
+  virtual Status OnCaptured(UnitTask& task) {
+    (void)task;
+    return Status::Ok();
+  }
+  // The training thread wants to update task.unit() again while its snapshot
+  // is not done. Must return only when updating the live tensor is safe:
+  // every part is snapshotted or redirected to a copy.
+  virtual Status Resolve(UnitTask& task) = 0;
+  // What the strategy chose for this unit this epoch.
+  virtual StrategyChoice choice(std::uint32_t unit) const = 0;
+  // Per-unit profile once the epoch committed (adaptive strategies learn).
+  virtual void OnEpochCommitted(const std::vector<UnitProfile>& profiles) { (void)profiles; }
+};
+
+// Strategy 2: copy device -> PM directly; on conflict wait until the unit's
+// snapshot (not its persist) is done. No extra device memory.
+class WaitForSnapshotStrategy final : public ConflictStrategy {
+ public:
+  std::string name() const override { return "wait-snapshot (2)"; }
+  Status Resolve(UnitTask& task) override {
+    task.WaitSnapshotted();
+    return Status::Ok();
+  }
+  StrategyChoice choice(std::uint32_t) const override { return StrategyChoice::kWaitSnapshot; }
+};
+
+}  // namespace pmsnap::runtime

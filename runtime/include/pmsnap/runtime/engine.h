@@ -1,0 +1,131 @@
+// Engine: weight-grained checkpointing of a training run into a pmsnap pool.
+//
+// Register units (a parameter plus its optimizer-state tensors, as raw
+// views) once; then call the hooks from the training loop:
+//
+//   engine->BeginStep(k);               // step boundary; may open epoch for k
+//   for each unit u, in update order:
+//     engine->BeforeUpdate(u);          // conflict check (may wait)
+//     ... optimizer updates u in place ...
+//     engine->AfterUpdate(u);           // hands u to the workers if captured
+//   engine->EndStep(extra_state);       // units not updated count as updated
+//
+// An epoch captures every unit's value after the optimizer step of one
+// iteration k. Workers (a oneTBB arena) copy units part by part straight into
+// the pool slot, persist, and commit the epoch when all are durable; at most
+// one epoch is in flight. Worker errors surface as the Status of the next
+// hook on the training thread.
+//
+// Thread-safety: hooks, Close and Restore belong to one training thread.
+// stats() may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pmsnap/common/status.h"
+#include "pmsnap/pmem_layout/manifest.h"
+#include "pmsnap/pmem_layout/pool.h"
+#include "pmsnap/runtime/conflict_strategy.h"
+#include "pmsnap/runtime/device.h"
+#include "pmsnap/runtime/interval_policy.h"
+#include "pmsnap/runtime/stats.h"
+
+namespace pmsnap::runtime {
+
+// A tensor the runtime reads (checkpoint) and writes (restore) in place.
+struct TensorView {
+  std::string name;  // role in the unit: "param", "exp_avg", ...
+  void* data = nullptr;
+  layout::DType dtype = layout::DType::kFloat32;
+  std::vector<std::int64_t> shape;
+};
+
+struct UnitRegistration {
+  std::string name;  // e.g. "fc1.weight"
+  std::vector<TensorView> tensors;
+};
+
+struct EngineOptions {
+  std::string pool_path;
+  // Used when the pool is created (an existing pool keeps its own).
+  layout::PoolOptions pool_options;
+  // Verify every data checksum of the recovered slot when opening.
+  bool verify_on_open = true;
+  // Worker threads copying and persisting parts.
+  int workers = 2;
+  // Where the registered tensors live. Not owned; nullptr: a HostDevice.
+  Device* device = nullptr;
+  // When epochs start. nullptr: continuous.
+  std::shared_ptr<IntervalPolicy> policy;
+  // What a conflict does. nullptr: strategy 2 (wait for the snapshot).
+  std::shared_ptr<ConflictStrategy> strategy;
+  // Print the one-line stats summary at Close.
+  bool print_summary = false;
+};
+
+enum class CloseMode {
+  kFinish,   // wait for the epoch in flight to commit (if its step ended)
+  kAbandon,  // drop the epoch in flight; the pool keeps its last commit
+};
+
+struct RestoreResult {
+  std::uint64_t iteration = 0;
+  std::uint64_t epoch = 0;
+  std::vector<std::byte> extra_state;
+};
+
+class Engine {
+ public:
+  // Opens the pool at options.pool_path if it exists (kModelMismatch if it
+  // was made for other units, naming the first that differs) or creates it.
+  // Every tensor must be non-null and match its dtype/shape registration.
+  static Result<std::unique_ptr<Engine>> Open(EngineOptions options,
+                                              std::vector<UnitRegistration> units);
+  ~Engine();  // Close(kFinish) if not closed
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // --- training-loop hooks (training thread) ---
+  Status BeginStep(std::uint64_t step);
+  Status BeforeUpdate(std::uint32_t unit);
+  Status AfterUpdate(std::uint32_t unit);
+  // `extra_state` is stored with the epoch captured in this step (data-loader
+  // position, RNG state...); kCapacityExceeded if over the pool's capacity.
+  Status EndStep(std::span<const std::byte> extra_state = {});
+
+  // Waits until no epoch is in flight (committed or failed) and returns the
+  // first worker error, if any.
+  Status Flush();
+  // Finishes or abandons the epoch in flight and stops the workers. Never
+  // hangs: an epoch whose step never ended is abandoned. Idempotent.
+  Status Close(CloseMode mode = CloseMode::kFinish);
+
+  // Copies the newest committed epoch into the registered tensors (through
+  // the device) and returns its iteration and extra state. kNotFound if the
+  // pool has no committed epoch. Only before the first BeginStep.
+  Result<RestoreResult> Restore();
+
+  std::optional<std::uint32_t> FindUnit(const std::string& name) const;
+  std::uint32_t unit_count() const;
+  const layout::Pool& pool() const;
+  Device& device() const;
+  const ConflictStrategy& strategy() const;
+  const IntervalPolicy& policy() const;
+
+  Stats stats() const;
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Builds the pool manifest for a set of registrations (names, dtypes, shapes).
+layout::Manifest ManifestFor(const std::vector<UnitRegistration>& units);
+
+}  // namespace pmsnap::runtime

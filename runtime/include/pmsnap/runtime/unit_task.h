@@ -1,0 +1,96 @@
+// UnitTask: one unit's snapshot within the epoch in flight, shared by the
+// workers that copy its parts and the training thread that may need to
+// update it again before the copy is done (a conflict).
+//
+// Each part moves kPending -> kCopying -> kSnapshotted (bytes are out of the
+// live tensor) and is then persisted. A part is copied from its live tensor,
+// or from a device buffer after a conflict strategy redirected it there. A
+// worker or a strategy owns a part only after TryClaim succeeded.
+//
+// Thread-safety: all methods may be called concurrently; the memory-order
+// notes on each atomic name what they pair with.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "pmsnap/common/status.h"
+
+namespace pmsnap::runtime {
+
+class Device;
+
+enum class PartState : std::uint8_t { kPending = 0, kCopying = 1, kSnapshotted = 2 };
+
+class UnitTask {
+ public:
+  struct Part {
+    const std::byte* live_source = nullptr;  // in the registered tensor
+    std::uint64_t bytes = 0;
+    std::uint32_t pool_part = 0;  // index into the pool layout's parts
+  };
+
+  // `requeue` hands a part back to the workers after RedirectAndRelease.
+  UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device, std::vector<Part> parts,
+           std::function<void(UnitTask*, std::uint32_t)> requeue);
+  ~UnitTask();
+  UnitTask(const UnitTask&) = delete;
+  UnitTask& operator=(const UnitTask&) = delete;
+
+  std::uint32_t unit() const { return unit_; }
+  std::uint64_t epoch() const { return epoch_; }
+  Device& device() const { return *device_; }
+  std::uint32_t part_count() const { return static_cast<std::uint32_t>(parts_.size()); }
+  const Part& part(std::uint32_t p) const { return parts_[p]; }
+  std::uint64_t bytes() const { return bytes_; }
+
+  PartState state(std::uint32_t p) const {
+    // Acquire pairs with the release in MarkSnapshotted: bytes are out.
+    return static_cast<PartState>(states_[p].load(std::memory_order_acquire));
+  }
+  // The bytes a worker should copy for part p: live tensor or redirect buffer.
+  const std::byte* source(std::uint32_t p) const {
+    return sources_[p].load(std::memory_order_acquire);
+  }
+  // kPending -> kCopying; true if the caller now owns the part.
+  bool TryClaim(std::uint32_t p);
+  // For a part the caller claimed: copy it from `copy` from now on (a device
+  // buffer holding the same bytes), back to kPending, and requeue it.
+  void RedirectAndRelease(std::uint32_t p, const std::byte* copy);
+  // Worker: the part's bytes are out of the source.
+  void MarkSnapshotted(std::uint32_t p);
+
+  bool snapshotted() const { return snapshot_remaining_.load(std::memory_order_acquire) == 0; }
+  // Blocks until every part is snapshotted (not necessarily persisted).
+  void WaitSnapshotted() const;
+  // Blocks until part p is snapshotted.
+  void WaitPartSnapshotted(std::uint32_t p) const;
+
+  // A device buffer the task frees once every part is snapshotted.
+  void AdoptDeviceBuffer(void* ptr, std::size_t bytes);
+
+  // Profile of this snapshot (seconds), filled by the workers.
+  std::atomic<double> copy_seconds{0};
+  std::atomic<double> persist_seconds{0};
+
+ private:
+  void ReleaseBuffersLocked();
+  std::uint32_t unit_;
+  std::uint64_t epoch_;
+  Device* device_;
+  std::vector<Part> parts_;
+  std::uint64_t bytes_ = 0;
+  std::function<void(UnitTask*, std::uint32_t)> requeue_;
+  std::unique_ptr<std::atomic<std::uint8_t>[]> states_;
+  std::unique_ptr<std::atomic<const std::byte*>[]> sources_;
+  std::atomic<std::uint32_t> snapshot_remaining_;
+  std::mutex buffers_mutex_;  // guards buffers_
+  std::vector<std::pair<void*, std::size_t>> buffers_;
+};
+
+}  // namespace pmsnap::runtime
