@@ -37,6 +37,14 @@ PMSNAP_AVX2 float HMax256(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
+// ReduceLanes16 in registers: lanes 0-7 in lo, 8-15 in hi; same tree.
+PMSNAP_AVX2 inline float ReduceLanes16Avx2(__m256 lo, __m256 hi) {
+  const __m256 r8 = _mm256_add_ps(lo, hi);
+  const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
+  const __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
+  return _mm_cvtss_f32(_mm_add_ss(r2, _mm_shuffle_ps(r2, r2, 1)));
+}
+
 PMSNAP_AVX2 bool MinMaxAvx2(const float* x, std::uint32_t n, float* min_out, float* max_out) {
   std::uint32_t i = 0;
   float lo = x[0], hi = x[0];
@@ -116,6 +124,11 @@ PMSNAP_AVX2 void Loss2Avx2(const float* x, std::uint32_t n, EncodeParams a, Enco
     acc_b_lo = _mm256_add_ps(acc_b_lo, _mm256_mul_ps(d, d));
     d = _mm256_sub_ps(v1, _mm256_add_ps(_mm256_mul_ps(EncodeVec256(v1, bias_b, inv_b, vqmax), scale_b), bias_b));
     acc_b_hi = _mm256_add_ps(acc_b_hi, _mm256_mul_ps(d, d));
+  }
+  if (i == n) {
+    *loss_a = ReduceLanes16Avx2(acc_a_lo, acc_a_hi);
+    *loss_b = ReduceLanes16Avx2(acc_b_lo, acc_b_hi);
+    return;
   }
   alignas(32) float lanes_a[16], lanes_b[16];
   _mm256_store_ps(lanes_a, acc_a_lo);
@@ -208,11 +221,8 @@ PMSNAP_AVX512 void Loss2Avx512(const float* x, std::uint32_t n, EncodeParams a, 
     acc_a = _mm512_add_ps(acc_a, _mm512_mul_ps(da, da));
     acc_b = _mm512_add_ps(acc_b, _mm512_mul_ps(db, db));
   }
-  alignas(64) float lanes_a[16], lanes_b[16];
-  _mm512_store_ps(lanes_a, acc_a);
-  _mm512_store_ps(lanes_b, acc_b);
-  *loss_a = ReduceLanes16(lanes_a);
-  *loss_b = ReduceLanes16(lanes_b);
+  *loss_a = ReduceLanes16Avx2(_mm512_castps512_ps256(acc_a), _mm512_extractf32x8_ps(acc_a, 1));
+  *loss_b = ReduceLanes16Avx2(_mm512_castps512_ps256(acc_b), _mm512_extractf32x8_ps(acc_b, 1));
 }
 
 constexpr Kernels kAvx2 = {Isa::kAvx2, MinMaxAvx2, EncodeAvx2, Loss2Avx2};
