@@ -1,0 +1,2 @@
+# runtime: Engine pipeline, devices, policies.
+pmsnap_add_pool_test(runtime_engine_test SOURCES runtime_engine_test.cc LIBS pmsnap::runtime)

@@ -1,0 +1,372 @@
+// Engine behaviour on raw buffers: epochs capture post-step values, conflicts
+// wait for snapshots, errors surface on the training thread, close never
+// hangs, restore is bit-exact.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+#include "pmsnap/runtime/engine.h"
+#include "testutil/temp_pool.h"
+#include "testutil/toy_model.h"
+
+namespace pmsnap::runtime {
+namespace {
+
+using pmsnap::testing::TempPoolPath;
+using pmsnap::testing::ToyModel;
+using ::testing::HasSubstr;
+
+EngineOptions Options(const std::string& path) {
+  EngineOptions options;
+  options.pool_path = path;
+  options.pool_options.part_bytes = 16 << 10;
+  options.workers = 2;
+  return options;
+}
+
+// Reopens the pool read-only-ish and compares its newest epoch with history.
+void ExpectPoolMatchesHistory(const std::string& path, const ToyModel& model,
+                              std::uint64_t min_iteration) {
+  auto pool = layout::Pool::Open(path);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_GE(latest->iteration(), min_iteration);
+  EXPECT_EQ(model.CompareWithHistory(*latest), "");
+}
+
+TEST(EngineTest, EveryStepWithFlushCommitsExactlyThePostStepValues) {
+  TempPoolPath path("engine-every");
+  ToyModel model(4, 20000);
+  auto options = Options(path.path());
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  for (std::uint64_t k = 1; k <= 20; ++k) {
+    ASSERT_TRUE(model.Step(**engine, k, k % 5 == 0 ? 2 : -1, "pos=" + std::to_string(k)).ok());
+    ASSERT_TRUE((*engine)->Flush().ok());
+    auto latest = (*engine)->pool().Latest();
+    ASSERT_TRUE(latest.ok());
+    ASSERT_EQ(latest->iteration(), k);
+    ASSERT_EQ(model.CompareWithHistory(*latest), "") << "step " << k;
+    std::string extra(reinterpret_cast<const char*>(latest->extra_state().data()),
+                      latest->extra_state().size());
+    ASSERT_EQ(extra, "pos=" + std::to_string(k));
+  }
+  Stats stats = (*engine)->stats();
+  EXPECT_EQ(stats.epochs_committed, 20u);
+  EXPECT_EQ(stats.steps, 20u);
+  EXPECT_EQ(stats.blocked_per_step.size(), 20u);
+  EXPECT_GT(stats.bytes_written, 20u * 4 * 20000 * 8);
+  ASSERT_TRUE((*engine)->Close().ok());
+}
+
+TEST(EngineTest, ContinuousModeOnSlowDeviceConflictsAndStaysBitExact) {
+  TempPoolPath path("engine-conflict");
+  ToyModel model(6, 30000);
+  SimulatedDeviceOptions sim;
+  sim.copy_bandwidth_gbps = 0.3;  // slow link: the next update arrives first
+  SimulatedDevice device(sim);
+  auto options = Options(path.path());
+  options.device = &device;
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  std::mt19937 rng(3);
+  for (std::uint64_t k = 1; k <= 40; ++k) {
+    ASSERT_TRUE(model.Step(**engine, k).ok());
+    if (rng() % 8 == 0) {
+      ASSERT_TRUE((*engine)->Flush().ok());
+      auto latest = (*engine)->pool().Latest();
+      ASSERT_TRUE(latest.ok());
+      ASSERT_EQ(model.CompareWithHistory(*latest), "") << "after step " << k;
+    }
+  }
+  ASSERT_TRUE((*engine)->Close().ok());
+  Stats stats = (*engine)->stats();
+  EXPECT_GT(stats.conflicts, 0u) << stats.Summary();
+  EXPECT_GT(stats.conflict_wait_seconds, 0.0);
+  EXPECT_GE(stats.epochs_committed, 3u);
+  EXPECT_LT(stats.epochs_committed, 40u);  // continuous: skipped busy boundaries
+  EXPECT_THAT(stats.Summary(), HasSubstr("simulated"));
+  ExpectPoolMatchesHistory(path.path(), model, 1);
+}
+
+TEST(EngineTest, EveryKPolicyCapturesOnlyMultiplesOfK) {
+  TempPoolPath path("engine-everyk");
+  ToyModel model(3, 1000);
+  auto options = Options(path.path());
+  options.policy = std::make_shared<EveryKPolicy>(4);
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok());
+  for (std::uint64_t k = 1; k <= 13; ++k) ASSERT_TRUE(model.Step(**engine, k).ok());
+  ASSERT_TRUE((*engine)->Close().ok());
+  EXPECT_EQ((*engine)->stats().epochs_committed, 3u);
+  EXPECT_EQ((*engine)->stats().last_committed_iteration, 12u);
+  ExpectPoolMatchesHistory(path.path(), model, 12);
+}
+
+TEST(EngineTest, RestoreCopiesTheNewestEpochIntoTheTensors) {
+  TempPoolPath path("engine-restore");
+  ToyModel model(3, 5000);
+  {
+    auto options = Options(path.path());
+    options.policy = std::make_shared<EveryKPolicy>(1);
+    auto engine = Engine::Open(options, model.Registrations());
+    ASSERT_TRUE(engine.ok());
+    for (std::uint64_t k = 1; k <= 7; ++k) ASSERT_TRUE(model.Step(**engine, k, -1, "rng").ok());
+  }
+  ToyModel fresh(3, 5000);
+  fresh.Zero();
+  auto engine = Engine::Open(Options(path.path()), fresh.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto restored = (*engine)->Restore();
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  EXPECT_EQ(restored->iteration, 7u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(restored->extra_state.data()),
+                        restored->extra_state.size()),
+            "rng");
+  // Training continues from the restored values exactly like the original.
+  fresh.StepPlain(8);
+  model.StepPlain(8);
+  EXPECT_EQ(fresh.CompareLive(8), model.CompareLive(8));
+  EXPECT_EQ(fresh.CompareLive(8), "");
+}
+
+TEST(EngineTest, RestoreOnAnEmptyPoolIsNotFound) {
+  TempPoolPath path("engine-restore-empty");
+  ToyModel model(2, 100);
+  auto engine = Engine::Open(Options(path.path()), model.Registrations());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->Restore().status().code(), StatusCode::kNotFound);
+}
+
+TEST(EngineTest, RestoreAfterTrainingStartedIsRefused) {
+  TempPoolPath path("engine-restore-late");
+  ToyModel model(2, 100);
+  auto engine = Engine::Open(Options(path.path()), model.Registrations());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE(model.Step(**engine, 1).ok());
+  EXPECT_EQ((*engine)->Restore().status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(EngineTest, PoolOfAnotherModelNamesTheUnit) {
+  TempPoolPath path("engine-mismatch");
+  {
+    ToyModel model(3, 100);
+    ASSERT_TRUE(Engine::Open(Options(path.path()), model.Registrations()).ok());
+  }
+  ToyModel other(3, 101);  // every tensor one element longer
+  auto engine = Engine::Open(Options(path.path()), other.Registrations());
+  EXPECT_EQ(engine.status().code(), StatusCode::kModelMismatch);
+  EXPECT_THAT(engine.status().message(), HasSubstr("block0.weight"));
+  EXPECT_THAT(engine.status().message(), HasSubstr("shape"));
+}
+
+TEST(EngineTest, BadRegistrationsAreRejected) {
+  TempPoolPath path("engine-bad");
+  ToyModel model(2, 100);
+  auto units = model.Registrations();
+  units[1].tensors[0].data = nullptr;
+  auto engine = Engine::Open(Options(path.path()), units);
+  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(engine.status().message(), HasSubstr("block1.weight"));
+  EXPECT_EQ(Engine::Open(Options(path.path()), {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(std::filesystem::exists(path.path()));
+}
+
+TEST(EngineTest, ExtraStateOverCapacityAbandonsThatEpochOnly) {
+  TempPoolPath path("engine-extra");
+  ToyModel model(2, 100);
+  auto options = Options(path.path());
+  options.pool_options.extra_state_capacity = 8;
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE(model.Step(**engine, 1, -1, "ok").ok());
+  Status too_big = model.Step(**engine, 2, -1, "far too long");
+  EXPECT_EQ(too_big.code(), StatusCode::kCapacityExceeded);
+  ASSERT_TRUE(model.Step(**engine, 3, -1, "ok3").ok());
+  ASSERT_TRUE((*engine)->Close().ok());
+  EXPECT_EQ((*engine)->stats().epochs_committed, 2u);
+  EXPECT_EQ((*engine)->stats().epochs_abandoned, 1u);
+  ExpectPoolMatchesHistory(path.path(), model, 3);
+}
+
+// A device whose copies fail after a number of successes (an I/O error).
+class FailingDevice final : public HostMemoryDevice {
+ public:
+  explicit FailingDevice(int successes) : HostMemoryDevice(1 << 20), left_(successes) {}
+  DeviceKind kind() const override { return DeviceKind::kSimulated; }
+  std::string name() const override { return "failing"; }
+  Status CopyToHost(void* dst, const void* src, std::size_t bytes) override {
+    if (left_.fetch_sub(1) <= 0) return Status(StatusCode::kIOError, "injected copy failure");
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status CopyFromHost(void* dst, const void* src, std::size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status CopyInDevice(void* dst, const void* src, std::size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  double EstimateCopyToHostSeconds(std::uint64_t) const override { return 0; }
+  double EstimateInDeviceCopySeconds(std::uint64_t) const override { return 0; }
+
+ private:
+  std::atomic<int> left_;
+};
+
+TEST(EngineTest, WorkerErrorSurfacesAtTheNextHookAndPoolKeepsLastCommit) {
+  TempPoolPath path("engine-ioerror");
+  ToyModel model(3, 1000);
+  FailingDevice device(/*successes=*/9 * 2);  // two epochs of 9 parts each
+  auto options = Options(path.path());
+  options.device = &device;
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok());
+  Status status;
+  std::uint64_t k = 1;
+  for (; k <= 10 && status.ok(); ++k) status = model.Step(**engine, k);
+  EXPECT_EQ(status.code(), StatusCode::kIOError) << status.ToString();
+  EXPECT_THAT(status.message(), HasSubstr("injected copy failure"));
+  EXPECT_THAT(status.message(), HasSubstr("block"));
+  EXPECT_FALSE((*engine)->Close().ok());
+  ExpectPoolMatchesHistory(path.path(), model, 2);
+}
+
+TEST(EngineTest, CloseInsideAStepAbandonsTheEpochAndNeverHangs) {
+  TempPoolPath path("engine-close-mid");
+  ToyModel model(3, 1000);
+  SimulatedDeviceOptions sim;
+  sim.copy_bandwidth_gbps = 0.05;
+  SimulatedDevice device(sim);
+  auto options = Options(path.path());
+  options.device = &device;
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE(model.Step(**engine, 1).ok());
+  ASSERT_TRUE((*engine)->Flush().ok());
+  // Step 2 "throws" after updating one unit: no EndStep.
+  ASSERT_TRUE((*engine)->BeginStep(2).ok());
+  ASSERT_TRUE((*engine)->BeforeUpdate(2).ok());
+  model.Update(2, 2);
+  ASSERT_TRUE((*engine)->AfterUpdate(2).ok());
+  ASSERT_TRUE((*engine)->Close().ok());
+  EXPECT_EQ((*engine)->stats().epochs_abandoned, 1u);
+  ExpectPoolMatchesHistory(path.path(), model, 1);
+}
+
+TEST(EngineTest, CloseAbandonDropsAnEndedEpoch) {
+  TempPoolPath path("engine-close-abandon");
+  ToyModel model(3, 1000);
+  auto options = Options(path.path());
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE(model.Step(**engine, 1).ok());
+  ASSERT_TRUE((*engine)->Flush().ok());
+  ASSERT_TRUE(model.Step(**engine, 2).ok());
+  ASSERT_TRUE((*engine)->Close(CloseMode::kAbandon).ok());
+  auto pool = layout::Pool::Open(path.path());
+  ASSERT_TRUE(pool.ok());
+  // Either the epoch finished before the abandon request or it was dropped;
+  // both leave a consistent, committed epoch.
+  ASSERT_TRUE((*pool)->Latest().ok());
+  EXPECT_EQ(model.CompareWithHistory(*(*pool)->Latest()), "");
+}
+
+TEST(EngineTest, HookMisuseIsAnErrorNotACrash) {
+  TempPoolPath path("engine-misuse");
+  ToyModel model(2, 100);
+  auto engine = Engine::Open(Options(path.path()), model.Registrations());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ((*engine)->EndStep().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*engine)->BeginStep(1).ok());
+  EXPECT_EQ((*engine)->BeginStep(2).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*engine)->BeforeUpdate(99).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*engine)->EndStep().ok());
+  ASSERT_TRUE((*engine)->Close().ok());
+  EXPECT_EQ((*engine)->BeginStep(3).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(CheckFreqPolicyTest, IntervalFollowsAlgorithmOne) {
+  PolicyInputs in;
+  in.iteration_seconds = 0.1;
+  in.update_seconds = 0.02;
+  in.snapshot_seconds = 0.3;  // T_oc = 0.3 - 0.08 = 0.22
+  in.persist_seconds = 0.2;
+  in.in_device_seconds = 0.01;
+  in.model_bytes = 1000;
+  in.device_free_bytes = 10;  // no room: CPU mode
+  bool gpu = true;
+  // k = (0.3 + 0.2 - 0.22) / 0.1 = 2.8 -> 3; k_min = ceil(0.22 / (0.035 * 0.1)) = 63.
+  EXPECT_EQ(CheckFreqPolicy::ComputeInterval(in, 0.035, &gpu), 63u);
+  EXPECT_FALSE(gpu);
+  in.device_free_bytes = 1 << 20;  // room: GPU mode, T_o = 0.01
+  // k = (0.5 - 0.01) / 0.1 = 4.9 -> 5; k_min = ceil(0.01 / 0.0035) = 3.
+  EXPECT_EQ(CheckFreqPolicy::ComputeInterval(in, 0.035, &gpu), 5u);
+  EXPECT_TRUE(gpu);
+}
+
+TEST(CheckFreqPolicyTest, EngineAdaptsTheIntervalFromMeasurements) {
+  TempPoolPath path("engine-checkfreq");
+  ToyModel model(4, 50000);
+  SimulatedDeviceOptions sim;
+  sim.copy_bandwidth_gbps = 0.5;
+  sim.memory_bytes = 0;  // no in-device copies: CPU mode
+  SimulatedDevice device(sim);
+  auto policy = std::make_shared<CheckFreqPolicy>(0.035);
+  auto options = Options(path.path());
+  options.device = &device;
+  options.policy = policy;
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok());
+  for (std::uint64_t k = 1; k <= 30; ++k) ASSERT_TRUE(model.Step(**engine, k).ok());
+  ASSERT_TRUE((*engine)->Close().ok());
+  // Copies take far longer than a toy step: the policy backs off.
+  EXPECT_GT(policy->interval(), 1u);
+  EXPECT_LT((*engine)->stats().epochs_committed, 30u);
+  EXPECT_THAT((*engine)->stats().policy, HasSubstr("checkfreq"));
+  ExpectPoolMatchesHistory(path.path(), model, 1);
+}
+
+TEST(SimulatedDeviceTest, CopiesTakeBandwidthTimeAndShareTheLink) {
+  SimulatedDeviceOptions sim;
+  sim.copy_bandwidth_gbps = 1.0;
+  sim.latency_us = 0;
+  SimulatedDevice device(sim);
+  std::vector<std::byte> src(10'000'000), dst(10'000'000);
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(device.CopyToHost(dst.data(), src.data(), src.size()).ok());
+  const double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(one, 0.0099);
+  start = std::chrono::steady_clock::now();
+  std::thread other([&] { (void)device.CopyToHost(dst.data(), src.data(), src.size()); });
+  ASSERT_TRUE(device.CopyToHost(dst.data(), src.data(), src.size()).ok());
+  other.join();
+  const double two = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(two, 0.0199);  // two concurrent copies share one link
+  EXPECT_THAT(device.name(), HasSubstr("simulated"));
+}
+
+TEST(SimulatedDeviceTest, AllocationsRespectTheMemoryCapacity) {
+  SimulatedDeviceOptions sim;
+  sim.memory_bytes = 1000;
+  SimulatedDevice device(sim);
+  auto a = device.Allocate(600);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(device.free_bytes(), 400u);
+  EXPECT_EQ(device.Allocate(600).status().code(), StatusCode::kNoSpace);
+  device.Free(*a, 600);
+  EXPECT_EQ(device.free_bytes(), 1000u);
+  EXPECT_EQ(device.peak_allocated_bytes(), 600u);
+}
+
+}  // namespace
+}  // namespace pmsnap::runtime

@@ -1,0 +1,154 @@
+// A toy "model" for runtime tests without libtorch: units of float params
+// with an optimizer-like state tensor and an int64 step counter, updated by a
+// deterministic rule, with a history of every step's values at rest.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pmsnap/pmem_layout/pool.h"
+#include "pmsnap/runtime/engine.h"
+
+namespace pmsnap::testing {
+
+class ToyModel {
+ public:
+  ToyModel(int units, std::int64_t floats_per_unit) {
+    for (int u = 0; u < units; ++u) {
+      params_.emplace_back(static_cast<std::size_t>(floats_per_unit + u * 17), 0.0f);
+      state_.emplace_back(params_.back().size(), 0.0f);
+      steps_.push_back(0);
+    }
+    for (std::size_t u = 0; u < params_.size(); ++u) {
+      for (std::size_t i = 0; i < params_[u].size(); ++i) params_[u][i] = 0.001f * (i % 1000) + u;
+    }
+  }
+
+  std::vector<runtime::UnitRegistration> Registrations() {
+    std::vector<runtime::UnitRegistration> units;
+    for (std::size_t u = 0; u < params_.size(); ++u) {
+      const auto n = static_cast<std::int64_t>(params_[u].size());
+      units.push_back({"block" + std::to_string(u) + ".weight",
+                       {{"param", params_[u].data(), layout::DType::kFloat32, {n}},
+                        {"momentum", state_[u].data(), layout::DType::kFloat32, {n}},
+                        {"step", &steps_[u], layout::DType::kInt64, {}}}});
+    }
+    return units;
+  }
+
+  std::size_t unit_count() const { return params_.size(); }
+
+  // The optimizer update of unit u in step k (in place).
+  void Update(std::size_t u, std::uint64_t k) {
+    auto& p = params_[u];
+    auto& m = state_[u];
+    const float g = 0.01f * static_cast<float>((k * 7 + u) % 13) - 0.05f;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      m[i] = 0.9f * m[i] + g * static_cast<float>(i % 7);
+      p[i] -= 0.1f * m[i];
+    }
+    steps_[u] += 1;
+  }
+
+  // One training step through the engine's hooks; units updated in reverse.
+  // `skip_unit` (if >= 0) has no gradient this step.
+  Status Step(runtime::Engine& engine, std::uint64_t k, int skip_unit = -1,
+              const std::string& extra = "") {
+    Status s = engine.BeginStep(k);
+    if (!s.ok()) return s;
+    for (std::size_t i = params_.size(); i-- > 0;) {
+      if (static_cast<int>(i) == skip_unit) continue;
+      s = engine.BeforeUpdate(static_cast<std::uint32_t>(i));
+      if (!s.ok()) return s;
+      Update(i, k);
+      s = engine.AfterUpdate(static_cast<std::uint32_t>(i));
+      if (!s.ok()) return s;
+    }
+    s = engine.EndStep({reinterpret_cast<const std::byte*>(extra.data()), extra.size()});
+    if (s.ok()) Remember(k);
+    return s;
+  }
+
+  // Same updates without any engine.
+  void StepPlain(std::uint64_t k, int skip_unit = -1) {
+    for (std::size_t i = params_.size(); i-- > 0;) {
+      if (static_cast<int>(i) != skip_unit) Update(i, k);
+    }
+    Remember(k);
+  }
+
+  // Bytes of every tensor as they were after step k.
+  const std::vector<std::vector<std::byte>>& At(std::uint64_t k) const { return history_.at(k); }
+  bool HasHistory(std::uint64_t k) const { return history_.count(k) != 0; }
+
+  // "" if the view equals the model after step view.iteration().
+  std::string CompareWithHistory(const layout::SnapshotView& view) const {
+    auto it = history_.find(view.iteration());
+    if (it == history_.end()) return "no history for iteration " + std::to_string(view.iteration());
+    std::size_t flat = 0;
+    for (std::uint32_t u = 0; u < params_.size(); ++u) {
+      for (std::uint32_t t = 0; t < 3; ++t, ++flat) {
+        const auto& expected = it->second[flat];
+        auto actual = view.tensor(u, t);
+        if (actual.size() != expected.size() ||
+            std::memcmp(actual.data(), expected.data(), expected.size()) != 0) {
+          return "unit " + std::to_string(u) + " tensor " + std::to_string(t) +
+                 " differs at iteration " + std::to_string(view.iteration());
+        }
+      }
+    }
+    return "";
+  }
+
+  // "" if the live tensors equal the history at step k.
+  std::string CompareLive(std::uint64_t k) const {
+    const auto& expected = history_.at(k);
+    std::size_t flat = 0;
+    for (std::size_t u = 0; u < params_.size(); ++u) {
+      const std::vector<std::byte> live[3] = {Bytes(params_[u]), Bytes(state_[u]),
+                                              Bytes(steps_[u])};
+      for (int t = 0; t < 3; ++t, ++flat) {
+        if (live[t] != expected[flat]) return "unit " + std::to_string(u) + " tensor " + std::to_string(t);
+      }
+    }
+    return "";
+  }
+
+  void Zero() {
+    for (auto& p : params_) std::fill(p.begin(), p.end(), 0.0f);
+    for (auto& m : state_) std::fill(m.begin(), m.end(), 0.0f);
+    std::fill(steps_.begin(), steps_.end(), 0);
+  }
+
+ private:
+  template <typename T>
+  static std::vector<std::byte> Bytes(const std::vector<T>& v) {
+    std::vector<std::byte> out(v.size() * sizeof(T));
+    std::memcpy(out.data(), v.data(), out.size());
+    return out;
+  }
+  static std::vector<std::byte> Bytes(const std::int64_t& v) {
+    std::vector<std::byte> out(sizeof(v));
+    std::memcpy(out.data(), &v, sizeof(v));
+    return out;
+  }
+  void Remember(std::uint64_t k) {
+    std::vector<std::vector<std::byte>> all;
+    for (std::size_t u = 0; u < params_.size(); ++u) {
+      all.push_back(Bytes(params_[u]));
+      all.push_back(Bytes(state_[u]));
+      all.push_back(Bytes(steps_[u]));
+    }
+    history_[k] = std::move(all);
+  }
+
+  std::vector<std::vector<float>> params_;
+  std::vector<std::vector<float>> state_;
+  std::vector<std::int64_t> steps_;
+  std::map<std::uint64_t, std::vector<std::vector<std::byte>>> history_;
+};
+
+}  // namespace pmsnap::testing
