@@ -934,6 +934,10 @@ std::uint64_t Pool::chunk_heap_used() const {
   return impl_->root->chunks.used_bytes;
 }
 
+std::span<std::byte> Pool::slot_mapping(int slot) const {
+  return {impl_->slot_data(slot), impl_->header().slot_bytes};
+}
+
 FileRegions Pool::regions() const {
   const Impl& impl = *impl_;
   const PoolHeader& header = impl.header();

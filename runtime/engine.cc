@@ -1,5 +1,7 @@
 #include "pmsnap/runtime/engine.h"
 
+#include "pmsnap/runtime/cuda_device.h"
+
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -384,6 +386,18 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   if (!pool.ok()) return pool.status();
   impl->pool = std::move(pool).value();
   for (const auto& unit : impl->pool->layout().units) impl->model_bytes += unit.bytes;
+  if (impl->device->kind() == DeviceKind::kCuda) {
+    // DMA straight into the PM slots; without registration the driver
+    // stages through its own pinned buffers (slower, still correct).
+    for (int slot = 0; slot < 2; ++slot) {
+      std::span<std::byte> mapping = impl->pool->slot_mapping(slot);
+      Status registered = RegisterHostMemoryForDevice(mapping.data(), mapping.size());
+      if (!registered.ok()) {
+        std::cerr << "pmsnap: warning: " << registered.message()
+                  << "; GPU copies will stage through pinned memory\n";
+      }
+    }
+  }
 
   // No slot reserved for the training thread: it never joins the arena.
   impl->arena = std::make_unique<tbb::task_arena>(options.workers, /*reserved_for_masters=*/0);

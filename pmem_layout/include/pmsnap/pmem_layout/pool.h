@@ -214,6 +214,9 @@ class Pool {
   std::uint64_t chunk_heap_capacity() const { return options_.chunk_heap_bytes; }
 
   FileRegions regions() const;
+  // The mapped data of a slot (both slots stay mapped while the pool is
+  // open), e.g. to register it for GPU DMA.
+  std::span<std::byte> slot_mapping(int slot) const;
 
   // Checks both slots' records and, if deep, every data checksum and chunk.
   VerifyReport Verify(bool deep) const;

@@ -1,0 +1,16 @@
+// Builds without the CUDA toolkit: the CUDA device reports that it is absent.
+#include "pmsnap/runtime/cuda_device.h"
+
+namespace pmsnap::runtime {
+
+bool CudaSupportCompiled() { return false; }
+
+Result<std::unique_ptr<Device>> CreateCudaDevice(int) {
+  return Status(StatusCode::kFailedPrecondition,
+                "this pmsnap build has no CUDA support (configure with the CUDA toolkit present "
+                "or -DPMSNAP_WITH_CUDA=ON)");
+}
+
+Status RegisterHostMemoryForDevice(void*, std::size_t) { return Status::Ok(); }
+
+}  // namespace pmsnap::runtime

@@ -1,0 +1,68 @@
+// Device selection and the CUDA device: real copies when a GPU is present,
+// a clean fallback to the host device when not.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "pmsnap/runtime/cuda_device.h"
+
+namespace pmsnap::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(MakeDeviceTest, HostAndSimulatedSpecs) {
+  auto host = MakeDevice("host");
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ((*host)->kind(), DeviceKind::kHost);
+  auto sim = MakeDevice("simulated:2.5:64");
+  ASSERT_TRUE(sim.ok()) << sim.status().ToString();
+  EXPECT_EQ((*sim)->kind(), DeviceKind::kSimulated);
+  EXPECT_THAT((*sim)->name(), HasSubstr("simulated(2.5 GB/s"));
+  EXPECT_EQ((*sim)->free_bytes(), 64u << 20);
+}
+
+TEST(MakeDeviceTest, BadSpecsAreRejectedWithTheSpecInTheMessage) {
+  for (const char* spec : {"gpu", "simulated:fast", "simulated:0", "host:1", "simulated:1:2:3"}) {
+    auto device = MakeDevice(spec);
+    EXPECT_EQ(device.status().code(), StatusCode::kInvalidArgument) << spec;
+    EXPECT_THAT(device.status().message(), HasSubstr(spec));
+  }
+}
+
+TEST(CudaDeviceTest, WithoutAGpuCudaFallsBackToTheHostAndSaysWhy) {
+  auto cuda = CreateCudaDevice(0);
+  if (cuda.ok()) GTEST_SKIP() << "a GPU is present: " << (*cuda)->name();
+  EXPECT_EQ(cuda.status().code(), StatusCode::kFailedPrecondition);
+  std::string note;
+  auto device = MakeDevice("cuda", &note);
+  ASSERT_TRUE(device.ok());
+  EXPECT_EQ((*device)->kind(), DeviceKind::kHost);
+  EXPECT_THAT(note, HasSubstr("no usable CUDA device"));
+}
+
+TEST(CudaDeviceTest, OnAGpuBytesRoundTripThroughDeviceMemory) {
+  auto cuda = CreateCudaDevice(0);
+  if (!cuda.ok()) GTEST_SKIP() << cuda.status().message();
+  Device& device = **cuda;
+  std::vector<std::uint32_t> host(1 << 20);
+  std::iota(host.begin(), host.end(), 7u);
+  const std::size_t bytes = host.size() * sizeof(host[0]);
+  auto a = device.Allocate(bytes);
+  auto b = device.Allocate(bytes);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(device.CopyFromHost(*a, host.data(), bytes).ok());
+  ASSERT_TRUE(device.CopyInDevice(*b, *a, bytes).ok());
+  std::vector<std::uint32_t> back(host.size(), 0);
+  ASSERT_TRUE(RegisterHostMemoryForDevice(back.data(), bytes).ok());
+  ASSERT_TRUE(device.CopyToHost(back.data(), *b, bytes).ok());
+  EXPECT_EQ(back, host);
+  EXPECT_GE(device.peak_allocated_bytes(), 2 * bytes);
+  device.Free(*a, bytes);
+  device.Free(*b, bytes);
+}
+
+}  // namespace
+}  // namespace pmsnap::runtime
