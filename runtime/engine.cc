@@ -275,10 +275,7 @@ struct Engine::Impl {
       const auto* base = static_cast<const std::byte*>(units[u].tensors[part.tensor].data);
       parts.push_back({base + part.offset_in_tensor, part.bytes, p});
     }
-    Epoch* epoch_ptr = &epoch;
-    auto task = std::make_unique<UnitTask>(
-        u, epoch.epoch, device, std::move(parts),
-        [this, epoch_ptr](UnitTask* t, std::uint32_t p) { Enqueue(epoch_ptr, t, p); });
+    auto task = std::make_unique<UnitTask>(u, epoch.epoch, device, std::move(parts));
     UnitTask* raw = task.get();
     epoch.persist_remaining[u].store(raw->part_count(), std::memory_order_relaxed);
     epoch.captured_at[u] = Clock::now();
@@ -300,6 +297,8 @@ struct Engine::Impl {
       return prepared;
     }
     for (std::uint32_t p = 0; p < raw->part_count(); ++p) Enqueue(&epoch, raw, p);
+    Epoch* epoch_ptr = &epoch;
+    raw->SetRequeue([this, epoch_ptr](UnitTask* t, std::uint32_t p) { Enqueue(epoch_ptr, t, p); });
     return prepared;
   }
 
@@ -495,6 +494,11 @@ Status Engine::BeforeUpdate(std::uint32_t unit) {
       if (!task->snapshotted()) {
         epoch.conflicted[unit] = true;
         result = impl.strategy->Resolve(*task);
+        if (!result.ok()) {
+          // The live tensor may still be read: this epoch cannot commit.
+          epoch.failed.store(true, std::memory_order_relaxed);
+          impl.RecordError(result);
+        }
         const double waited = SecondsSince(start);
         std::lock_guard<std::mutex> lock(impl.stats_mutex);
         impl.stats.conflicts += 1;
@@ -629,6 +633,7 @@ Stats Engine::stats() const {
   out.epochs_committed = impl.epochs_committed.load(std::memory_order_relaxed);
   out.bytes_written = impl.bytes_written.load(std::memory_order_relaxed);
   out.peak_device_extra_bytes = impl.device->peak_allocated_bytes();
+  out.in_device_fallbacks = impl.strategy->fallbacks();
   out.wall_seconds = SecondsSince(impl.opened_at);
   out.blocked_per_step.assign(impl.blocked_history.begin(), impl.blocked_history.end());
   return out;

@@ -4,13 +4,11 @@
 
 namespace pmsnap::runtime {
 
-UnitTask::UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device, std::vector<Part> parts,
-                   std::function<void(UnitTask*, std::uint32_t)> requeue)
+UnitTask::UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device, std::vector<Part> parts)
     : unit_(unit),
       epoch_(epoch),
       device_(device),
       parts_(std::move(parts)),
-      requeue_(std::move(requeue)),
       states_(std::make_unique<std::atomic<std::uint8_t>[]>(parts_.size())),
       sources_(std::make_unique<std::atomic<const std::byte*>[]>(parts_.size())),
       snapshot_remaining_(static_cast<std::uint32_t>(parts_.size())) {

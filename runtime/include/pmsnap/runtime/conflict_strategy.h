@@ -55,6 +55,9 @@ class ConflictStrategy {
   virtual StrategyChoice choice(std::uint32_t unit) const = 0;
   // Per-unit profile once the epoch committed (adaptive strategies learn).
   virtual void OnEpochCommitted(const std::vector<UnitProfile>& profiles) { (void)profiles; }
+  // Times an in-device copy was wanted but device memory was short, so the
+  // unit fell back to strategy 2.
+  virtual std::uint64_t fallbacks() const { return 0; }
 };
 
 // Strategy 2: copy device -> PM directly; on conflict wait until the unit's

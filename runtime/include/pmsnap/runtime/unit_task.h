@@ -35,9 +35,7 @@ class UnitTask {
     std::uint32_t pool_part = 0;  // index into the pool layout's parts
   };
 
-  // `requeue` hands a part back to the workers after RedirectAndRelease.
-  UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device, std::vector<Part> parts,
-           std::function<void(UnitTask*, std::uint32_t)> requeue);
+  UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device, std::vector<Part> parts);
   ~UnitTask();
   UnitTask(const UnitTask&) = delete;
   UnitTask& operator=(const UnitTask&) = delete;
@@ -70,6 +68,13 @@ class UnitTask {
   void WaitSnapshotted() const;
   // Blocks until part p is snapshotted.
   void WaitPartSnapshotted(std::uint32_t p) const;
+
+  // Hands parts released by RedirectAndRelease back to the workers. Set by
+  // the engine once the initial jobs are queued (until then a release needs
+  // no requeue: the initial job will find the part pending).
+  void SetRequeue(std::function<void(UnitTask*, std::uint32_t)> requeue) {
+    requeue_ = std::move(requeue);
+  }
 
   // A device buffer the task frees once every part is snapshotted.
   void AdoptDeviceBuffer(void* ptr, std::size_t bytes);

@@ -1,0 +1,144 @@
+// Conflict strategies 1, 3 and 4 and the adaptive per-unit selector
+// (slides "Handle Conflict" and "Adaptive Strategy Determination"); strategy
+// 2 is runtime::WaitForSnapshotStrategy.
+//
+//   1 InDeviceCopyStrategy     copy the unit inside device memory right after
+//                              the captured update; workers persist from the
+//                              copy; a conflict never waits.
+//   3 PartsOnConflictStrategy  parts are copied device -> PM concurrently; on
+//                              conflict the parts not yet started are copied
+//                              inside the device, and only parts already in
+//                              flight are waited for.
+//   4 SplitGroupsStrategy      parts split into a direct group and an
+//                              in-device group sized so both finish when the
+//                              next update arrives; a conflict waits for the
+//                              direct group.
+//   AdaptiveStrategy           per unit, from the last epoch's profile and the
+//                              device's free memory: no conflict expected -> 2;
+//                              conflict and memory -> 1; conflict and short of
+//                              memory -> 4 (split tuned) or 3.
+//
+// Device memory: in-device copies never take more than the device's free
+// memory minus `reserve_bytes`; when a copy cannot be had the unit falls back
+// to strategy 2 and the fallback is counted (fallbacks()).
+//
+// Thread-safety: as runtime::ConflictStrategy (training thread for
+// OnCaptured/Resolve; OnEpochCommitted is called on the training thread too).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "pmsnap/runtime/conflict_strategy.h"
+
+namespace pmsnap::conflict {
+
+using runtime::StrategyChoice;
+using runtime::UnitProfile;
+using runtime::UnitTask;
+
+struct ConflictOptions {
+  // Device memory never used by in-device copies.
+  std::uint64_t reserve_bytes = 0;
+};
+
+// Shared machinery: device-memory accounting, per-unit choice and profiles.
+class StrategyBase : public runtime::ConflictStrategy {
+ public:
+  explicit StrategyBase(ConflictOptions options) : options_(options) {}
+  StrategyChoice choice(std::uint32_t unit) const override;
+  std::uint64_t fallbacks() const override { return fallbacks_.load(); }
+  void OnEpochCommitted(const std::vector<UnitProfile>& profiles) override;
+
+ protected:
+  // Device memory for `bytes` respecting the reserve, adopted by the task;
+  // nullptr when short (the caller falls back and counts it).
+  std::byte* AllocateFor(UnitTask& task, std::uint64_t bytes);
+  // Copies part p (claimed by the caller) inside the device into `buffer`
+  // and hands it back to the workers reading from the copy.
+  Status RedirectPart(UnitTask& task, std::uint32_t p, std::byte* buffer);
+  // Claims every pending part in [first, last), copies them into one device
+  // buffer and redirects them. Returns false if memory was short (nothing
+  // changed then).
+  bool CopyPendingPartsInDevice(UnitTask& task, std::uint32_t first, std::uint32_t last,
+                                Status* status);
+  void SetChoice(std::uint32_t unit, StrategyChoice choice);
+  void CountFallback() { fallbacks_.fetch_add(1); }
+  const UnitProfile* LastProfile(std::uint32_t unit) const;  // training thread
+
+  ConflictOptions options_;
+
+ private:
+  mutable std::mutex choices_mutex_;  // guards choices_
+  std::vector<StrategyChoice> choices_;
+  std::vector<UnitProfile> profiles_;  // indexed by unit; bytes == 0: none yet
+  std::atomic<std::uint64_t> fallbacks_{0};
+};
+
+class InDeviceCopyStrategy final : public StrategyBase {
+ public:
+  explicit InDeviceCopyStrategy(ConflictOptions options = {}) : StrategyBase(options) {}
+  std::string name() const override { return "in-device-copy (1)"; }
+  Status OnCaptured(UnitTask& task) override;
+  Status Resolve(UnitTask& task) override;
+};
+
+class PartsOnConflictStrategy final : public StrategyBase {
+ public:
+  explicit PartsOnConflictStrategy(ConflictOptions options = {}) : StrategyBase(options) {}
+  std::string name() const override { return "parts-on-conflict (3)"; }
+  Status OnCaptured(UnitTask& task) override;
+  Status Resolve(UnitTask& task) override;
+};
+
+class SplitGroupsStrategy final : public StrategyBase {
+ public:
+  explicit SplitGroupsStrategy(ConflictOptions options = {}) : StrategyBase(options) {}
+  std::string name() const override { return "split-groups (4)"; }
+  Status OnCaptured(UnitTask& task) override;
+  Status Resolve(UnitTask& task) override;
+
+  // Parts of `task` that go device -> PM directly (the rest is copied in
+  // the device first), from the unit's last profile: the direct group holds
+  // what the link moves before the next update arrives.
+  std::uint32_t DirectParts(const UnitTask& task) const;
+
+ private:
+  std::mutex split_mutex_;  // guards direct_parts_
+  std::vector<std::uint32_t> direct_parts_;  // per unit, this epoch
+};
+
+class AdaptiveStrategy final : public StrategyBase {
+ public:
+  explicit AdaptiveStrategy(ConflictOptions options = {});
+  std::string name() const override { return "adaptive"; }
+  Status OnCaptured(UnitTask& task) override;
+  Status Resolve(UnitTask& task) override;
+  StrategyChoice choice(std::uint32_t unit) const override;
+  std::uint64_t fallbacks() const override;
+  void OnEpochCommitted(const std::vector<UnitProfile>& profiles) override;
+
+  // The decision rule, from a unit's last profile and the free device memory.
+  static StrategyChoice Decide(const UnitProfile* last, std::uint64_t unit_bytes,
+                               std::uint64_t usable_device_bytes);
+
+ private:
+  StrategyChoice Decision(std::uint32_t unit) const;
+  runtime::ConflictStrategy& For(std::uint32_t unit);
+  InDeviceCopyStrategy in_device_;
+  runtime::WaitForSnapshotStrategy wait_;
+  PartsOnConflictStrategy parts_;
+  SplitGroupsStrategy split_;
+  mutable std::mutex decisions_mutex_;  // guards decisions_
+  std::vector<StrategyChoice> decisions_;
+};
+
+// "1", "2", "3", "4" or "adaptive" (as in flags and benchmark tables).
+std::shared_ptr<runtime::ConflictStrategy> MakeStrategy(const std::string& name,
+                                                        ConflictOptions options = {});
+
+}  // namespace pmsnap::conflict

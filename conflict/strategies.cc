@@ -1,0 +1,236 @@
+#include "pmsnap/conflict/strategies.h"
+
+#include "pmsnap/runtime/device.h"
+
+namespace pmsnap::conflict {
+
+
+StrategyChoice StrategyBase::choice(std::uint32_t unit) const {
+  std::lock_guard<std::mutex> lock(choices_mutex_);
+  return unit < choices_.size() ? choices_[unit] : StrategyChoice::kWaitSnapshot;
+}
+
+void StrategyBase::SetChoice(std::uint32_t unit, StrategyChoice choice) {
+  std::lock_guard<std::mutex> lock(choices_mutex_);
+  if (choices_.size() <= unit) choices_.resize(unit + 1, StrategyChoice::kWaitSnapshot);
+  choices_[unit] = choice;
+}
+
+void StrategyBase::OnEpochCommitted(const std::vector<UnitProfile>& profiles) {
+  for (const UnitProfile& profile : profiles) {
+    if (profiles_.size() <= profile.unit) profiles_.resize(profile.unit + 1);
+    profiles_[profile.unit] = profile;
+  }
+}
+
+const UnitProfile* StrategyBase::LastProfile(std::uint32_t unit) const {
+  if (unit >= profiles_.size() || profiles_[unit].bytes == 0) return nullptr;
+  return &profiles_[unit];
+}
+
+std::byte* StrategyBase::AllocateFor(UnitTask& task, std::uint64_t bytes) {
+  runtime::Device& device = task.device();
+  if (bytes == 0) return nullptr;
+  if (device.free_bytes() < options_.reserve_bytes + bytes) return nullptr;
+  auto buffer = device.Allocate(bytes);
+  if (!buffer.ok()) return nullptr;
+  task.AdoptDeviceBuffer(*buffer, bytes);
+  return static_cast<std::byte*>(*buffer);
+}
+
+Status StrategyBase::RedirectPart(UnitTask& task, std::uint32_t p, std::byte* buffer) {
+  const UnitTask::Part& part = task.part(p);
+  Status status = task.device().CopyInDevice(buffer, part.live_source, part.bytes);
+  // Even on failure the part goes back to the workers, from the live tensor,
+  // so the epoch can finish (and fail with this status).
+  task.RedirectAndRelease(p, status.ok() ? buffer : part.live_source);
+  return status;
+}
+
+bool StrategyBase::CopyPendingPartsInDevice(UnitTask& task, std::uint32_t first,
+                                            std::uint32_t last, Status* status) {
+  // A part already redirected by an earlier call reads its copy; copying it
+  // again would take the live tensor, which has been updated since.
+  auto still_live = [&task](std::uint32_t p) { return task.source(p) == task.part(p).live_source; };
+  std::uint64_t pending_bytes = 0;
+  for (std::uint32_t p = first; p < last; ++p) {
+    if (task.state(p) == runtime::PartState::kPending && still_live(p)) {
+      pending_bytes += task.part(p).bytes;
+    }
+  }
+  if (pending_bytes == 0) return true;
+  std::byte* buffer = AllocateFor(task, pending_bytes);
+  if (buffer == nullptr) return false;
+  // Only this (training) thread releases parts back to kPending, so the
+  // parts claimed below are a subset of those counted above.
+  std::uint64_t offset = 0;
+  for (std::uint32_t p = first; p < last; ++p) {
+    if (!still_live(p) || !task.TryClaim(p)) continue;  // redirected, or a worker has it
+    Status copied = RedirectPart(task, p, buffer + offset);
+    if (!copied.ok() && status->ok()) *status = copied;
+    offset += task.part(p).bytes;
+  }
+  return true;
+}
+
+// --- strategy 1 ---
+
+Status InDeviceCopyStrategy::OnCaptured(UnitTask& task) {
+  Status status;
+  if (CopyPendingPartsInDevice(task, 0, task.part_count(), &status)) {
+    SetChoice(task.unit(), StrategyChoice::kInDeviceCopy);
+  } else {
+    CountFallback();
+    SetChoice(task.unit(), StrategyChoice::kWaitSnapshot);
+  }
+  return status;
+}
+
+Status InDeviceCopyStrategy::Resolve(UnitTask& task) {
+  // Every part reads from the device copy unless memory was short.
+  if (choice(task.unit()) != StrategyChoice::kInDeviceCopy) task.WaitSnapshotted();
+  return Status::Ok();
+}
+
+// --- strategy 3 ---
+
+Status PartsOnConflictStrategy::OnCaptured(UnitTask& task) {
+  SetChoice(task.unit(), StrategyChoice::kPartsOnConflict);
+  return Status::Ok();
+}
+
+Status PartsOnConflictStrategy::Resolve(UnitTask& task) {
+  Status status;
+  if (!CopyPendingPartsInDevice(task, 0, task.part_count(), &status)) {
+    CountFallback();
+    task.WaitSnapshotted();
+    return status;
+  }
+  // Parts a worker was already copying from the live tensor must finish.
+  for (std::uint32_t p = 0; p < task.part_count(); ++p) {
+    if (task.source(p) == task.part(p).live_source) task.WaitPartSnapshotted(p);
+  }
+  return status;
+}
+
+// --- strategy 4 ---
+
+std::uint32_t SplitGroupsStrategy::DirectParts(const UnitTask& task) const {
+  const std::uint32_t n = task.part_count();
+  const UnitProfile* last = LastProfile(task.unit());
+  if (last == nullptr || last->next_update_gap_seconds < 0 || last->copy_seconds <= 0) {
+    return n / 2;
+  }
+  const double link_bytes_per_second = last->bytes / last->copy_seconds;
+  const double budget = last->next_update_gap_seconds - last->queue_wait_seconds;
+  const double direct_bytes = std::max(0.0, budget) * link_bytes_per_second;
+  std::uint64_t cumulative = 0;
+  std::uint32_t direct = 0;
+  while (direct < n && cumulative + task.part(direct).bytes <= direct_bytes) {
+    cumulative += task.part(direct).bytes;
+    ++direct;
+  }
+  return direct;
+}
+
+Status SplitGroupsStrategy::OnCaptured(UnitTask& task) {
+  const std::uint32_t n = task.part_count();
+  std::uint32_t direct = DirectParts(task);
+  Status status;
+  if (direct < n && !CopyPendingPartsInDevice(task, direct, n, &status)) {
+    CountFallback();
+    direct = n;  // everything direct: a conflict waits for the whole unit
+  }
+  SetChoice(task.unit(), direct < n ? StrategyChoice::kSplitGroups : StrategyChoice::kWaitSnapshot);
+  std::lock_guard<std::mutex> lock(split_mutex_);
+  if (direct_parts_.size() <= task.unit()) direct_parts_.resize(task.unit() + 1, 0);
+  direct_parts_[task.unit()] = direct;
+  return status;
+}
+
+Status SplitGroupsStrategy::Resolve(UnitTask& task) {
+  std::uint32_t direct = task.part_count();
+  {
+    std::lock_guard<std::mutex> lock(split_mutex_);
+    if (task.unit() < direct_parts_.size()) direct = direct_parts_[task.unit()];
+  }
+  for (std::uint32_t p = 0; p < direct; ++p) task.WaitPartSnapshotted(p);
+  return Status::Ok();
+}
+
+// --- adaptive ---
+
+AdaptiveStrategy::AdaptiveStrategy(ConflictOptions options)
+    : StrategyBase(options), in_device_(options), parts_(options), split_(options) {}
+
+StrategyChoice AdaptiveStrategy::Decide(const UnitProfile* last, std::uint64_t unit_bytes,
+                                        std::uint64_t usable_device_bytes) {
+  if (last == nullptr) return StrategyChoice::kWaitSnapshot;
+  const bool gap_known = last->next_update_gap_seconds >= 0;
+  const bool conflict_expected =
+      last->conflicted ||
+      (gap_known && last->queue_wait_seconds + last->copy_seconds > last->next_update_gap_seconds);
+  if (!conflict_expected) return StrategyChoice::kWaitSnapshot;
+  if (usable_device_bytes >= unit_bytes) return StrategyChoice::kInDeviceCopy;
+  return gap_known ? StrategyChoice::kSplitGroups : StrategyChoice::kPartsOnConflict;
+}
+
+StrategyChoice AdaptiveStrategy::Decision(std::uint32_t unit) const {
+  std::lock_guard<std::mutex> lock(decisions_mutex_);
+  return unit < decisions_.size() ? decisions_[unit] : StrategyChoice::kWaitSnapshot;
+}
+
+runtime::ConflictStrategy& AdaptiveStrategy::For(std::uint32_t unit) {
+  switch (Decision(unit)) {
+    case StrategyChoice::kInDeviceCopy: return in_device_;
+    case StrategyChoice::kPartsOnConflict: return parts_;
+    case StrategyChoice::kSplitGroups: return split_;
+    case StrategyChoice::kWaitSnapshot: break;
+  }
+  return wait_;
+}
+
+Status AdaptiveStrategy::OnCaptured(UnitTask& task) {
+  const std::uint64_t free = task.device().free_bytes();
+  const std::uint64_t usable = free > options_.reserve_bytes ? free - options_.reserve_bytes : 0;
+  const StrategyChoice decision = Decide(LastProfile(task.unit()), task.bytes(), usable);
+  {
+    std::lock_guard<std::mutex> lock(decisions_mutex_);
+    if (decisions_.size() <= task.unit()) decisions_.resize(task.unit() + 1, StrategyChoice::kWaitSnapshot);
+    decisions_[task.unit()] = decision;
+  }
+  return For(task.unit()).OnCaptured(task);
+}
+
+Status AdaptiveStrategy::Resolve(UnitTask& task) { return For(task.unit()).Resolve(task); }
+
+StrategyChoice AdaptiveStrategy::choice(std::uint32_t unit) const {
+  switch (Decision(unit)) {
+    case StrategyChoice::kInDeviceCopy: return in_device_.choice(unit);
+    case StrategyChoice::kPartsOnConflict: return parts_.choice(unit);
+    case StrategyChoice::kSplitGroups: return split_.choice(unit);
+    case StrategyChoice::kWaitSnapshot: break;
+  }
+  return StrategyChoice::kWaitSnapshot;
+}
+
+std::uint64_t AdaptiveStrategy::fallbacks() const {
+  return in_device_.fallbacks() + parts_.fallbacks() + split_.fallbacks();
+}
+
+void AdaptiveStrategy::OnEpochCommitted(const std::vector<UnitProfile>& profiles) {
+  StrategyBase::OnEpochCommitted(profiles);
+  split_.OnEpochCommitted(profiles);
+}
+
+std::shared_ptr<runtime::ConflictStrategy> MakeStrategy(const std::string& name,
+                                                        ConflictOptions options) {
+  if (name == "1") return std::make_shared<InDeviceCopyStrategy>(options);
+  if (name == "2") return std::make_shared<runtime::WaitForSnapshotStrategy>();
+  if (name == "3") return std::make_shared<PartsOnConflictStrategy>(options);
+  if (name == "4") return std::make_shared<SplitGroupsStrategy>(options);
+  if (name == "adaptive") return std::make_shared<AdaptiveStrategy>(options);
+  return nullptr;
+}
+
+}  // namespace pmsnap::conflict

@@ -1,0 +1,3 @@
+# conflict: strategies 1-4 and the adaptive selector, bit-exact under conflicts.
+pmsnap_add_test(conflict_strategies_test SOURCES conflict_strategies_test.cc
+                LIBS pmsnap::conflict ENV "PMEM_IS_PMEM_FORCE=1")
