@@ -1,0 +1,129 @@
+// ParameterStepper: runs a libtorch optimizer one parameter at a time, in
+// backward order, with every optimizer-state tensor at a stable address that
+// the caller can register for checkpointing.
+//
+// pmsnap checkpoints weight by weight while training runs, so it must see
+// each parameter's update as its own event (DESIGN.md, "Per-unit pipeline").
+// libtorch's optimizers update all parameters inside one step() and skip the
+// ones whose gradient is undefined. The stepper exploits exactly that: it
+// hides every gradient, then for each parameter (last registered first, the
+// order backward produces gradients) shows only that parameter's gradient
+// and calls the wrapped optimizer's own step(). The arithmetic is the
+// optimizer's own code, so results are bitwise identical to one plain step()
+// (tests/hooks_optimizer_equivalence_test.cc checks 50 steps per optimizer).
+//
+// State that libtorch creates lazily on the first update is created eagerly
+// here, with the values libtorch would give it (zeros; Adagrad's
+// initial_accumulator_value), in tensors the stepper owns, so it is
+// checkpointed from its creation. SGD's momentum buffer is the exception:
+// libtorch sets it to a clone of the first gradient, so the stepper
+// preallocates the buffer, lets libtorch create its clone during the
+// parameter's first update and copies it into the preallocated buffer before
+// the update's after-hook (a bitwise copy; no other arithmetic changes).
+// libtorch keeps optimizer step counts as int64 fields, not tensors: each
+// parameter gets a one-element int64 "step" tensor mirroring that field
+// (for SGD, the number of updates, which says whether the momentum buffer
+// holds data), written back into libtorch's state by SyncFromSlots after a
+// restore.
+//
+// Thread-safety: not thread-safe; one training thread owns a stepper. The
+// wrapped optimizer must outlive it and must not gain or lose parameters.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/optim/optimizer.h>
+
+#include "pmsnap/common/status.h"
+
+namespace pmsnap::hooks {
+
+enum class OptimizerKind : std::uint8_t { kSgd, kAdam, kAdamW, kAdagrad, kRmsprop };
+
+// "SGD", "Adam", "AdamW", "Adagrad", "RMSprop".
+const char* OptimizerKindName(OptimizerKind kind);
+
+// One parameter and the optimizer-state tensors the stepper keeps at stable
+// addresses (contiguous, same device as the parameter).
+struct ParameterSlot {
+  std::string name;     // from the module ("fc1.weight") or "group0.param3"
+  torch::Tensor param;  // the live parameter (shares storage with the module's)
+  // Role -> tensor, in a fixed order per optimizer kind, e.g. for Adam:
+  // exp_avg, exp_avg_sq, [max_exp_avg_sq], step (int64, one element).
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+};
+
+// Called around each parameter's update. `index` is the slot index.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  virtual Status BeforeUpdate(std::size_t index) = 0;
+  virtual Status AfterUpdate(std::size_t index) = 0;
+};
+
+class ParameterStepper {
+ public:
+  // Wraps `optimizer` (SGD, Adam, AdamW, Adagrad or RMSprop; not owned).
+  // `named_parameters` names parameters (e.g. module.named_parameters());
+  // optimizer parameters missing from it are named "group<g>.param<i>".
+  // Existing optimizer state (e.g. loaded from a state dict) is copied into
+  // the stepper's tensors. Errors: kInvalidArgument for another optimizer
+  // type, a parameter registered twice, a non-contiguous or non-CPU
+  // parameter; libtorch errors keep their message.
+  static Result<std::unique_ptr<ParameterStepper>> Create(
+      torch::optim::Optimizer& optimizer,
+      const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters);
+
+  // One optimizer step over every parameter with a defined gradient, last
+  // slot first, calling observer->BeforeUpdate(i) / AfterUpdate(i) around
+  // slot i's update (observer may be null). The optimizer step always
+  // completes for every parameter: if an observer call fails, the remaining
+  // parameters are updated without observer calls and the first error is
+  // returned. Gradients are left as they were. kFailedPrecondition (nothing
+  // updated) if the optimizer's parameters changed since Create
+  // (CheckUnchanged).
+  Status Step(StepObserver* observer);
+
+  // kFailedPrecondition naming the problem if the optimizer gained or lost
+  // parameters (e.g. add_param_group after registration) or a parameter's
+  // storage moved (e.g. module.to(dtype)) since Create.
+  Status CheckUnchanged() const;
+
+  // After the slots' bytes were overwritten (a restore): copies each "step"
+  // tensor back into libtorch's int64 state fields, and for SGD drops the
+  // momentum state of parameters never updated (libtorch will clone their
+  // first gradient, as it would have).
+  Status SyncFromSlots();
+
+  OptimizerKind kind() const { return kind_; }
+  const std::vector<ParameterSlot>& slots() const { return slots_; }
+  torch::optim::Optimizer& optimizer() const { return optimizer_; }
+
+  ~ParameterStepper();
+  ParameterStepper(const ParameterStepper&) = delete;
+  ParameterStepper& operator=(const ParameterStepper&) = delete;
+
+ private:
+  ParameterStepper(torch::optim::Optimizer& optimizer, OptimizerKind kind);
+  Status AdoptOrCreateState(std::size_t index, const torch::optim::OptimizerOptions& options);
+  void AfterOptimizerStep(std::size_t index);
+  Status StepLocked(StepObserver* observer, std::vector<torch::Tensor>& grads);
+
+  torch::optim::Optimizer& optimizer_;
+  OptimizerKind kind_;
+  std::vector<ParameterSlot> slots_;
+  // libtorch's state key (TensorImpl address as text) per slot.
+  std::vector<std::string> state_keys_;
+  // Each parameter's storage at registration: the pool was laid out for it
+  // (slot.param shares the TensorImpl, so it would follow a set_data).
+  std::vector<const void*> registered_data_;
+  // Whether SGD keeps a momentum buffer for the slot (its group's momentum != 0).
+  std::vector<bool> has_momentum_;
+};
+
+}  // namespace pmsnap::hooks

@@ -1,0 +1,416 @@
+// ParameterStepper: see parameter_stepper.h. libtorch throws c10::Error;
+// every public entry point catches it here and returns a Status.
+#include "pmsnap/hooks/parameter_stepper.h"
+
+#include "pmsnap/hooks/optimizer_state.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/string_utils.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+namespace pmsnap::hooks {
+namespace {
+
+namespace optim = torch::optim;
+
+std::string StateKey(const torch::Tensor& param) {
+  // libtorch's own key for a parameter's state (see e.g. optim/adam.cpp).
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+}
+
+Result<OptimizerKind> KindOf(optim::Optimizer& optimizer) {
+  // AdamW does not derive from Adam in libtorch, so the order is irrelevant.
+  if (dynamic_cast<optim::SGD*>(&optimizer)) return OptimizerKind::kSgd;
+  if (dynamic_cast<optim::Adam*>(&optimizer)) return OptimizerKind::kAdam;
+  if (dynamic_cast<optim::AdamW*>(&optimizer)) return OptimizerKind::kAdamW;
+  if (dynamic_cast<optim::Adagrad*>(&optimizer)) return OptimizerKind::kAdagrad;
+  if (dynamic_cast<optim::RMSprop*>(&optimizer)) return OptimizerKind::kRmsprop;
+  return Status(StatusCode::kInvalidArgument,
+                "unsupported optimizer: pmsnap wraps torch::optim SGD, Adam, AdamW, Adagrad "
+                "and RMSprop");
+}
+
+// A tensor shaped and laid out like `param` holding `source` (or `fill`
+// when source is undefined). The stepper owns it, so its address is stable.
+torch::Tensor OwnedLike(const torch::Tensor& param, const torch::Tensor& source, double fill) {
+  torch::Tensor owned = torch::empty_like(param, at::MemoryFormat::Contiguous);
+  if (source.defined()) {
+    owned.copy_(source);
+  } else {
+    owned.fill_(fill);
+  }
+  return owned;
+}
+
+torch::Tensor StepTensor(int64_t step) {
+  return torch::full({1}, step, torch::TensorOptions().dtype(torch::kInt64));
+}
+
+std::int64_t& StepOf(ParameterSlot& slot) {
+  // "step" is always the last state tensor (see AdoptOrCreateState).
+  return *slot.state.back().second.data_ptr<std::int64_t>();
+}
+
+template <typename State>
+State& StateAs(optim::Optimizer& optimizer, const std::string& key) {
+  return static_cast<State&>(*optimizer.state().at(key));
+}
+
+Status FromTorch(const c10::Error& error, const char* what) {
+  return Status(StatusCode::kInvalidArgument,
+                std::string(what) + ": libtorch: " + error.what_without_backtrace());
+}
+
+}  // namespace
+
+const char* OptimizerKindName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return "SGD";
+    case OptimizerKind::kAdam: return "Adam";
+    case OptimizerKind::kAdamW: return "AdamW";
+    case OptimizerKind::kAdagrad: return "Adagrad";
+    case OptimizerKind::kRmsprop: return "RMSprop";
+  }
+  return "unknown";
+}
+
+ParameterStepper::ParameterStepper(optim::Optimizer& optimizer, OptimizerKind kind)
+    : optimizer_(optimizer), kind_(kind) {}
+
+ParameterStepper::~ParameterStepper() = default;
+
+Result<std::unique_ptr<ParameterStepper>> ParameterStepper::Create(
+    optim::Optimizer& optimizer,
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters) {
+  PMSNAP_ASSIGN_OR_RETURN(OptimizerKind kind, KindOf(optimizer));
+  std::unique_ptr<ParameterStepper> stepper(new ParameterStepper(optimizer, kind));
+  try {
+    std::unordered_map<const void*, std::string> names;
+    for (const auto& [name, tensor] : named_parameters) {
+      names.emplace(tensor.unsafeGetTensorImpl(), name);
+    }
+    std::unordered_set<const void*> seen;
+    auto& groups = optimizer.param_groups();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      auto& params = groups[g].params();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const torch::Tensor& p = params[i];
+        auto found = names.find(p.unsafeGetTensorImpl());
+        std::string name = found != names.end()
+                               ? found->second
+                               : "group" + std::to_string(g) + ".param" + std::to_string(i);
+        if (!p.defined()) {
+          return Status(StatusCode::kInvalidArgument, "parameter '" + name + "' is undefined");
+        }
+        if (!seen.insert(p.unsafeGetTensorImpl()).second) {
+          return Status(StatusCode::kInvalidArgument,
+                        "parameter '" + name + "' appears twice in the optimizer");
+        }
+        if (!p.device().is_cpu()) {
+          return Status(StatusCode::kInvalidArgument,
+                        "parameter '" + name + "' is on " + p.device().str() +
+                            ": the libtorch hooks support CPU tensors");
+        }
+        if (!p.is_contiguous()) {
+          return Status(StatusCode::kInvalidArgument,
+                        "parameter '" + name + "' is not contiguous: pmsnap copies raw bytes");
+        }
+        stepper->slots_.push_back({std::move(name), p, {}});
+        stepper->state_keys_.push_back(StateKey(p));
+        stepper->has_momentum_.push_back(false);
+        stepper->registered_data_.push_back(p.data_ptr());
+        PMSNAP_RETURN_IF_ERROR(
+            stepper->AdoptOrCreateState(stepper->slots_.size() - 1, groups[g].options()));
+      }
+    }
+  } catch (const c10::Error& error) {
+    return FromTorch(error, "registering optimizer state");
+  }
+  return stepper;
+}
+
+// Gives slot `index` its state tensors: copies of libtorch's state if it has
+// some for the parameter, else what libtorch would create on the first
+// update. Installs them in libtorch's state map, so libtorch updates the
+// stepper's tensors in place from then on.
+Status ParameterStepper::AdoptOrCreateState(std::size_t index,
+                                            const optim::OptimizerOptions& options) {
+  ParameterSlot& slot = slots_[index];
+  const torch::Tensor& p = slot.param;
+  const std::string& key = state_keys_[index];
+  auto& state_map = optimizer_.state();
+  auto existing = state_map.find(key);
+  const bool has_state = existing != state_map.end();
+  torch::NoGradGuard no_grad;
+
+  switch (kind_) {
+    case OptimizerKind::kSgd: {
+      const auto& o = static_cast<const optim::SGDOptions&>(options);
+      has_momentum_[index] = o.momentum() != 0;
+      torch::Tensor old_buffer;
+      if (has_state) {
+        old_buffer = static_cast<optim::SGDParamState&>(*existing->second).momentum_buffer();
+      }
+      if (has_momentum_[index]) {
+        torch::Tensor buffer = OwnedLike(p, old_buffer, 0.0);
+        slot.state.emplace_back("momentum_buffer", buffer);
+        // Without existing state libtorch still owns initialisation (a clone
+        // of the first gradient): AfterOptimizerStep adopts it.
+        if (has_state && old_buffer.defined()) {
+          StateAs<optim::SGDParamState>(optimizer_, key).momentum_buffer(buffer);
+        }
+      }
+      slot.state.emplace_back("step", StepTensor(old_buffer.defined() ? 1 : 0));
+      return Status::Ok();
+    }
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: {
+      // AdamParamState and AdamWParamState have the same fields; handle both.
+      auto fill = [&](auto* state, bool amsgrad) {
+        auto& s = *state;
+        torch::Tensor exp_avg = OwnedLike(p, s.exp_avg(), 0.0);
+        torch::Tensor exp_avg_sq = OwnedLike(p, s.exp_avg_sq(), 0.0);
+        s.exp_avg(exp_avg);
+        s.exp_avg_sq(exp_avg_sq);
+        slot.state.emplace_back("exp_avg", exp_avg);
+        slot.state.emplace_back("exp_avg_sq", exp_avg_sq);
+        if (amsgrad) {
+          torch::Tensor max_sq = OwnedLike(p, s.max_exp_avg_sq(), 0.0);
+          s.max_exp_avg_sq(max_sq);
+          slot.state.emplace_back("max_exp_avg_sq", max_sq);
+        }
+        slot.state.emplace_back("step", StepTensor(s.step()));
+      };
+      if (kind_ == OptimizerKind::kAdam) {
+        if (!has_state) state_map[key] = std::make_unique<optim::AdamParamState>();
+        fill(&StateAs<optim::AdamParamState>(optimizer_, key),
+             static_cast<const optim::AdamOptions&>(options).amsgrad());
+      } else {
+        if (!has_state) state_map[key] = std::make_unique<optim::AdamWParamState>();
+        fill(&StateAs<optim::AdamWParamState>(optimizer_, key),
+             static_cast<const optim::AdamWOptions&>(options).amsgrad());
+      }
+      return Status::Ok();
+    }
+    case OptimizerKind::kAdagrad: {
+      const auto& o = static_cast<const optim::AdagradOptions&>(options);
+      if (!has_state) state_map[key] = std::make_unique<optim::AdagradParamState>();
+      auto& s = StateAs<optim::AdagradParamState>(optimizer_, key);
+      torch::Tensor sum = OwnedLike(p, s.sum(), o.initial_accumulator_value());
+      s.sum(sum);
+      slot.state.emplace_back("sum", sum);
+      slot.state.emplace_back("step", StepTensor(s.step()));
+      return Status::Ok();
+    }
+    case OptimizerKind::kRmsprop: {
+      const auto& o = static_cast<const optim::RMSpropOptions&>(options);
+      if (!has_state) state_map[key] = std::make_unique<optim::RMSpropParamState>();
+      auto& s = StateAs<optim::RMSpropParamState>(optimizer_, key);
+      torch::Tensor square_avg = OwnedLike(p, s.square_avg(), 0.0);
+      s.square_avg(square_avg);
+      slot.state.emplace_back("square_avg", square_avg);
+      if (o.momentum() > 0) {
+        torch::Tensor buffer = OwnedLike(p, s.momentum_buffer(), 0.0);
+        s.momentum_buffer(buffer);
+        slot.state.emplace_back("momentum_buffer", buffer);
+      }
+      if (o.centered()) {
+        torch::Tensor grad_avg = OwnedLike(p, s.grad_avg(), 0.0);
+        s.grad_avg(grad_avg);
+        slot.state.emplace_back("grad_avg", grad_avg);
+      }
+      slot.state.emplace_back("step", StepTensor(s.step()));
+      return Status::Ok();
+    }
+  }
+  return Status(StatusCode::kInternal, "unknown optimizer kind");
+}
+
+Status ParameterStepper::CheckUnchanged() const {
+  std::size_t index = 0;
+  for (const auto& group : optimizer_.param_groups()) {
+    for (const auto& p : group.params()) {
+      if (index >= slots_.size()) {
+        return Status(StatusCode::kFailedPrecondition,
+                      "the optimizer gained parameters after checkpointing started (" +
+                          std::to_string(slots_.size()) +
+                          " registered): register every parameter group before creating the "
+                          "checkpointed optimizer, and use a new pool for the new model");
+      }
+      const ParameterSlot& slot = slots_[index];
+      if (!p.defined() || p.unsafeGetTensorImpl() != slot.param.unsafeGetTensorImpl() ||
+          p.data_ptr() != registered_data_[index]) {
+        return Status(StatusCode::kFailedPrecondition,
+                      "parameter '" + slot.name +
+                          "' was replaced or reallocated after checkpointing started (e.g. "
+                          "its dtype, shape or device changed): the pool holds the registered "
+                          "tensor");
+      }
+      ++index;
+    }
+  }
+  if (index != slots_.size()) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "the optimizer lost parameters after checkpointing started (" +
+                      std::to_string(slots_.size()) + " registered, " + std::to_string(index) +
+                      " now)");
+  }
+  return Status::Ok();
+}
+
+// Right after libtorch updated slot `index`, before its after-hook: brings
+// the stepper's tensors in line with libtorch's state.
+void ParameterStepper::AfterOptimizerStep(std::size_t index) {
+  ParameterSlot& slot = slots_[index];
+  const std::string& key = state_keys_[index];
+  switch (kind_) {
+    case OptimizerKind::kSgd: {
+      if (has_momentum_[index]) {
+        auto& s = StateAs<optim::SGDParamState>(optimizer_, key);
+        torch::Tensor& buffer = slot.state.front().second;
+        if (!s.momentum_buffer().is_same(buffer)) {
+          // libtorch just created the buffer as a clone of the first gradient.
+          buffer.copy_(s.momentum_buffer());
+          s.momentum_buffer(buffer);
+        }
+      }
+      ++StepOf(slot);
+      return;
+    }
+    case OptimizerKind::kAdam:
+      StepOf(slot) = StateAs<optim::AdamParamState>(optimizer_, key).step();
+      return;
+    case OptimizerKind::kAdamW:
+      StepOf(slot) = StateAs<optim::AdamWParamState>(optimizer_, key).step();
+      return;
+    case OptimizerKind::kAdagrad:
+      StepOf(slot) = StateAs<optim::AdagradParamState>(optimizer_, key).step();
+      return;
+    case OptimizerKind::kRmsprop:
+      StepOf(slot) = StateAs<optim::RMSpropParamState>(optimizer_, key).step();
+      return;
+  }
+}
+
+Status ParameterStepper::Step(StepObserver* observer) {
+  PMSNAP_RETURN_IF_ERROR(CheckUnchanged());
+  // Hide every gradient so that the optimizer's step() touches exactly the
+  // one parameter whose gradient is shown.
+  std::vector<torch::Tensor> grads(slots_.size());
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    grads[i] = slots_[i].param.grad();
+    if (grads[i].defined()) slots_[i].param.mutable_grad() = torch::Tensor();
+  }
+  Status status;
+  try {
+    status = StepLocked(observer, grads);
+  } catch (const c10::Error& error) {
+    status = FromTorch(error, "optimizer step");
+  }
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].param.mutable_grad() = grads[i];
+  }
+  return status;
+}
+
+Status ParameterStepper::StepLocked(StepObserver* observer, std::vector<torch::Tensor>& grads) {
+  Status first_error;
+  for (std::size_t i = slots_.size(); i-- > 0;) {
+    if (!grads[i].defined()) continue;  // no gradient: libtorch would skip it too
+    if (observer != nullptr) {
+      first_error = observer->BeforeUpdate(i);
+      if (!first_error.ok()) observer = nullptr;
+    }
+    torch::Tensor& param = slots_[i].param;
+    param.mutable_grad() = grads[i];
+    optimizer_.step();
+    param.mutable_grad() = torch::Tensor();
+    AfterOptimizerStep(i);
+    if (observer != nullptr) {
+      first_error = observer->AfterUpdate(i);
+      if (!first_error.ok()) observer = nullptr;
+    }
+  }
+  return first_error;
+}
+
+Status ParameterStepper::SyncFromSlots() {
+  try {
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      ParameterSlot& slot = slots_[i];
+      const std::string& key = state_keys_[i];
+      const std::int64_t step = StepOf(slot);
+      switch (kind_) {
+        case OptimizerKind::kSgd: {
+          if (!has_momentum_[i]) break;
+          auto& state_map = optimizer_.state();
+          if (step == 0) {
+            // Never updated: libtorch must clone the first gradient itself.
+            state_map.erase(key);
+          } else {
+            if (state_map.find(key) == state_map.end()) {
+              state_map[key] = std::make_unique<optim::SGDParamState>();
+            }
+            StateAs<optim::SGDParamState>(optimizer_, key).momentum_buffer(
+                slot.state.front().second);
+          }
+          break;
+        }
+        case OptimizerKind::kAdam:
+          StateAs<optim::AdamParamState>(optimizer_, key).step(step);
+          break;
+        case OptimizerKind::kAdamW:
+          StateAs<optim::AdamWParamState>(optimizer_, key).step(step);
+          break;
+        case OptimizerKind::kAdagrad:
+          StateAs<optim::AdagradParamState>(optimizer_, key).step(step);
+          break;
+        case OptimizerKind::kRmsprop:
+          StateAs<optim::RMSpropParamState>(optimizer_, key).step(step);
+          break;
+      }
+    }
+  } catch (const c10::Error& error) {
+    return FromTorch(error, "restoring optimizer state");
+  } catch (const std::out_of_range&) {
+    return Status(StatusCode::kInternal, "optimizer state vanished after registration");
+  }
+  return Status::Ok();
+}
+
+OptimizerStateView ViewOptimizerState(optim::Optimizer& optimizer, const torch::Tensor& param) {
+  OptimizerStateView view;
+  auto it = optimizer.state().find(StateKey(param));
+  if (it == optimizer.state().end()) return view;
+  view.present = true;
+  auto add = [&](const torch::Tensor& t) {
+    if (t.defined()) view.tensors.push_back(t);
+  };
+  optim::OptimizerParamState* state = it->second.get();
+  if (auto* sgd = dynamic_cast<optim::SGDParamState*>(state)) {
+    add(sgd->momentum_buffer());
+  } else if (auto* adam = dynamic_cast<optim::AdamParamState*>(state)) {
+    add(adam->exp_avg()), add(adam->exp_avg_sq()), add(adam->max_exp_avg_sq());
+    view.step = adam->step();
+  } else if (auto* adamw = dynamic_cast<optim::AdamWParamState*>(state)) {
+    add(adamw->exp_avg()), add(adamw->exp_avg_sq()), add(adamw->max_exp_avg_sq());
+    view.step = adamw->step();
+  } else if (auto* adagrad = dynamic_cast<optim::AdagradParamState*>(state)) {
+    add(adagrad->sum());
+    view.step = adagrad->step();
+  } else if (auto* rmsprop = dynamic_cast<optim::RMSpropParamState*>(state)) {
+    add(rmsprop->square_avg()), add(rmsprop->momentum_buffer()), add(rmsprop->grad_avg());
+    view.step = rmsprop->step();
+  }
+  return view;
+}
+
+}  // namespace pmsnap::hooks

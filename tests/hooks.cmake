@@ -1,0 +1,28 @@
+# Tests of the libtorch hooks (hooks/, issue 3). Only with libtorch.
+if(PMSNAP_WITH_TORCH AND TARGET pmsnap::torch)
+  pmsnap_add_test(hooks_optimizer_equivalence_test
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_optimizer_equivalence_test.cc
+                  LIBS pmsnap::torch)
+  pmsnap_add_test(hooks_checkpointed_optimizer_test
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_checkpointed_optimizer_test.cc
+                  LIBS pmsnap::torch
+                  ENV "PMEM_IS_PMEM_FORCE=1")
+
+  # Crash and resume: the test (no libtorch) spawns this trainer and kills it.
+  add_executable(hooks_resume_trainer ${CMAKE_CURRENT_LIST_DIR}/hooks_resume_trainer.cc)
+  target_link_libraries(hooks_resume_trainer PRIVATE pmsnap::torch)
+  target_include_directories(hooks_resume_trainer PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+  pmsnap_add_test(hooks_resume_test
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_resume_test.cc
+                  LIBS pmsnap::common
+                  ENV "PMEM_IS_PMEM_FORCE=1")
+  target_compile_definitions(hooks_resume_test
+                             PRIVATE PMSNAP_HOOKS_TRAINER="$<TARGET_FILE:hooks_resume_trainer>")
+  add_dependencies(hooks_resume_test hooks_resume_trainer)
+endif()
+
+# The training demo end to end at a small size (exit status 0 = bit-exact).
+if(TARGET pmsnap-train-demo)
+  add_test(NAME hooks_demo_smoke COMMAND pmsnap-train-demo --iterations=60 --seed=3)
+  set_tests_properties(hooks_demo_smoke PROPERTIES ENVIRONMENT "PMEM_IS_PMEM_FORCE=1" TIMEOUT 120)
+endif()

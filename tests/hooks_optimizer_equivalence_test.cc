@@ -1,0 +1,243 @@
+// ParameterStepper runs libtorch optimizers one parameter at a time; these
+// tests check that 50 such steps give bitwise the same parameters and
+// optimizer state as 50 plain optimizer.step() calls, for every supported
+// optimizer, and that the per-parameter events come in backward order with
+// state at stable addresses.
+#include <gtest/gtest.h>
+
+#include "hooks_test_util.h"
+#include "pmsnap/hooks/parameter_stepper.h"
+
+namespace pmsnap::hooks {
+namespace {
+
+using pmsnap::testing::AllOptimizerConfigs;
+using pmsnap::testing::ForwardBackward;
+using pmsnap::testing::MakeMlp;
+using pmsnap::testing::Mlp;
+using pmsnap::testing::OptimizerConfig;
+
+std::vector<std::pair<std::string, torch::Tensor>> Named(Mlp& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+  return named;
+}
+
+// Records the observer calls and checks each update happens between them.
+class RecordingObserver final : public StepObserver {
+ public:
+  explicit RecordingObserver(const ParameterStepper& stepper) : stepper_(stepper) {}
+  Status BeforeUpdate(std::size_t index) override {
+    events.push_back("before " + std::to_string(index));
+    before_ = stepper_.slots()[index].param.clone();
+    return Status::Ok();
+  }
+  Status AfterUpdate(std::size_t index) override {
+    events.push_back("after " + std::to_string(index));
+    if (torch::equal(before_, stepper_.slots()[index].param)) unchanged_updates++;
+    return Status::Ok();
+  }
+  std::vector<std::string> events;
+  int unchanged_updates = 0;
+
+ private:
+  const ParameterStepper& stepper_;
+  torch::Tensor before_;
+};
+
+class StepperEquivalenceTest : public ::testing::TestWithParam<OptimizerConfig> {
+ protected:
+  void SetUp() override { pmsnap::testing::UseOneTorchThread(); }
+};
+
+TEST_P(StepperEquivalenceTest, FiftyStepsAreBitwiseIdenticalToPlainStep) {
+  Mlp plain_model = MakeMlp(7);
+  Mlp stepped_model = MakeMlp(7);
+  auto plain = GetParam().make(plain_model->parameters());
+  auto wrapped = GetParam().make(stepped_model->parameters());
+  auto stepper = ParameterStepper::Create(*wrapped, Named(stepped_model));
+  ASSERT_TRUE(stepper.ok()) << stepper.status().ToString();
+
+  for (std::uint64_t step = 1; step <= 50; ++step) {
+    ForwardBackward(plain_model, *plain, step);
+    plain->step();
+    ForwardBackward(stepped_model, *wrapped, step);
+    ASSERT_TRUE((*stepper)->Step(nullptr).ok());
+    ASSERT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, *plain, stepped_model,
+                                                      *wrapped),
+              "")
+        << "after step " << step;
+  }
+}
+
+TEST_P(StepperEquivalenceTest, StateLivesInTheSlotTensorsAtStableAddresses) {
+  Mlp model = MakeMlp(3);
+  auto optimizer = GetParam().make(model->parameters());
+  auto stepper = ParameterStepper::Create(*optimizer, Named(model));
+  ASSERT_TRUE(stepper.ok()) << stepper.status().ToString();
+  std::vector<std::vector<void*>> addresses;
+  for (const ParameterSlot& slot : (*stepper)->slots()) {
+    ASSERT_FALSE(slot.state.empty());
+    EXPECT_EQ(slot.state.back().first, "step");
+    std::vector<void*> slot_addresses;
+    for (const auto& [role, tensor] : slot.state) slot_addresses.push_back(tensor.data_ptr());
+    addresses.push_back(slot_addresses);
+  }
+  for (std::uint64_t step = 1; step <= 5; ++step) {
+    ForwardBackward(model, *optimizer, step);
+    ASSERT_TRUE((*stepper)->Step(nullptr).ok());
+  }
+  const auto& slots = (*stepper)->slots();
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    pmsnap::testing::ParamStateView state = pmsnap::testing::StateOf(*optimizer, slots[i].param);
+    // Every libtorch state tensor is one of the slot's (same storage).
+    ASSERT_EQ(state.tensors.size() + 1, slots[i].state.size()) << slots[i].name;
+    for (std::size_t t = 0; t < state.tensors.size(); ++t) {
+      EXPECT_EQ(state.tensors[t].data_ptr(), addresses[i][t]) << slots[i].name;
+    }
+    const std::int64_t mirrored = slots[i].state.back().second.item<std::int64_t>();
+    EXPECT_EQ(mirrored, 5) << slots[i].name;
+    if (state.step >= 0) {
+      EXPECT_EQ(state.step, mirrored) << slots[i].name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOptimizers, StepperEquivalenceTest,
+                         ::testing::ValuesIn(AllOptimizerConfigs()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(StepperOrderTest, UpdatesRunLastParameterFirstBetweenTheirHooks) {
+  pmsnap::testing::UseOneTorchThread();
+  Mlp model = MakeMlp(1);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+  auto stepper = ParameterStepper::Create(adam, Named(model));
+  ASSERT_TRUE(stepper.ok());
+  RecordingObserver observer(**stepper);
+  ForwardBackward(model, adam, 1);
+  ASSERT_TRUE((*stepper)->Step(&observer).ok());
+  const std::size_t n = (*stepper)->slots().size();
+  ASSERT_EQ(observer.events.size(), 2 * n);
+  for (std::size_t k = 0; k < n; ++k) {
+    EXPECT_EQ(observer.events[2 * k], "before " + std::to_string(n - 1 - k));
+    EXPECT_EQ(observer.events[2 * k + 1], "after " + std::to_string(n - 1 - k));
+  }
+  EXPECT_EQ(observer.unchanged_updates, 0);
+  EXPECT_EQ((*stepper)->slots()[0].name, "fc1.weight");
+}
+
+TEST(StepperOrderTest, ParametersWithoutGradientAreSkippedLikeThePlainOptimizer) {
+  pmsnap::testing::UseOneTorchThread();
+  Mlp plain_model = MakeMlp(5);
+  Mlp stepped_model = MakeMlp(5);
+  // fc2 frozen: no gradient, so neither optimizer touches it or creates state.
+  for (Mlp* m : {&plain_model, &stepped_model}) {
+    for (auto& p : (*m)->fc2->parameters()) p.set_requires_grad(false);
+  }
+  torch::optim::SGD plain(plain_model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
+  torch::optim::SGD wrapped(stepped_model->parameters(),
+                            torch::optim::SGDOptions(0.1).momentum(0.5));
+  auto stepper = ParameterStepper::Create(wrapped, Named(stepped_model));
+  ASSERT_TRUE(stepper.ok());
+  RecordingObserver observer(**stepper);
+  for (std::uint64_t step = 1; step <= 10; ++step) {
+    ForwardBackward(plain_model, plain, step);
+    plain.step();
+    ForwardBackward(stepped_model, wrapped, step);
+    ASSERT_TRUE((*stepper)->Step(&observer).ok());
+  }
+  EXPECT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, plain, stepped_model, wrapped),
+            "");
+  EXPECT_EQ(observer.events.size(), 10u * 2 * 4);  // fc1 and fc3: 4 parameters
+}
+
+TEST(StepperOrderTest, GradientsAreLeftAsTheyWere) {
+  pmsnap::testing::UseOneTorchThread();
+  Mlp model = MakeMlp(2);
+  torch::optim::RMSprop rmsprop(model->parameters(), torch::optim::RMSpropOptions(1e-2));
+  auto stepper = ParameterStepper::Create(rmsprop, Named(model));
+  ASSERT_TRUE(stepper.ok());
+  ForwardBackward(model, rmsprop, 1);
+  std::vector<torch::Tensor> grads;
+  for (auto& p : model->parameters()) grads.push_back(p.grad().clone());
+  ASSERT_TRUE((*stepper)->Step(nullptr).ok());
+  auto params = model->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined());
+    EXPECT_TRUE(torch::equal(params[i].grad(), grads[i]));
+  }
+}
+
+TEST(StepperOrderTest, FailingObserverStillCompletesTheStepAndReportsTheFirstError) {
+  pmsnap::testing::UseOneTorchThread();
+  class FailingObserver final : public StepObserver {
+   public:
+    Status BeforeUpdate(std::size_t) override {
+      ++calls;
+      return Status(StatusCode::kIOError, "disk on fire");
+    }
+    Status AfterUpdate(std::size_t) override {
+      ++calls;
+      return Status::Ok();
+    }
+    int calls = 0;
+  };
+  Mlp plain_model = MakeMlp(9);
+  Mlp stepped_model = MakeMlp(9);
+  torch::optim::Adam plain(plain_model->parameters());
+  torch::optim::Adam wrapped(stepped_model->parameters());
+  auto stepper = ParameterStepper::Create(wrapped, Named(stepped_model));
+  ASSERT_TRUE(stepper.ok());
+  FailingObserver observer;
+  ForwardBackward(plain_model, plain, 1);
+  plain.step();
+  ForwardBackward(stepped_model, wrapped, 1);
+  Status status = (*stepper)->Step(&observer);
+  EXPECT_EQ(status.code(), StatusCode::kIOError);
+  EXPECT_EQ(observer.calls, 1);
+  EXPECT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, plain, stepped_model, wrapped),
+            "");
+}
+
+TEST(StepperRegistrationTest, ParamGroupAddedAfterCreateIsRefusedWithoutUpdating) {
+  pmsnap::testing::UseOneTorchThread();
+  Mlp model = MakeMlp(4);
+  torch::optim::SGD sgd(model->fc1->parameters(), torch::optim::SGDOptions(0.1));
+  auto stepper = ParameterStepper::Create(sgd, Named(model));
+  ASSERT_TRUE(stepper.ok());
+  sgd.add_param_group(torch::optim::OptimizerParamGroup(model->fc2->parameters()));
+  ForwardBackward(model, sgd, 1);
+  torch::Tensor before = model->fc1->weight.clone();
+  Status status = (*stepper)->Step(nullptr);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("gained parameters"), std::string::npos) << status.message();
+  EXPECT_TRUE(torch::equal(before, model->fc1->weight));
+}
+
+TEST(StepperRegistrationTest, UnsupportedOptimizerIsRejected) {
+  Mlp model = MakeMlp(4);
+  torch::optim::LBFGS lbfgs(model->parameters());
+  auto stepper = ParameterStepper::Create(lbfgs, Named(model));
+  EXPECT_EQ(stepper.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(stepper.status().message().find("unsupported optimizer"), std::string::npos);
+}
+
+TEST(StepperRegistrationTest, NonContiguousParameterIsRejectedByName) {
+  torch::Tensor base = torch::zeros({4, 6}).requires_grad_(false);
+  torch::Tensor transposed = base.t().detach().requires_grad_(true);
+  torch::optim::SGD sgd(std::vector<torch::Tensor>{transposed}, torch::optim::SGDOptions(0.1));
+  auto stepper = ParameterStepper::Create(sgd, {{"odd.weight", transposed}});
+  EXPECT_EQ(stepper.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(stepper.status().message().find("odd.weight"), std::string::npos);
+}
+
+TEST(StepperRegistrationTest, UnnamedParametersGetGroupNames) {
+  torch::Tensor w = torch::zeros({3}).requires_grad_(true);
+  torch::optim::SGD sgd(std::vector<torch::Tensor>{w}, torch::optim::SGDOptions(0.1));
+  auto stepper = ParameterStepper::Create(sgd, {});
+  ASSERT_TRUE(stepper.ok());
+  EXPECT_EQ((*stepper)->slots()[0].name, "group0.param0");
+}
+
+}  // namespace
+}  // namespace pmsnap::hooks

@@ -1,0 +1,203 @@
+// End-to-end crash and resume through the libtorch hooks: a child process
+// (hooks_resume_trainer) trains a small MLP, checkpointing every iteration;
+// the parent SIGKILLs it at a random step; a fresh process restores from the
+// pool and trains to step N. Its final parameters and optimizer state must
+// be bitwise equal to an uninterrupted run with the plain optimizer.
+//
+// The children are separate executables (fork + exec via posix_spawn), so
+// no libtorch thread pool is ever forked. The seed is printed so that a
+// failure can be replayed with PMSNAP_RESUME_SEED.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testutil/temp_pool.h"
+
+extern char** environ;
+
+namespace {
+
+using pmsnap::testing::TempPoolPath;
+
+constexpr std::uint64_t kSteps = 40;
+constexpr int kKillPoints = 24;
+
+// A running trainer with its stdout on a pipe.
+class Trainer {
+ public:
+  explicit Trainer(const std::vector<std::string>& args) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    posix_spawn_file_actions_addclose(&actions, fds[1]);
+    std::vector<std::string> argv_strings = {PMSNAP_HOOKS_TRAINER};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& s : argv_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+  ~Trainer() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+    if (out_) fclose(out_);
+  }
+  bool started() const { return pid_ > 0 && out_ != nullptr; }
+  // Next line of the child's stdout without the newline; false at EOF.
+  bool ReadLine(std::string* line) {
+    char buffer[256];
+    if (!fgets(buffer, sizeof(buffer), out_)) return false;
+    *line = buffer;
+    if (!line->empty() && line->back() == '\n') line->pop_back();
+    return true;
+  }
+  void Kill() { kill(pid_, SIGKILL); }
+  // Exit status, or -signal if killed by one.
+  int Wait() {
+    int status = 0;
+    if (pid_ <= 0) return -1000;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Runs a trainer to completion; returns its exit status and its last
+// "restored K" value in *restored.
+int RunToEnd(const std::vector<std::string>& args, std::uint64_t* restored = nullptr) {
+  Trainer trainer(args);
+  if (!trainer.started()) return -1000;
+  std::string line;
+  while (trainer.ReadLine(&line)) {
+    if (restored && line.rfind("restored ", 0) == 0) *restored = std::stoull(line.substr(9));
+  }
+  return trainer.Wait();
+}
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    out_dir_ = pmsnap::testing::PoolDir() + "/pmsnap-hooks-resume-" + std::to_string(getpid());
+    std::filesystem::create_directories(out_dir_);
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(out_dir_); }
+
+  // The uninterrupted plain-optimizer run's final state, once per optimizer.
+  std::string Reference(const std::string& optimizer) {
+    auto it = references_.find(optimizer);
+    if (it != references_.end()) return it->second;
+    const std::string out = out_dir_ + "/reference-" + optimizer;
+    EXPECT_EQ(RunToEnd({"--mode=reference", "--optimizer=" + optimizer,
+                        "--steps=" + std::to_string(kSteps), "--out=" + out}),
+              0);
+    std::string bytes = ReadFile(out);
+    EXPECT_FALSE(bytes.empty());
+    return references_[optimizer] = bytes;
+  }
+
+  static std::string out_dir_;
+  static std::map<std::string, std::string> references_;
+};
+std::string ResumeTest::out_dir_;
+std::map<std::string, std::string> ResumeTest::references_;
+
+TEST_F(ResumeTest, KilledAtRandomStepsResumesBitwiseEqualToUninterruptedRun) {
+  const char* seed_env = std::getenv("PMSNAP_RESUME_SEED");
+  const std::uint64_t seed =
+      seed_env ? std::strtoull(seed_env, nullptr, 10)
+               : static_cast<std::uint64_t>(
+                     std::chrono::steady_clock::now().time_since_epoch().count());
+  std::printf("PMSNAP_RESUME_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<std::string> optimizers = {"SgdMomentum", "Adam", "AdamW", "Adagrad",
+                                               "RmspropCenteredMomentum", "SgdNesterovWeightDecay"};
+  for (int point = 0; point < kKillPoints; ++point) {
+    const std::string optimizer = optimizers[point % optimizers.size()];
+    const std::string policy = point % 2 == 0 ? "every1" : "continuous";
+    const std::uint64_t kill_step = 1 + rng() % (kSteps - 2);
+    const auto delay = std::chrono::microseconds(rng() % 400);
+    SCOPED_TRACE(optimizer + " " + policy + " kill after step " + std::to_string(kill_step) +
+                 " + " + std::to_string(delay.count()) + " us");
+    const std::string reference = Reference(optimizer);
+    TempPoolPath pool("hooks-resume");
+    const std::string out = out_dir_ + "/resumed-" + std::to_string(point);
+    const std::vector<std::string> args = {"--mode=train",       "--optimizer=" + optimizer,
+                                           "--policy=" + policy, "--pool=" + pool.path(),
+                                           "--out=" + out,       "--steps=" + std::to_string(kSteps)};
+    std::uint64_t last_reported = 0;
+    {
+      Trainer victim(args);
+      ASSERT_TRUE(victim.started());
+      std::string line;
+      while (victim.ReadLine(&line)) {
+        if (line.rfind("step ", 0) != 0) continue;
+        last_reported = std::stoull(line.substr(5));
+        if (last_reported >= kill_step) {
+          std::this_thread::sleep_for(delay);
+          victim.Kill();
+          break;
+        }
+      }
+      EXPECT_EQ(victim.Wait(), -SIGKILL) << "the trainer ended before the kill";
+    }
+    std::uint64_t restored = 0;
+    ASSERT_EQ(RunToEnd(args, &restored), 0);
+    EXPECT_LE(restored, kSteps);
+    if (policy == "every1") {
+      // Step k begins only after epoch k-1 committed.
+      EXPECT_GE(restored + 1, last_reported);
+    }
+    EXPECT_TRUE(ReadFile(out) == reference) << "final state differs after restoring " << restored;
+  }
+}
+
+TEST_F(ResumeTest, UninterruptedCheckpointedRunEqualsPlainOptimizer) {
+  TempPoolPath pool("hooks-resume-clean");
+  const std::string out = out_dir_ + "/clean";
+  ASSERT_EQ(RunToEnd({"--mode=train", "--optimizer=Adam", "--pool=" + pool.path(), "--out=" + out,
+                      "--steps=" + std::to_string(kSteps)}),
+            0);
+  EXPECT_TRUE(ReadFile(out) == Reference("Adam"));
+  // A second process finds the finished run and has nothing left to do.
+  std::uint64_t restored = 0;
+  ASSERT_EQ(RunToEnd({"--mode=train", "--optimizer=Adam", "--pool=" + pool.path(), "--out=" + out,
+                      "--steps=" + std::to_string(kSteps)},
+                     &restored),
+            0);
+  EXPECT_EQ(restored, kSteps);
+  EXPECT_TRUE(ReadFile(out) == Reference("Adam"));
+}
+
+}  // namespace

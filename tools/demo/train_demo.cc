@@ -1,0 +1,726 @@
+// pmsnap-demo (training): checkpoint a DLRM-like model every iteration while
+// it trains, crash it, recover it, and prove the result is bit-exact.
+//
+//   1. baseline  a child trains N iterations with the plain optimizer (no
+//                checkpointing): the reference result and the iteration time
+//                without checkpointing.
+//   2. crash     a child trains with a CheckpointedOptimizer (a pmsnap epoch
+//                every iteration) into a pool; the parent SIGKILLs it at a
+//                random iteration, mid-step.
+//   3. recover   a fresh child restores the newest committed epoch (weights,
+//                optimizer state, data position, RNG) straight from the pool
+//                and trains to N, still checkpointing every iteration.
+//   4. verify    the recovered run's final parameters and optimizer state
+//                are compared byte for byte with the baseline's; the stall
+//                profile comes from Engine::stats() of the recovered run.
+//
+// Children are this executable re-executed (posix_spawn of /proc/self/exe
+// with --role=...), so no libtorch thread pool is ever forked.
+//
+// Model: bottom MLP over dense features, embedding-bag tables looked up with
+// Zipf-distributed ids (hot rows, as in recommendation traces), DLRM's
+// pairwise dot-product interaction, top MLP, binary cross-entropy. Data is a
+// pure function of (seed, iteration), so a resumed run sees the same batches.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pmsnap/hooks/checkpointed_optimizer.h"
+#include "pmsnap/hooks/extra_state.h"
+#include "pmsnap/hooks/optimizer_state.h"
+#include "pmsnap/runtime/cuda_device.h"
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// ---------------------------------------------------------------- options
+
+struct Options {
+  std::string role = "main";  // main | baseline | train
+  std::uint64_t iterations = 3000;
+  int tables = 8;
+  std::int64_t rows = 20000;
+  std::int64_t dim = 16;
+  std::int64_t batch = 128;
+  std::int64_t bag = 8;        // ids per sample per table
+  std::int64_t dense = 13;     // dense features (as in the Criteo data set)
+  double zipf = 1.05;
+  std::string optimizer = "adagrad";
+  double lr = 0.02;
+  std::string pool;            // default: $PMSNAP_POOL_DIR (or /dev/shm)/pmsnap-demo-<pid>.pool
+  std::string device = "host";
+  std::string policy = "every1";
+  int workers = 2;
+  int threads = 1;             // torch intra-op threads per child
+  std::uint64_t kill_at = 0;   // 0: random in the middle half
+  std::uint64_t seed = 0;      // 0: from the clock
+  bool keep_pool = false;
+  std::string out;             // child: where to write the final state
+  std::string stats;           // child: where to write the stall profile
+};
+
+const char* kUsage =
+    "usage: pmsnap-demo [flags]\n"
+    "  --iterations=N      training iterations (default 3000)\n"
+    "  --size=small|medium|large   preset table sizes (default small: 8 x 20000 x 16)\n"
+    "  --tables=T --rows=R --dim=D --batch=B --bag=L   model and batch shape\n"
+    "  --optimizer=sgd|adam|adamw|adagrad|rmsprop      (default adagrad)\n"
+    "  --pool=PATH         pool file (default $PMSNAP_POOL_DIR or /dev/shm)\n"
+    "  --device=host|simulated[:GBPS[:MEM_MIB]]        where tensors live (default host)\n"
+    "  --policy=every1|continuous   checkpoint every iteration, or as often as possible\n"
+    "  --workers=N         checkpoint worker threads (default 2)\n"
+    "  --threads=N         torch threads per training process (default 1)\n"
+    "  --kill-at=K         iteration at which the training child is killed (default random)\n"
+    "  --seed=S            data and kill-point seed (default: clock)\n"
+    "  --keep-pool         leave the pool file behind (inspect it with `pmsnap info`)\n";
+
+bool ParseFlag(const std::string& arg, Options* o) {
+  auto eq = arg.find('=');
+  const std::string key = arg.substr(0, eq);
+  const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+  auto num = [&] { return std::stoull(value); };
+  if (key == "--role") o->role = value;
+  else if (key == "--iterations") o->iterations = num();
+  else if (key == "--tables") o->tables = static_cast<int>(num());
+  else if (key == "--rows") o->rows = static_cast<std::int64_t>(num());
+  else if (key == "--dim") o->dim = static_cast<std::int64_t>(num());
+  else if (key == "--batch") o->batch = static_cast<std::int64_t>(num());
+  else if (key == "--bag") o->bag = static_cast<std::int64_t>(num());
+  else if (key == "--optimizer") o->optimizer = value;
+  else if (key == "--lr") o->lr = std::stod(value);
+  else if (key == "--pool") o->pool = value;
+  else if (key == "--device") o->device = value;
+  else if (key == "--policy") o->policy = value;
+  else if (key == "--workers") o->workers = static_cast<int>(num());
+  else if (key == "--threads") o->threads = static_cast<int>(num());
+  else if (key == "--kill-at") o->kill_at = num();
+  else if (key == "--seed") o->seed = num();
+  else if (key == "--keep-pool") o->keep_pool = true;
+  else if (key == "--out") o->out = value;
+  else if (key == "--stats") o->stats = value;
+  else if (key == "--size") {
+    if (value == "small") o->tables = 8, o->rows = 20000, o->dim = 16;
+    else if (value == "medium") o->tables = 16, o->rows = 100000, o->dim = 32;
+    else if (value == "large") o->tables = 26, o->rows = 400000, o->dim = 64;
+    else return false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Flags a child needs to rebuild the same model, data and checkpointing.
+std::vector<std::string> ChildFlags(const Options& o) {
+  auto s = [](auto v) { return std::to_string(v); };
+  std::ostringstream lr;
+  lr.precision(17);
+  lr << o.lr;
+  return {"--iterations=" + s(o.iterations), "--tables=" + s(o.tables), "--rows=" + s(o.rows),
+          "--dim=" + s(o.dim), "--batch=" + s(o.batch), "--bag=" + s(o.bag),
+          "--optimizer=" + o.optimizer, "--lr=" + lr.str(), "--pool=" + o.pool,
+          "--device=" + o.device, "--policy=" + o.policy, "--workers=" + s(o.workers),
+          "--threads=" + s(o.threads), "--seed=" + s(o.seed)};
+}
+
+// ---------------------------------------------------------------- model
+
+torch::nn::Sequential Mlp(const std::vector<std::int64_t>& widths, bool last_relu) {
+  torch::nn::Sequential mlp;
+  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+    mlp->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
+    if (i + 2 < widths.size() || last_relu) mlp->push_back(torch::nn::ReLU());
+  }
+  return mlp;
+}
+
+struct DlrmImpl : torch::nn::Module {
+  DlrmImpl(const Options& o) {
+    bottom = register_module("bottom", Mlp({o.dense, 64, o.dim}, true));
+    for (int t = 0; t < o.tables; ++t) {
+      tables.push_back(register_module(
+          "emb" + std::to_string(t),
+          torch::nn::EmbeddingBag(torch::nn::EmbeddingBagOptions(o.rows, o.dim)
+                                      .mode(torch::kSum))));
+    }
+    const std::int64_t features = o.tables + 1;
+    const std::int64_t pairs = features * (features - 1) / 2;
+    top = register_module("top", Mlp({o.dim + pairs, 64, 32, 1}, false));
+    auto index = torch::triu_indices(features, features, 1);
+    pair_rows = index[0];
+    pair_cols = index[1];
+  }
+
+  // dense: [B, dense]; ids[t]: [B * bag] flat ids with offsets [B].
+  torch::Tensor forward(const torch::Tensor& dense, const std::vector<torch::Tensor>& ids,
+                        const torch::Tensor& offsets) {
+    torch::Tensor x = bottom->forward(dense);
+    std::vector<torch::Tensor> features = {x};
+    for (std::size_t t = 0; t < tables.size(); ++t) {
+      features.push_back(tables[t]->forward(ids[t], offsets));
+    }
+    // DLRM's interaction: every pairwise dot product of the feature vectors.
+    torch::Tensor stacked = torch::stack(features, 1);  // [B, F, D]
+    torch::Tensor dots = torch::bmm(stacked, stacked.transpose(1, 2));
+    torch::Tensor pairs = dots.index({torch::indexing::Slice(), pair_rows, pair_cols});
+    return top->forward(torch::cat({x, pairs}, 1)).squeeze(1);
+  }
+
+  torch::nn::Sequential bottom{nullptr}, top{nullptr};
+  std::vector<torch::nn::EmbeddingBag> tables;
+  torch::Tensor pair_rows, pair_cols;
+};
+TORCH_MODULE(Dlrm);
+
+// Synthetic click data: batch `iteration` is a pure function of (seed,
+// iteration), so a resumed process sees the same stream.
+class ZipfData {
+ public:
+  explicit ZipfData(const Options& o) : o_(o) {
+    cdf_.resize(static_cast<std::size_t>(o.rows));
+    double sum = 0;
+    for (std::int64_t r = 0; r < o.rows; ++r) {
+      sum += 1.0 / std::pow(static_cast<double>(r + 1), o.zipf);
+      cdf_[static_cast<std::size_t>(r)] = sum;
+    }
+    for (double& c : cdf_) c /= sum;
+  }
+
+  struct Batch {
+    torch::Tensor dense, offsets, labels;
+    std::vector<torch::Tensor> ids;
+  };
+
+  Batch Get(std::uint64_t iteration) const {
+    std::mt19937_64 rng(o_.seed * 0x9E3779B97F4A7C15ull + iteration);
+    std::normal_distribution<float> normal;
+    std::uniform_real_distribution<double> uniform;
+    Batch b;
+    b.dense = torch::empty({o_.batch, o_.dense});
+    float* d = b.dense.data_ptr<float>();
+    for (std::int64_t i = 0; i < o_.batch * o_.dense; ++i) d[i] = normal(rng);
+    b.offsets = torch::arange(0, o_.batch * o_.bag, o_.bag, torch::kLong);
+    b.labels = torch::empty({o_.batch});
+    std::vector<double> hotness(static_cast<std::size_t>(o_.batch), 0.0);
+    for (int t = 0; t < o_.tables; ++t) {
+      torch::Tensor ids = torch::empty({o_.batch * o_.bag}, torch::kLong);
+      std::int64_t* p = ids.data_ptr<std::int64_t>();
+      for (std::int64_t i = 0; i < o_.batch * o_.bag; ++i) {
+        const auto rank = static_cast<std::int64_t>(
+            std::lower_bound(cdf_.begin(), cdf_.end(), uniform(rng)) - cdf_.begin());
+        // Scatter hot rows over the table (a fixed permutation per table).
+        p[i] = static_cast<std::int64_t>((static_cast<std::uint64_t>(rank) * 2654435761ull +
+                                          static_cast<std::uint64_t>(t) * 97) %
+                                         static_cast<std::uint64_t>(o_.rows));
+        hotness[static_cast<std::size_t>(i / o_.bag)] += rank < 100 ? 1.0 : 0.0;
+      }
+      b.ids.push_back(ids);
+    }
+    float* y = b.labels.data_ptr<float>();
+    for (std::int64_t i = 0; i < o_.batch; ++i) {
+      const double score = d[i * o_.dense] + 0.5 * d[i * o_.dense + 1] +
+                           0.3 * hotness[static_cast<std::size_t>(i)] / o_.tables - 0.5 +
+                           0.3 * normal(rng);
+      y[i] = score > 0 ? 1.0f : 0.0f;
+    }
+    return b;
+  }
+
+ private:
+  const Options& o_;
+  std::vector<double> cdf_;
+};
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const Options& o,
+                                                       std::vector<torch::Tensor> params) {
+  namespace optim = torch::optim;
+  if (o.optimizer == "sgd") {
+    return std::make_unique<optim::SGD>(params, optim::SGDOptions(o.lr).momentum(0.9));
+  }
+  if (o.optimizer == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions(o.lr));
+  if (o.optimizer == "adamw") {
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(o.lr));
+  }
+  if (o.optimizer == "adagrad") {
+    return std::make_unique<optim::Adagrad>(params, optim::AdagradOptions(o.lr));
+  }
+  if (o.optimizer == "rmsprop") {
+    return std::make_unique<optim::RMSprop>(params, optim::RMSpropOptions(o.lr));
+  }
+  return nullptr;
+}
+
+// Final parameters and optimizer state, raw, in registration order.
+bool WriteFinalState(const std::string& path, Dlrm& model, torch::optim::Optimizer& optimizer) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  auto write = [&](const torch::Tensor& t) {
+    torch::Tensor c = t.contiguous();
+    out.write(static_cast<const char*>(c.data_ptr()),
+              static_cast<std::streamsize>(c.numel() * c.element_size()));
+  };
+  for (const auto& item : model->named_parameters()) {
+    write(item.value());
+    pmsnap::hooks::OptimizerStateView state =
+        pmsnap::hooks::ViewOptimizerState(optimizer, item.value());
+    for (const auto& t : state.tensors) write(t);
+    out.write(reinterpret_cast<const char*>(&state.step), sizeof(state.step));
+  }
+  return static_cast<bool>(out);
+}
+
+// ---------------------------------------------------------------- children
+
+int ChildFail(const std::string& message) {
+  std::fprintf(stderr, "pmsnap-demo child: %s\n", message.c_str());
+  return 2;
+}
+
+// Prints "step k" after each iteration for the parent's progress display.
+void Report(std::uint64_t step) {
+  std::printf("step %llu\n", static_cast<unsigned long long>(step));
+  std::fflush(stdout);
+}
+
+double Percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[static_cast<std::size_t>(q * static_cast<double>(values.size() - 1))];
+}
+
+int RunChild(const Options& o) {
+  torch::set_num_threads(o.threads);
+  torch::manual_seed(o.seed);
+  Dlrm model(o);
+  auto optimizer = MakeOptimizer(o, model->parameters());
+  if (!optimizer) return ChildFail("unknown optimizer " + o.optimizer);
+  ZipfData data(o);
+  auto train_one = [&](std::uint64_t step) {
+    optimizer->zero_grad();
+    ZipfData::Batch b = data.Get(step);
+    torch::Tensor loss = torch::binary_cross_entropy_with_logits(
+        model->forward(b.dense, b.ids, b.offsets), b.labels);
+    loss.backward();
+    return loss.item<double>();
+  };
+  std::ofstream stats(o.stats, std::ios::trunc);
+
+  if (o.role == "baseline") {
+    const auto start = Clock::now();
+    for (std::uint64_t step = 1; step <= o.iterations; ++step) {
+      train_one(step);
+      optimizer->step();
+      Report(step);
+    }
+    stats << "iteration_seconds " << SecondsSince(start) / static_cast<double>(o.iterations)
+          << "\n";
+    return WriteFinalState(o.out, model, *optimizer) ? 0 : ChildFail("writing " + o.out);
+  }
+
+  // role == "train": checkpoint every iteration, resume from the pool if it has a commit.
+  std::string device_note;
+  auto device = pmsnap::runtime::MakeDevice(o.device, &device_note);
+  if (!device.ok()) return ChildFail(device.status().ToString());
+  pmsnap::runtime::EngineOptions engine;
+  engine.pool_path = o.pool;
+  engine.workers = o.workers;
+  engine.device = device->get();
+  if (o.policy == "every1") {
+    engine.policy = std::make_shared<pmsnap::runtime::EveryKPolicy>(1);
+  } else if (o.policy != "continuous") {
+    return ChildFail("unknown policy " + o.policy);
+  }
+  const auto open_start = Clock::now();
+  auto checkpointed = pmsnap::hooks::CheckpointedOptimizer::Create(*model, *optimizer, engine);
+  if (!checkpointed.ok()) return ChildFail(checkpointed.status().ToString());
+  const double open_seconds = SecondsSince(open_start);
+  const auto restore_start = Clock::now();
+  auto restored = (*checkpointed)->Restore();
+  std::uint64_t done = 0;
+  if (restored.ok()) {
+    auto extra = pmsnap::hooks::UnpackExtraState(restored->extra_state);
+    if (!extra.ok()) return ChildFail(extra.status().ToString());
+    pmsnap::Status rng = pmsnap::hooks::RestoreCpuRngState(extra->rng_state);
+    if (!rng.ok()) return ChildFail(rng.ToString());
+    done = extra->data_position;
+  } else if (restored.status().code() != pmsnap::StatusCode::kNotFound) {
+    return ChildFail(restored.status().ToString());
+  }
+  const double restore_seconds = SecondsSince(restore_start);
+  std::printf("restored %llu %.6f %.6f\n", static_cast<unsigned long long>(done), open_seconds,
+              restore_seconds);
+  std::fflush(stdout);
+
+  const auto start = Clock::now();
+  double loss = 0;
+  for (std::uint64_t step = done + 1; step <= o.iterations; ++step) {
+    loss = train_one(step);
+    pmsnap::hooks::ExtraState extra;
+    extra.data_position = step;
+    auto rng = pmsnap::hooks::CaptureCpuRngState();
+    if (!rng.ok()) return ChildFail(rng.status().ToString());
+    extra.rng_state = std::move(rng).value();
+    pmsnap::Status status = (*checkpointed)->Step(pmsnap::hooks::PackExtraState(extra));
+    if (!status.ok()) return ChildFail("iteration " + std::to_string(step) + ": " + status.ToString());
+    Report(step);
+  }
+  const double train_seconds = SecondsSince(start);
+  pmsnap::Status flushed = (*checkpointed)->Close();
+  if (!flushed.ok()) return ChildFail(flushed.ToString());
+  const pmsnap::runtime::Stats s = (*checkpointed)->stats();
+  const double iterations = static_cast<double>(o.iterations - done);
+  stats.precision(9);
+  stats << "restored " << done << "\n"
+        << "open_seconds " << open_seconds << "\n"
+        << "restore_seconds " << restore_seconds << "\n"
+        << "iterations " << (o.iterations - done) << "\n"
+        << "iteration_seconds " << (iterations > 0 ? train_seconds / iterations : 0) << "\n"
+        << "blocked_seconds " << s.blocked_seconds << "\n"
+        << "conflict_wait_seconds " << s.conflict_wait_seconds << "\n"
+        << "boundary_wait_seconds " << s.boundary_wait_seconds << "\n"
+        << "blocked_p50 " << Percentile(s.blocked_per_step, 0.5) << "\n"
+        << "blocked_p99 " << Percentile(s.blocked_per_step, 0.99) << "\n"
+        << "blocked_max " << Percentile(s.blocked_per_step, 1.0) << "\n"
+        << "conflicts " << s.conflicts << "\n"
+        << "epochs_committed " << s.epochs_committed << "\n"
+        << "checkpoints_per_minute "
+        << (train_seconds > 0 ? s.epochs_committed * 60.0 / train_seconds : 0) << "\n"
+        << "bytes_written " << s.bytes_written << "\n"
+        << "last_epoch_seconds " << s.last_epoch_seconds << "\n"
+        << "final_loss " << loss << "\n"
+        << "device " << s.device << (device_note.empty() ? "" : " [" + device_note + "]") << "\n"
+        << "policy " << s.policy << "\n"
+        << "strategy " << s.strategy << "\n"
+        << "summary " << s.Summary() << "\n";
+  return WriteFinalState(o.out, model, *optimizer) ? 0 : ChildFail("writing " + o.out);
+}
+
+// ---------------------------------------------------------------- parent
+
+// A child process with its stdout on a pipe.
+class Child {
+ public:
+  Child(const std::string& role, const Options& o, const std::string& out,
+        const std::string& stats) {
+    std::vector<std::string> args = {"/proc/self/exe", "--role=" + role, "--out=" + out,
+                                     "--stats=" + stats};
+    for (auto& flag : ChildFlags(o)) args.push_back(flag);
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    posix_spawn_file_actions_addclose(&actions, fds[1]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, "/proc/self/exe", &actions, nullptr, argv.data(), environ) != 0) {
+      pid_ = -1;
+    }
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+    if (out_) fclose(out_);
+  }
+  bool ok() const { return pid_ > 0 && out_; }
+  bool ReadLine(std::string* line) {
+    char buffer[512];
+    if (!fgets(buffer, sizeof(buffer), out_)) return false;
+    *line = buffer;
+    if (!line->empty() && line->back() == '\n') line->pop_back();
+    return true;
+  }
+  void Kill() { kill(pid_, SIGKILL); }
+  int Wait() {
+    int status = 0;
+    if (pid_ <= 0) return -1000;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+// One progress line, redrawn in place on a terminal, every 10% otherwise.
+class Progress {
+ public:
+  Progress(std::string label, std::uint64_t total, std::uint64_t first)
+      : label_(std::move(label)), total_(total), first_(first), tty_(isatty(STDOUT_FILENO)) {}
+  void Update(std::uint64_t step) {
+    const int percent = static_cast<int>(100 * step / std::max<std::uint64_t>(total_, 1));
+    const double elapsed = SecondsSince(start_);
+    const double rate = step > first_ ? static_cast<double>(step - first_) / elapsed : 0;
+    if (tty_) {
+      if (SecondsSince(last_draw_) < 0.1 && step != total_) return;
+      last_draw_ = Clock::now();
+      const int filled = percent / 4;
+      std::printf("\r  %-9s [%s%s] %3d%%  iteration %llu/%llu  %.0f it/s ", label_.c_str(),
+                  std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                  std::string(static_cast<std::size_t>(25 - filled), '.').c_str(), percent,
+                  static_cast<unsigned long long>(step), static_cast<unsigned long long>(total_),
+                  rate);
+      std::fflush(stdout);
+    } else if (percent / 10 != last_decile_) {
+      last_decile_ = percent / 10;
+      std::printf("  %-9s %3d%%  iteration %llu/%llu  %.0f it/s\n", label_.c_str(), percent,
+                  static_cast<unsigned long long>(step), static_cast<unsigned long long>(total_),
+                  rate);
+      std::fflush(stdout);
+    }
+  }
+  void Done() {
+    if (tty_) std::printf("\n");
+  }
+
+ private:
+  std::string label_;
+  std::uint64_t total_, first_;
+  bool tty_;
+  int last_decile_ = -1;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_draw_{};
+};
+
+std::map<std::string, std::string> ReadStats(const std::string& path) {
+  std::map<std::string, std::string> values;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto space = line.find(' ');
+    if (space != std::string::npos) values[line.substr(0, space)] = line.substr(space + 1);
+  }
+  return values;
+}
+
+double Num(const std::map<std::string, std::string>& stats, const std::string& key) {
+  auto it = stats.find(key);
+  return it == stats.end() ? 0.0 : std::atof(it->second.c_str());
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Runs `role` to completion with progress; returns its exit status.
+int RunWithProgress(const std::string& role, const std::string& label, const Options& o,
+                    const std::string& out, const std::string& stats,
+                    std::uint64_t kill_at = 0, std::uint64_t* last_step = nullptr,
+                    std::uint64_t* restored = nullptr, std::mt19937_64* rng = nullptr) {
+  Child child(role, o, out, stats);
+  if (!child.ok()) return -1000;
+  std::unique_ptr<Progress> progress;
+  std::string line;
+  while (child.ReadLine(&line)) {
+    if (line.rfind("restored ", 0) == 0) {
+      const std::uint64_t from = std::stoull(line.substr(9));
+      if (restored) *restored = from;
+      progress = std::make_unique<Progress>(label, o.iterations, from);
+      continue;
+    }
+    if (line.rfind("step ", 0) != 0) continue;
+    const std::uint64_t step = std::stoull(line.substr(5));
+    if (!progress) progress = std::make_unique<Progress>(label, o.iterations, 0);
+    progress->Update(step);
+    if (last_step) *last_step = step;
+    if (kill_at != 0 && step >= kill_at) {
+      // Land mid-iteration: up to ~one iteration after the report.
+      std::this_thread::sleep_for(std::chrono::microseconds((*rng)() % 3000));
+      child.Kill();
+      break;
+    }
+  }
+  if (progress) progress->Done();
+  return child.Wait();
+}
+
+std::string Bytes(double bytes) {
+  char buffer[64];
+  if (bytes >= 1e9) std::snprintf(buffer, sizeof(buffer), "%.2f GB", bytes / 1e9);
+  else std::snprintf(buffer, sizeof(buffer), "%.1f MB", bytes / 1e6);
+  return buffer;
+}
+
+int RunParent(Options o) {
+  if (o.seed == 0) {
+    o.seed = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()) % 1000000007 + 1;
+  }
+  std::mt19937_64 rng(o.seed);
+  if (o.kill_at == 0) o.kill_at = o.iterations / 4 + rng() % std::max<std::uint64_t>(o.iterations / 2, 1);
+  if (o.kill_at >= o.iterations) o.kill_at = o.iterations - 1;
+  const char* dir_env = std::getenv("PMSNAP_POOL_DIR");
+  const std::string dir = dir_env && *dir_env ? dir_env : "/dev/shm";
+  if (o.pool.empty()) o.pool = dir + "/pmsnap-demo-" + std::to_string(getpid()) + ".pool";
+  if (std::filesystem::exists(o.pool)) {
+    std::fprintf(stderr, "pmsnap-demo: %s exists; pass another --pool or remove it\n",
+                 o.pool.c_str());
+    return 1;
+  }
+  const std::string work = dir + "/pmsnap-demo-" + std::to_string(getpid());
+  std::filesystem::create_directories(work);
+  const bool simulated = o.device.rfind("simulated", 0) == 0;
+
+  // Sizes, for the banner (computed, not built: the parent never touches torch).
+  const double embedding_params = static_cast<double>(o.tables) * o.rows * o.dim;
+  const double state_factor = o.optimizer == "adam" || o.optimizer == "adamw" ? 3 : 2;
+  std::printf("pmsnap-demo: DLRM-like model, %d embedding tables x %lld rows x %lld dims "
+              "(Zipf %.2f ids), bottom/top MLPs\n",
+              o.tables, static_cast<long long>(o.rows), static_cast<long long>(o.dim), o.zipf);
+  std::printf("  optimizer %s, %llu iterations of batch %lld, checkpoint %s, device %s%s\n",
+              o.optimizer.c_str(), static_cast<unsigned long long>(o.iterations),
+              static_cast<long long>(o.batch),
+              o.policy == "every1" ? "every iteration" : "continuously", o.device.c_str(),
+              simulated ? " (SIMULATED device: modelled bandwidth and memory)" : "");
+  std::printf("  ~%s of parameters + optimizer state per checkpoint; pool %s; seed %llu\n\n",
+              Bytes(embedding_params * 4 * state_factor).c_str(), o.pool.c_str(),
+              static_cast<unsigned long long>(o.seed));
+
+  const std::string reference = work + "/baseline.state";
+  const std::string baseline_stats = work + "/baseline.stats";
+  std::printf("[1/3] uninterrupted run, plain optimizer, no checkpointing\n");
+  if (int rc = RunWithProgress("baseline", "baseline", o, reference, baseline_stats); rc != 0) {
+    std::fprintf(stderr, "pmsnap-demo: baseline run failed (%d)\n", rc);
+    return 1;
+  }
+
+  std::printf("[2/3] checkpointed run, killed with SIGKILL at iteration %llu\n",
+              static_cast<unsigned long long>(o.kill_at));
+  std::uint64_t last_step = 0;
+  const std::string crash_stats = work + "/crash.stats";
+  const int crash_rc = RunWithProgress("train", "training", o, work + "/crash.state", crash_stats,
+                                       o.kill_at, &last_step, nullptr, &rng);
+  if (crash_rc != -SIGKILL) {
+    std::fprintf(stderr, "pmsnap-demo: the training child ended with %d before the kill\n",
+                 crash_rc);
+    return 1;
+  }
+  std::printf("  killed (SIGKILL) after it reported iteration %llu\n",
+              static_cast<unsigned long long>(last_step));
+
+  std::printf("[3/3] new process: restore from the pool, train to the end\n");
+  const std::string resumed = work + "/resumed.state";
+  const std::string stats_path = work + "/resumed.stats";
+  std::uint64_t restored = 0;
+  if (int rc = RunWithProgress("train", "recovered", o, resumed, stats_path, 0, nullptr,
+                               &restored);
+      rc != 0) {
+    std::fprintf(stderr, "pmsnap-demo: recovery run failed (%d)\n", rc);
+    return 1;
+  }
+  const auto stats = ReadStats(stats_path);
+  const auto base = ReadStats(baseline_stats);
+  std::printf("  restored iteration %llu (the kill lost %lld iteration(s)); open %.1f ms, "
+              "restore %.1f ms\n\n",
+              static_cast<unsigned long long>(restored),
+              static_cast<long long>(last_step) - static_cast<long long>(restored),
+              Num(stats, "open_seconds") * 1e3, Num(stats, "restore_seconds") * 1e3);
+
+  const std::string a = ReadAll(reference);
+  const std::string b = ReadAll(resumed);
+  const bool exact = !a.empty() && a == b;
+  std::printf("bit-exact: %s  (%s of final parameters + optimizer state compared with the "
+              "uninterrupted run)\n\n",
+              exact ? "YES" : "NO", Bytes(static_cast<double>(a.size())).c_str());
+
+  const double plain = Num(base, "iteration_seconds");
+  const double with = Num(stats, "iteration_seconds");
+  const double iterations = std::max(1.0, Num(stats, "iterations"));
+  std::printf("stall profile (recovered run, %s, %s, device %s)\n",
+              stats.count("policy") ? stats.at("policy").c_str() : "?",
+              stats.count("strategy") ? stats.at("strategy").c_str() : "?",
+              stats.count("device") ? stats.at("device").c_str() : "?");
+  std::printf("  iteration time without checkpointing  %8.3f ms\n", plain * 1e3);
+  std::printf("  iteration time with checkpointing     %8.3f ms  (%+.1f%%)\n", with * 1e3,
+              plain > 0 ? (with / plain - 1) * 100 : 0.0);
+  std::printf("  blocked in hooks per iteration        %8.3f ms mean, p50 %.3f, p99 %.3f, "
+              "max %.3f ms\n",
+              Num(stats, "blocked_seconds") / iterations * 1e3, Num(stats, "blocked_p50") * 1e3,
+              Num(stats, "blocked_p99") * 1e3, Num(stats, "blocked_max") * 1e3);
+  std::printf("    of which waiting for a unit's snapshot (conflicts: %.0f)  %.3f ms/it\n",
+              Num(stats, "conflicts"), Num(stats, "conflict_wait_seconds") / iterations * 1e3);
+  std::printf("    of which waiting for the previous epoch at the step boundary  %.3f ms/it\n",
+              Num(stats, "boundary_wait_seconds") / iterations * 1e3);
+  std::printf("  checkpoints committed                 %8.0f  (%.0f per minute)\n",
+              Num(stats, "epochs_committed"), Num(stats, "checkpoints_per_minute"));
+  std::printf("  written to the pool                   %s, last epoch %.2f ms capture->commit\n",
+              Bytes(Num(stats, "bytes_written")).c_str(), Num(stats, "last_epoch_seconds") * 1e3);
+  if (stats.count("summary")) std::printf("  %s\n", stats.at("summary").c_str());
+
+  std::filesystem::remove_all(work);
+  if (!o.keep_pool) std::filesystem::remove(o.pool);
+  else std::printf("\npool kept at %s\n", o.pool.c_str());
+  return exact ? 0 : 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    bool ok = false;
+    try {
+      ok = ParseFlag(arg, &options);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "pmsnap-demo: bad flag %s\n%s", arg.c_str(), kUsage);
+      return 1;
+    }
+  }
+  if (options.iterations < 4 || options.tables < 1 || options.rows < 1 || options.dim < 1 ||
+      options.batch < 1 || options.bag < 1) {
+    std::fprintf(stderr, "pmsnap-demo: sizes must be positive and --iterations at least 4\n");
+    return 1;
+  }
+  try {
+    if (options.role == "main") return RunParent(options);
+    if (options.role == "baseline" || options.role == "train") return RunChild(options);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "pmsnap-demo: %s\n", error.what());
+    return 2;
+  }
+  std::fprintf(stderr, "pmsnap-demo: unknown role %s\n", options.role.c_str());
+  return 1;
+}
