@@ -65,7 +65,7 @@ double SecondsSince(Clock::time_point start) {
 
 struct Options {
   std::string role = "main";  // main | baseline | train
-  std::uint64_t iterations = 3000;
+  std::uint64_t iterations = 4000;
   int tables = 8;
   std::int64_t rows = 20000;
   std::int64_t dim = 16;
@@ -89,7 +89,7 @@ struct Options {
 
 const char* kUsage =
     "usage: pmsnap-demo [flags]\n"
-    "  --iterations=N      training iterations (default 3000)\n"
+    "  --iterations=N      training iterations (default 4000)\n"
     "  --size=small|medium|large   preset table sizes (default small: 8 x 20000 x 16)\n"
     "  --tables=T --rows=R --dim=D --batch=B --bag=L   model and batch shape\n"
     "  --optimizer=sgd|adam|adamw|adagrad|rmsprop      (default adagrad)\n"
