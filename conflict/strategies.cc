@@ -38,17 +38,7 @@ std::byte* StrategyBase::AllocateFor(UnitTask& task, std::uint64_t bytes) {
   return static_cast<std::byte*>(*buffer);
 }
 
-Status StrategyBase::RedirectPart(UnitTask& task, std::uint32_t p, std::byte* buffer) {
-  const UnitTask::Part& part = task.part(p);
-  Status status = task.device().CopyInDevice(buffer, part.live_source, part.bytes);
-  // Even on failure the part goes back to the workers, from the live tensor,
-  // so the epoch can finish (and fail with this status).
-  task.RedirectAndRelease(p, status.ok() ? buffer : part.live_source);
-  return status;
-}
-
-bool StrategyBase::CopyPendingPartsInDevice(UnitTask& task, std::uint32_t first,
-                                            std::uint32_t last, Status* status) {
+bool StrategyBase::CopyLivePartsInDevice(UnitTask& task, std::uint32_t first, std::uint32_t last) {
   // A part already redirected by an earlier call reads its copy; copying it
   // again would take the live tensor, which has been updated since.
   auto still_live = [&task](std::uint32_t p) { return task.source(p) == task.part(p).live_source; };
@@ -61,35 +51,36 @@ bool StrategyBase::CopyPendingPartsInDevice(UnitTask& task, std::uint32_t first,
   if (pending_bytes == 0) return true;
   std::byte* buffer = AllocateFor(task, pending_bytes);
   if (buffer == nullptr) return false;
-  // Only this (training) thread releases parts back to kPending, so the
-  // parts claimed below are a subset of those counted above.
-  std::uint64_t offset = 0;
+  // Only the training thread releases parts back to kPending, so the parts
+  // claimed here are a subset of those counted above and fit the buffer.
+  std::vector<std::uint32_t> claimed;
   for (std::uint32_t p = first; p < last; ++p) {
-    if (!still_live(p) || !task.TryClaim(p)) continue;  // redirected, or a worker has it
-    Status copied = RedirectPart(task, p, buffer + offset);
-    if (!copied.ok() && status->ok()) *status = copied;
-    offset += task.part(p).bytes;
+    if (still_live(p) && task.TryClaim(p)) claimed.push_back(p);  // else a worker has it
   }
+  task.CopyInDeviceAsync(std::move(claimed), buffer);
   return true;
 }
 
 // --- strategy 1 ---
 
 Status InDeviceCopyStrategy::OnCaptured(UnitTask& task) {
-  Status status;
-  if (CopyPendingPartsInDevice(task, 0, task.part_count(), &status)) {
+  if (CopyLivePartsInDevice(task, 0, task.part_count())) {
     SetChoice(task.unit(), StrategyChoice::kInDeviceCopy);
   } else {
     CountFallback();
     SetChoice(task.unit(), StrategyChoice::kWaitSnapshot);
   }
-  return status;
+  return Status::Ok();
 }
 
 Status InDeviceCopyStrategy::Resolve(UnitTask& task) {
-  // Every part reads from the device copy unless memory was short.
-  if (choice(task.unit()) != StrategyChoice::kInDeviceCopy) task.WaitSnapshotted();
-  return Status::Ok();
+  // Every part reads from the device copy once it exists, unless memory was
+  // short; the copy was queued on the device stream at capture.
+  if (choice(task.unit()) != StrategyChoice::kInDeviceCopy) {
+    task.WaitSnapshotted();
+    return Status::Ok();
+  }
+  return task.WaitInDeviceCopies();
 }
 
 // --- strategy 3 ---
@@ -100,12 +91,12 @@ Status PartsOnConflictStrategy::OnCaptured(UnitTask& task) {
 }
 
 Status PartsOnConflictStrategy::Resolve(UnitTask& task) {
-  Status status;
-  if (!CopyPendingPartsInDevice(task, 0, task.part_count(), &status)) {
+  if (!CopyLivePartsInDevice(task, 0, task.part_count())) {
     CountFallback();
     task.WaitSnapshotted();
-    return status;
+    return Status::Ok();
   }
+  Status status = task.WaitInDeviceCopies();
   // Parts a worker was already copying from the live tensor must finish.
   for (std::uint32_t p = 0; p < task.part_count(); ++p) {
     if (task.source(p) == task.part(p).live_source) task.WaitPartSnapshotted(p);
@@ -136,8 +127,7 @@ std::uint32_t SplitGroupsStrategy::DirectParts(const UnitTask& task) const {
 Status SplitGroupsStrategy::OnCaptured(UnitTask& task) {
   const std::uint32_t n = task.part_count();
   std::uint32_t direct = DirectParts(task);
-  Status status;
-  if (direct < n && !CopyPendingPartsInDevice(task, direct, n, &status)) {
+  if (direct < n && !CopyLivePartsInDevice(task, direct, n)) {
     CountFallback();
     direct = n;  // everything direct: a conflict waits for the whole unit
   }
@@ -145,7 +135,7 @@ Status SplitGroupsStrategy::OnCaptured(UnitTask& task) {
   std::lock_guard<std::mutex> lock(split_mutex_);
   if (direct_parts_.size() <= task.unit()) direct_parts_.resize(task.unit() + 1, 0);
   direct_parts_[task.unit()] = direct;
-  return status;
+  return Status::Ok();
 }
 
 Status SplitGroupsStrategy::Resolve(UnitTask& task) {
@@ -155,7 +145,7 @@ Status SplitGroupsStrategy::Resolve(UnitTask& task) {
     if (task.unit() < direct_parts_.size()) direct = direct_parts_[task.unit()];
   }
   for (std::uint32_t p = 0; p < direct; ++p) task.WaitPartSnapshotted(p);
-  return Status::Ok();
+  return task.WaitInDeviceCopies();
 }
 
 // --- adaptive ---
@@ -165,7 +155,13 @@ AdaptiveStrategy::AdaptiveStrategy(ConflictOptions options)
 
 StrategyChoice AdaptiveStrategy::Decide(const UnitProfile* last, std::uint64_t unit_bytes,
                                         std::uint64_t usable_device_bytes) {
-  if (last == nullptr) return StrategyChoice::kWaitSnapshot;
+  // No profile yet (first epoch): an in-device copy if memory allows (it
+  // never stalls), else strategy 3, which costs nothing unless a conflict
+  // actually happens.
+  if (last == nullptr) {
+    return usable_device_bytes >= unit_bytes ? StrategyChoice::kInDeviceCopy
+                                             : StrategyChoice::kPartsOnConflict;
+  }
   const bool gap_known = last->next_update_gap_seconds >= 0;
   const bool conflict_expected =
       last->conflicted ||

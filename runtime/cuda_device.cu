@@ -119,14 +119,18 @@ class CudaDevice final : public Device {
     cudaEvent_t done = nullptr;
   };
 
-  // One non-blocking stream per calling thread, so workers copy in parallel
-  // and never serialize behind the training stream.
+  // One stream per calling thread so workers copy in parallel. The streams
+  // are *blocking* on purpose: with the legacy default stream that PyTorch
+  // uses, a copy then starts only after the update kernels queued before it
+  // (AfterUpdate is called when the update is queued, not done), and the
+  // next update waits for copies in flight, which is strategy 2 enforced
+  // by the hardware at stream granularity.
   Result<ThreadStream> StreamForThisThread() {
     std::lock_guard<std::mutex> lock(streams_mutex_);
     auto it = streams_.find(std::this_thread::get_id());
     if (it != streams_.end()) return it->second;
     ThreadStream created;
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&created.stream, cudaStreamNonBlocking));
+    PMSNAP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&created.stream, cudaStreamDefault));
     PMSNAP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&created.done, cudaEventDisableTiming));
     streams_.emplace(std::this_thread::get_id(), created);
     return created;

@@ -66,6 +66,8 @@ struct Engine::Impl {
   std::shared_ptr<IntervalPolicy> policy;
   std::shared_ptr<ConflictStrategy> strategy;
   std::unique_ptr<tbb::task_arena> arena;
+  // One thread: device-side copies in order, like a GPU stream.
+  std::unique_ptr<tbb::task_arena> device_stream;
   std::uint64_t model_bytes = 0;
 
   std::atomic<std::uint64_t> outstanding_jobs{0};
@@ -115,6 +117,18 @@ struct Engine::Impl {
       RunPart(*epoch, *task, part);
       // Last touch of the job: the training thread may free `epoch` once the
       // count is zero.
+      if (outstanding_jobs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        outstanding_jobs.notify_all();
+      }
+    });
+  }
+
+  // Runs `job` on the device stream; counted like worker jobs so an epoch is
+  // reaped only after it finished.
+  void RunOnDeviceStream(std::function<void()> job) {
+    outstanding_jobs.fetch_add(1, std::memory_order_relaxed);
+    device_stream->enqueue([this, job = std::move(job)] {
+      job();
       if (outstanding_jobs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         outstanding_jobs.notify_all();
       }
@@ -281,6 +295,11 @@ struct Engine::Impl {
     epoch.captured_at[u] = Clock::now();
     epoch.tasks[u] = std::move(task);
     epoch.captured_count += 1;
+    // Parts a strategy releases (even before the initial jobs below are
+    // queued) go back to the workers; a duplicate job finds the part claimed.
+    Epoch* epoch_ptr = &epoch;
+    raw->SetRequeue([this, epoch_ptr](UnitTask* t, std::uint32_t p) { Enqueue(epoch_ptr, t, p); });
+    raw->SetDeviceStream([this](std::function<void()> job) { RunOnDeviceStream(std::move(job)); });
     const auto prepare_start = Clock::now();
     Status prepared = strategy->OnCaptured(*raw);
     const double prepare = SecondsSince(prepare_start);
@@ -296,9 +315,9 @@ struct Engine::Impl {
       ReleaseUnits(epoch, 1);
       return prepared;
     }
-    for (std::uint32_t p = 0; p < raw->part_count(); ++p) Enqueue(&epoch, raw, p);
-    Epoch* epoch_ptr = &epoch;
-    raw->SetRequeue([this, epoch_ptr](UnitTask* t, std::uint32_t p) { Enqueue(epoch_ptr, t, p); });
+    for (std::uint32_t p = 0; p < raw->part_count(); ++p) {
+      if (raw->state(p) == PartState::kPending) Enqueue(&epoch, raw, p);
+    }
     return prepared;
   }
 
@@ -400,6 +419,7 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
 
   // No slot reserved for the training thread: it never joins the arena.
   impl->arena = std::make_unique<tbb::task_arena>(options.workers, /*reserved_for_masters=*/0);
+  impl->device_stream = std::make_unique<tbb::task_arena>(1, /*reserved_for_masters=*/0);
   impl->stats.device = impl->device->name();
   impl->stats.strategy = impl->strategy->name();
   impl->stats.policy = impl->policy->name();
@@ -588,6 +608,7 @@ Status Engine::Close(CloseMode mode) {
   impl.ReapIfDone();
   impl.closed = true;
   impl.arena->terminate();
+  impl.device_stream->terminate();
   if (impl.options.print_summary) std::cerr << stats().Summary() << "\n";
   impl.pool.reset();
   return impl.TakeError();

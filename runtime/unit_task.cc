@@ -69,6 +69,44 @@ void UnitTask::WaitPartSnapshotted(std::uint32_t p) const {
   }
 }
 
+void UnitTask::CopyInDeviceAsync(std::vector<std::uint32_t> parts, std::byte* buffer) {
+  if (parts.empty()) return;
+  in_device_pending_.fetch_add(1, std::memory_order_relaxed);
+  auto job = [this, parts = std::move(parts), buffer] {
+    std::uint64_t offset = 0;
+    for (std::uint32_t p : parts) {
+      Status status = device_->CopyInDevice(buffer + offset, parts_[p].live_source, parts_[p].bytes);
+      if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(device_error_mutex_);
+        if (device_error_.ok()) device_error_ = status;
+      }
+      // On failure the part goes back to the workers from the live tensor;
+      // the error reaches the training thread through WaitInDeviceCopies.
+      RedirectAndRelease(p, status.ok() ? buffer + offset : parts_[p].live_source);
+      offset += parts_[p].bytes;
+    }
+    // Release pairs with the acquire in WaitInDeviceCopies.
+    if (in_device_pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      in_device_pending_.notify_all();
+    }
+  };
+  if (run_on_device_) {
+    run_on_device_(std::move(job));
+  } else {
+    job();
+  }
+}
+
+Status UnitTask::WaitInDeviceCopies() const {
+  std::uint32_t pending = in_device_pending_.load(std::memory_order_acquire);
+  while (pending != 0) {
+    in_device_pending_.wait(pending, std::memory_order_acquire);
+    pending = in_device_pending_.load(std::memory_order_acquire);
+  }
+  std::lock_guard<std::mutex> lock(device_error_mutex_);
+  return device_error_;
+}
+
 void UnitTask::AdoptDeviceBuffer(void* ptr, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(buffers_mutex_);
   buffers_.emplace_back(ptr, bytes);

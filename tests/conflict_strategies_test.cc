@@ -136,7 +136,8 @@ TEST(AdaptiveDecisionTest, FollowsTheSlidesRule) {
   busy.next_update_gap_seconds = -1;
   busy.conflicted = true;
   EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 10), StrategyChoice::kPartsOnConflict);
-  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 10), StrategyChoice::kWaitSnapshot);
+  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 1 << 20), StrategyChoice::kInDeviceCopy);
+  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 10), StrategyChoice::kPartsOnConflict);
 }
 
 TEST(MakeStrategyTest, KnowsEveryNameAndRejectsOthers) {

@@ -16,7 +16,8 @@
 //   AdaptiveStrategy           per unit, from the last epoch's profile and the
 //                              device's free memory: no conflict expected -> 2;
 //                              conflict and memory -> 1; conflict and short of
-//                              memory -> 4 (split tuned) or 3.
+//                              memory -> 4 (split tuned) or 3. Before the first
+//                              profile: 1 if memory allows, else 3.
 //
 // Device memory: in-device copies never take more than the device's free
 // memory minus `reserve_bytes`; when a copy cannot be had the unit falls back
@@ -58,14 +59,11 @@ class StrategyBase : public runtime::ConflictStrategy {
   // Device memory for `bytes` respecting the reserve, adopted by the task;
   // nullptr when short (the caller falls back and counts it).
   std::byte* AllocateFor(UnitTask& task, std::uint64_t bytes);
-  // Copies part p (claimed by the caller) inside the device into `buffer`
-  // and hands it back to the workers reading from the copy.
-  Status RedirectPart(UnitTask& task, std::uint32_t p, std::byte* buffer);
-  // Claims every pending part in [first, last), copies them into one device
-  // buffer and redirects them. Returns false if memory was short (nothing
-  // changed then).
-  bool CopyPendingPartsInDevice(UnitTask& task, std::uint32_t first, std::uint32_t last,
-                                Status* status);
+  // Claims every pending part in [first, last) still reading the live
+  // tensor and copies them into one device buffer on the device stream
+  // (UnitTask::CopyInDeviceAsync). False if device memory was short
+  // (nothing changed then).
+  bool CopyLivePartsInDevice(UnitTask& task, std::uint32_t first, std::uint32_t last);
   void SetChoice(std::uint32_t unit, StrategyChoice choice);
   void CountFallback() { fallbacks_.fetch_add(1); }
   const UnitProfile* LastProfile(std::uint32_t unit) const;  // training thread

@@ -76,6 +76,20 @@ class UnitTask {
     requeue_ = std::move(requeue);
   }
 
+  // Where device-side work runs (the engine's single "device stream"
+  // executor, modelling a GPU stream): set by the engine before strategies
+  // see the task.
+  void SetDeviceStream(std::function<void(std::function<void()>)> run) {
+    run_on_device_ = std::move(run);
+  }
+  // For parts the caller claimed: copies each inside the device into
+  // `buffer` (consecutively) on the device stream, then redirects and
+  // releases it. Returns at once; WaitInDeviceCopies waits for completion.
+  void CopyInDeviceAsync(std::vector<std::uint32_t> parts, std::byte* buffer);
+  // Blocks until every CopyInDeviceAsync of this task finished; returns the
+  // first copy error.
+  Status WaitInDeviceCopies() const;
+
   // A device buffer the task frees once every part is snapshotted.
   void AdoptDeviceBuffer(void* ptr, std::size_t bytes);
 
@@ -91,6 +105,10 @@ class UnitTask {
   std::vector<Part> parts_;
   std::uint64_t bytes_ = 0;
   std::function<void(UnitTask*, std::uint32_t)> requeue_;
+  std::function<void(std::function<void()>)> run_on_device_;
+  mutable std::atomic<std::uint32_t> in_device_pending_{0};
+  mutable std::mutex device_error_mutex_;  // guards device_error_
+  Status device_error_;
   std::unique_ptr<std::atomic<std::uint8_t>[]> states_;
   std::unique_ptr<std::atomic<const std::byte*>[]> sources_;
   std::atomic<std::uint32_t> snapshot_remaining_;
