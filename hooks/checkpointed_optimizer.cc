@@ -11,17 +11,28 @@ namespace {
 
 std::optional<layout::DType> DTypeOf(c10::ScalarType type) {
   switch (type) {
-    case c10::ScalarType::Float: return layout::DType::kFloat32;
-    case c10::ScalarType::Double: return layout::DType::kFloat64;
-    case c10::ScalarType::Half: return layout::DType::kFloat16;
-    case c10::ScalarType::BFloat16: return layout::DType::kBFloat16;
-    case c10::ScalarType::Long: return layout::DType::kInt64;
-    case c10::ScalarType::Int: return layout::DType::kInt32;
-    case c10::ScalarType::Short: return layout::DType::kInt16;
-    case c10::ScalarType::Char: return layout::DType::kInt8;
-    case c10::ScalarType::Byte: return layout::DType::kUInt8;
-    case c10::ScalarType::Bool: return layout::DType::kBool;
-    default: return std::nullopt;
+    case c10::ScalarType::Float:
+      return layout::DType::kFloat32;
+    case c10::ScalarType::Double:
+      return layout::DType::kFloat64;
+    case c10::ScalarType::Half:
+      return layout::DType::kFloat16;
+    case c10::ScalarType::BFloat16:
+      return layout::DType::kBFloat16;
+    case c10::ScalarType::Long:
+      return layout::DType::kInt64;
+    case c10::ScalarType::Int:
+      return layout::DType::kInt32;
+    case c10::ScalarType::Short:
+      return layout::DType::kInt16;
+    case c10::ScalarType::Char:
+      return layout::DType::kInt8;
+    case c10::ScalarType::Byte:
+      return layout::DType::kUInt8;
+    case c10::ScalarType::Bool:
+      return layout::DType::kBool;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -104,19 +115,18 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
       units.push_back(std::move(unit));
     }
   } catch (const c10::Error& error) {
-    return Status(StatusCode::kInvalidArgument,
-                  std::string("describing the parameters: libtorch: ") +
-                      error.what_without_backtrace());
+    return Status(
+        StatusCode::kInvalidArgument,
+        std::string("describing the parameters: libtorch: ") + error.what_without_backtrace());
   }
   const std::string pool_path = options.pool_path;
   auto engine = runtime::Engine::Open(std::move(options), std::move(units));
   if (!engine.ok()) {
     const Status& status = engine.status();
     if (status.code() == StatusCode::kModelMismatch) {
-      return Status(status.code(),
-                    "pool " + pool_path + " was made for another model (" +
-                        OptimizerKindName(stepper->kind()) +
-                        " over these parameters differs): " + status.message());
+      return Status(status.code(), "pool " + pool_path + " was made for another model (" +
+                                       OptimizerKindName(stepper->kind()) +
+                                       " over these parameters differs): " + status.message());
     }
     return status;
   }

@@ -100,9 +100,8 @@ Result<std::vector<std::byte>> CaptureCpuRngState() {
     const auto* data = static_cast<const std::byte*>(state.data_ptr());
     return std::vector<std::byte>(data, data + state.numel());
   } catch (const c10::Error& error) {
-    return Status(StatusCode::kInternal,
-                  std::string("reading the CPU RNG state: libtorch: ") +
-                      error.what_without_backtrace());
+    return Status(StatusCode::kInternal, std::string("reading the CPU RNG state: libtorch: ") +
+                                             error.what_without_backtrace());
   }
 }
 
@@ -114,9 +113,9 @@ Status RestoreCpuRngState(std::span<const std::byte> state) {
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(tensor);
   } catch (const c10::Error& error) {
-    return Status(StatusCode::kInvalidArgument,
-                  std::string("restoring the CPU RNG state: libtorch: ") +
-                      error.what_without_backtrace());
+    return Status(
+        StatusCode::kInvalidArgument,
+        std::string("restoring the CPU RNG state: libtorch: ") + error.what_without_backtrace());
   }
   return Status::Ok();
 }

@@ -2,8 +2,6 @@
 // every public entry point catches it here and returns a Status.
 #include "pmsnap/hooks/parameter_stepper.h"
 
-#include "pmsnap/hooks/optimizer_state.h"
-
 #include <c10/util/Exception.h>
 #include <c10/util/string_utils.h>
 #include <torch/optim/adagrad.h>
@@ -15,6 +13,8 @@
 
 #include <unordered_map>
 #include <unordered_set>
+
+#include "pmsnap/hooks/optimizer_state.h"
 
 namespace pmsnap::hooks {
 namespace {
@@ -73,11 +73,16 @@ Status FromTorch(const c10::Error& error, const char* what) {
 
 const char* OptimizerKindName(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::kSgd: return "SGD";
-    case OptimizerKind::kAdam: return "Adam";
-    case OptimizerKind::kAdamW: return "AdamW";
-    case OptimizerKind::kAdagrad: return "Adagrad";
-    case OptimizerKind::kRmsprop: return "RMSprop";
+    case OptimizerKind::kSgd:
+      return "SGD";
+    case OptimizerKind::kAdam:
+      return "Adam";
+    case OptimizerKind::kAdamW:
+      return "AdamW";
+    case OptimizerKind::kAdagrad:
+      return "Adagrad";
+    case OptimizerKind::kRmsprop:
+      return "RMSprop";
   }
   return "unknown";
 }
@@ -359,8 +364,8 @@ Status ParameterStepper::SyncFromSlots() {
             if (state_map.find(key) == state_map.end()) {
               state_map[key] = std::make_unique<optim::SGDParamState>();
             }
-            StateAs<optim::SGDParamState>(optimizer_, key).momentum_buffer(
-                slot.state.front().second);
+            StateAs<optim::SGDParamState>(optimizer_, key)
+                .momentum_buffer(slot.state.front().second);
           }
           break;
         }

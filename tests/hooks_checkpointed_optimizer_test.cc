@@ -17,7 +17,6 @@
 namespace pmsnap::hooks {
 namespace {
 
-using ::testing::HasSubstr;
 using pmsnap::testing::AllOptimizerConfigs;
 using pmsnap::testing::FirstBitwiseDifference;
 using pmsnap::testing::ForwardBackward;
@@ -25,6 +24,7 @@ using pmsnap::testing::MakeMlp;
 using pmsnap::testing::Mlp;
 using pmsnap::testing::OptimizerConfig;
 using pmsnap::testing::TempPoolPath;
+using ::testing::HasSubstr;
 
 runtime::EngineOptions EveryStep(const std::string& path) {
   runtime::EngineOptions options;
@@ -116,8 +116,8 @@ TEST(CheckpointedRestoreTest, SgdMomentumRestoredBeforeItsFirstUpdateStillClones
   }
   Mlp restored_model = MakeMlp(8);
   auto restored_sgd = make_sgd(restored_model);
-  auto checkpointed = CheckpointedOptimizer::Create(*restored_model, restored_sgd,
-                                                    EveryStep(pool.path()));
+  auto checkpointed =
+      CheckpointedOptimizer::Create(*restored_model, restored_sgd, EveryStep(pool.path()));
   ASSERT_TRUE(checkpointed.ok());
   ASSERT_TRUE((*checkpointed)->Restore().ok());
   for (auto& p : plain_model->fc3->parameters()) p.set_requires_grad(true);
@@ -229,8 +229,8 @@ TEST(CheckpointedErrorsTest, PoolOfAnotherModelIsRefused) {
   ASSERT_TRUE(CheckpointedOptimizer::Create(*model, adam, EveryStep(pool.path())).ok());
   TwoTensors other = MakeTensors({4, 8}, torch::kFloat32);
   torch::optim::Adam other_adam(std::vector<torch::Tensor>{other.weight, other.bias});
-  auto checkpointed = CheckpointedOptimizer::Create(other.named(), other_adam,
-                                                    EveryStep(pool.path()));
+  auto checkpointed =
+      CheckpointedOptimizer::Create(other.named(), other_adam, EveryStep(pool.path()));
   EXPECT_EQ(checkpointed.status().code(), StatusCode::kModelMismatch);
   EXPECT_THAT(checkpointed.status().message(), HasSubstr("another model"));
 }

@@ -63,8 +63,7 @@ TEST_P(StepperEquivalenceTest, FiftyStepsAreBitwiseIdenticalToPlainStep) {
     plain->step();
     ForwardBackward(stepped_model, *wrapped, step);
     ASSERT_TRUE((*stepper)->Step(nullptr).ok());
-    ASSERT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, *plain, stepped_model,
-                                                      *wrapped),
+    ASSERT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, *plain, stepped_model, *wrapped),
               "")
         << "after step " << step;
   }

@@ -136,13 +136,14 @@ std::map<std::string, std::string> ResumeTest::references_;
 TEST_F(ResumeTest, KilledAtRandomStepsResumesBitwiseEqualToUninterruptedRun) {
   const char* seed_env = std::getenv("PMSNAP_RESUME_SEED");
   const std::uint64_t seed =
-      seed_env ? std::strtoull(seed_env, nullptr, 10)
-               : static_cast<std::uint64_t>(
-                     std::chrono::steady_clock::now().time_since_epoch().count());
+      seed_env
+          ? std::strtoull(seed_env, nullptr, 10)
+          : static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   std::printf("PMSNAP_RESUME_SEED=%llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
-  const std::vector<std::string> optimizers = {"SgdMomentum", "Adam", "AdamW", "Adagrad",
-                                               "RmspropCenteredMomentum", "SgdNesterovWeightDecay"};
+  const std::vector<std::string> optimizers = {
+      "SgdMomentum",           "Adam", "AdamW", "Adagrad", "RmspropCenteredMomentum",
+      "SgdNesterovWeightDecay"};
   for (int point = 0; point < kKillPoints; ++point) {
     const std::string optimizer = optimizers[point % optimizers.size()];
     const std::string policy = point % 2 == 0 ? "every1" : "continuous";
@@ -153,9 +154,10 @@ TEST_F(ResumeTest, KilledAtRandomStepsResumesBitwiseEqualToUninterruptedRun) {
     const std::string reference = Reference(optimizer);
     TempPoolPath pool("hooks-resume");
     const std::string out = out_dir_ + "/resumed-" + std::to_string(point);
-    const std::vector<std::string> args = {"--mode=train",       "--optimizer=" + optimizer,
-                                           "--policy=" + policy, "--pool=" + pool.path(),
-                                           "--out=" + out,       "--steps=" + std::to_string(kSteps)};
+    const std::vector<std::string> args = {
+        "--mode=train",       "--optimizer=" + optimizer,
+        "--policy=" + policy, "--pool=" + pool.path(),
+        "--out=" + out,       "--steps=" + std::to_string(kSteps)};
     std::uint64_t last_reported = 0;
     {
       Trainer victim(args);

@@ -127,13 +127,20 @@ int main(int argc, char** argv) {
       const std::size_t n = std::strlen(flag);
       return arg.compare(0, n, flag) == 0 ? argv[i] + n : nullptr;
     };
-    if (const char* v = value("--mode=")) args.mode = v;
-    else if (const char* v = value("--optimizer=")) args.optimizer = v;
-    else if (const char* v = value("--pool=")) args.pool = v;
-    else if (const char* v = value("--out=")) args.out = v;
-    else if (const char* v = value("--policy=")) args.policy = v;
-    else if (const char* v = value("--steps=")) args.steps = std::stoull(v);
-    else return Fail("unknown argument " + arg);
+    if (const char* v = value("--mode="))
+      args.mode = v;
+    else if (const char* v = value("--optimizer="))
+      args.optimizer = v;
+    else if (const char* v = value("--pool="))
+      args.pool = v;
+    else if (const char* v = value("--out="))
+      args.out = v;
+    else if (const char* v = value("--policy="))
+      args.policy = v;
+    else if (const char* v = value("--steps="))
+      args.steps = std::stoull(v);
+    else
+      return Fail("unknown argument " + arg);
   }
   try {
     return Run(args);

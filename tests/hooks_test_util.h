@@ -16,9 +16,7 @@
 
 namespace pmsnap::testing {
 
-inline void UseOneTorchThread() {
-  torch::set_num_threads(1);
-}
+inline void UseOneTorchThread() { torch::set_num_threads(1); }
 
 // 8 -> 16 -> 16 -> 4 with a dropout, so the RNG state matters for resume.
 struct MlpImpl : torch::nn::Module {
@@ -47,7 +45,8 @@ inline Mlp MakeMlp(std::uint64_t seed, double dropout = 0.0) {
 inline std::pair<torch::Tensor, torch::Tensor> Batch(std::uint64_t step) {
   const double phase = static_cast<double>(step % 97) * 0.37 + 0.11;
   torch::Tensor x = torch::sin(torch::arange(32 * 8, torch::kFloat32).reshape({32, 8}) * 0.013 *
-                               static_cast<float>(phase) + static_cast<float>(phase));
+                                   static_cast<float>(phase) +
+                               static_cast<float>(phase));
   torch::Tensor y = torch::cos(x.narrow(1, 0, 4) * 1.7f);
   return {x, y};
 }
@@ -79,8 +78,7 @@ inline std::vector<OptimizerConfig> AllOptimizerConfigs() {
       {"Adam", [](auto p) { return std::make_unique<o::Adam>(p, o::AdamOptions(1e-2)); }},
       {"AdamAmsgradWeightDecay",
        [](auto p) {
-         return std::make_unique<o::Adam>(p,
-                                          o::AdamOptions(1e-2).amsgrad(true).weight_decay(1e-3));
+         return std::make_unique<o::Adam>(p, o::AdamOptions(1e-2).amsgrad(true).weight_decay(1e-3));
        }},
       {"AdamW", [](auto p) { return std::make_unique<o::AdamW>(p, o::AdamWOptions(1e-2)); }},
       {"AdamWAmsgrad",

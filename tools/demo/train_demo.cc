@@ -25,6 +25,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,8 +44,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/hooks/extra_state.h"
@@ -70,21 +69,21 @@ struct Options {
   std::int64_t rows = 20000;
   std::int64_t dim = 16;
   std::int64_t batch = 128;
-  std::int64_t bag = 8;        // ids per sample per table
-  std::int64_t dense = 13;     // dense features (as in the Criteo data set)
+  std::int64_t bag = 8;     // ids per sample per table
+  std::int64_t dense = 13;  // dense features (as in the Criteo data set)
   double zipf = 1.05;
   std::string optimizer = "adagrad";
   double lr = 0.02;
-  std::string pool;            // default: $PMSNAP_POOL_DIR (or /dev/shm)/pmsnap-demo-<pid>.pool
+  std::string pool;  // default: $PMSNAP_POOL_DIR (or /dev/shm)/pmsnap-demo-<pid>.pool
   std::string device = "host";
   std::string policy = "every1";
   int workers = 2;
-  int threads = 1;             // torch intra-op threads per child
-  std::uint64_t kill_at = 0;   // 0: random in the middle half
-  std::uint64_t seed = 0;      // 0: from the clock
+  int threads = 1;            // torch intra-op threads per child
+  std::uint64_t kill_at = 0;  // 0: random in the middle half
+  std::uint64_t seed = 0;     // 0: from the clock
   bool keep_pool = false;
-  std::string out;             // child: where to write the final state
-  std::string stats;           // child: where to write the stall profile
+  std::string out;    // child: where to write the final state
+  std::string stats;  // child: where to write the stall profile
 };
 
 const char* kUsage =
@@ -107,30 +106,53 @@ bool ParseFlag(const std::string& arg, Options* o) {
   const std::string key = arg.substr(0, eq);
   const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
   auto num = [&] { return std::stoull(value); };
-  if (key == "--role") o->role = value;
-  else if (key == "--iterations") o->iterations = num();
-  else if (key == "--tables") o->tables = static_cast<int>(num());
-  else if (key == "--rows") o->rows = static_cast<std::int64_t>(num());
-  else if (key == "--dim") o->dim = static_cast<std::int64_t>(num());
-  else if (key == "--batch") o->batch = static_cast<std::int64_t>(num());
-  else if (key == "--bag") o->bag = static_cast<std::int64_t>(num());
-  else if (key == "--optimizer") o->optimizer = value;
-  else if (key == "--lr") o->lr = std::stod(value);
-  else if (key == "--pool") o->pool = value;
-  else if (key == "--device") o->device = value;
-  else if (key == "--policy") o->policy = value;
-  else if (key == "--workers") o->workers = static_cast<int>(num());
-  else if (key == "--threads") o->threads = static_cast<int>(num());
-  else if (key == "--kill-at") o->kill_at = num();
-  else if (key == "--seed") o->seed = num();
-  else if (key == "--keep-pool") o->keep_pool = true;
-  else if (key == "--out") o->out = value;
-  else if (key == "--stats") o->stats = value;
+  if (key == "--role")
+    o->role = value;
+  else if (key == "--iterations")
+    o->iterations = num();
+  else if (key == "--tables")
+    o->tables = static_cast<int>(num());
+  else if (key == "--rows")
+    o->rows = static_cast<std::int64_t>(num());
+  else if (key == "--dim")
+    o->dim = static_cast<std::int64_t>(num());
+  else if (key == "--batch")
+    o->batch = static_cast<std::int64_t>(num());
+  else if (key == "--bag")
+    o->bag = static_cast<std::int64_t>(num());
+  else if (key == "--optimizer")
+    o->optimizer = value;
+  else if (key == "--lr")
+    o->lr = std::stod(value);
+  else if (key == "--pool")
+    o->pool = value;
+  else if (key == "--device")
+    o->device = value;
+  else if (key == "--policy")
+    o->policy = value;
+  else if (key == "--workers")
+    o->workers = static_cast<int>(num());
+  else if (key == "--threads")
+    o->threads = static_cast<int>(num());
+  else if (key == "--kill-at")
+    o->kill_at = num();
+  else if (key == "--seed")
+    o->seed = num();
+  else if (key == "--keep-pool")
+    o->keep_pool = true;
+  else if (key == "--out")
+    o->out = value;
+  else if (key == "--stats")
+    o->stats = value;
   else if (key == "--size") {
-    if (value == "small") o->tables = 8, o->rows = 20000, o->dim = 16;
-    else if (value == "medium") o->tables = 16, o->rows = 100000, o->dim = 32;
-    else if (value == "large") o->tables = 26, o->rows = 400000, o->dim = 64;
-    else return false;
+    if (value == "small")
+      o->tables = 8, o->rows = 20000, o->dim = 16;
+    else if (value == "medium")
+      o->tables = 16, o->rows = 100000, o->dim = 32;
+    else if (value == "large")
+      o->tables = 26, o->rows = 400000, o->dim = 64;
+    else
+      return false;
   } else {
     return false;
   }
@@ -143,11 +165,20 @@ std::vector<std::string> ChildFlags(const Options& o) {
   std::ostringstream lr;
   lr.precision(17);
   lr << o.lr;
-  return {"--iterations=" + s(o.iterations), "--tables=" + s(o.tables), "--rows=" + s(o.rows),
-          "--dim=" + s(o.dim), "--batch=" + s(o.batch), "--bag=" + s(o.bag),
-          "--optimizer=" + o.optimizer, "--lr=" + lr.str(), "--pool=" + o.pool,
-          "--device=" + o.device, "--policy=" + o.policy, "--workers=" + s(o.workers),
-          "--threads=" + s(o.threads), "--seed=" + s(o.seed)};
+  return {"--iterations=" + s(o.iterations),
+          "--tables=" + s(o.tables),
+          "--rows=" + s(o.rows),
+          "--dim=" + s(o.dim),
+          "--batch=" + s(o.batch),
+          "--bag=" + s(o.bag),
+          "--optimizer=" + o.optimizer,
+          "--lr=" + lr.str(),
+          "--pool=" + o.pool,
+          "--device=" + o.device,
+          "--policy=" + o.policy,
+          "--workers=" + s(o.workers),
+          "--threads=" + s(o.threads),
+          "--seed=" + s(o.seed)};
 }
 
 // ---------------------------------------------------------------- model
@@ -165,10 +196,10 @@ struct DlrmImpl : torch::nn::Module {
   DlrmImpl(const Options& o) {
     bottom = register_module("bottom", Mlp({o.dense, 64, o.dim}, true));
     for (int t = 0; t < o.tables; ++t) {
-      tables.push_back(register_module(
-          "emb" + std::to_string(t),
-          torch::nn::EmbeddingBag(torch::nn::EmbeddingBagOptions(o.rows, o.dim)
-                                      .mode(torch::kSum))));
+      tables.push_back(
+          register_module("emb" + std::to_string(t),
+                          torch::nn::EmbeddingBag(
+                              torch::nn::EmbeddingBagOptions(o.rows, o.dim).mode(torch::kSum))));
     }
     const std::int64_t features = o.tables + 1;
     const std::int64_t pairs = features * (features - 1) / 2;
@@ -387,7 +418,8 @@ int RunChild(const Options& o) {
     if (!rng.ok()) return ChildFail(rng.status().ToString());
     extra.rng_state = std::move(rng).value();
     pmsnap::Status status = (*checkpointed)->Step(pmsnap::hooks::PackExtraState(extra));
-    if (!status.ok()) return ChildFail("iteration " + std::to_string(step) + ": " + status.ToString());
+    if (!status.ok())
+      return ChildFail("iteration " + std::to_string(step) + ": " + status.ToString());
     Report(step);
   }
   const double train_seconds = SecondsSince(start);
@@ -540,9 +572,9 @@ std::string ReadAll(const std::string& path) {
 
 // Runs `role` to completion with progress; returns its exit status.
 int RunWithProgress(const std::string& role, const std::string& label, const Options& o,
-                    const std::string& out, const std::string& stats,
-                    std::uint64_t kill_at = 0, std::uint64_t* last_step = nullptr,
-                    std::uint64_t* restored = nullptr, std::mt19937_64* rng = nullptr) {
+                    const std::string& out, const std::string& stats, std::uint64_t kill_at = 0,
+                    std::uint64_t* last_step = nullptr, std::uint64_t* restored = nullptr,
+                    std::mt19937_64* rng = nullptr) {
   Child child(role, o, out, stats);
   if (!child.ok()) return -1000;
   std::unique_ptr<Progress> progress;
@@ -572,8 +604,10 @@ int RunWithProgress(const std::string& role, const std::string& label, const Opt
 
 std::string Bytes(double bytes) {
   char buffer[64];
-  if (bytes >= 1e9) std::snprintf(buffer, sizeof(buffer), "%.2f GB", bytes / 1e9);
-  else std::snprintf(buffer, sizeof(buffer), "%.1f MB", bytes / 1e6);
+  if (bytes >= 1e9)
+    std::snprintf(buffer, sizeof(buffer), "%.2f GB", bytes / 1e9);
+  else
+    std::snprintf(buffer, sizeof(buffer), "%.1f MB", bytes / 1e6);
   return buffer;
 }
 
@@ -582,7 +616,8 @@ int RunParent(Options o) {
     o.seed = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()) % 1000000007 + 1;
   }
   std::mt19937_64 rng(o.seed);
-  if (o.kill_at == 0) o.kill_at = o.iterations / 4 + rng() % std::max<std::uint64_t>(o.iterations / 2, 1);
+  if (o.kill_at == 0)
+    o.kill_at = o.iterations / 4 + rng() % std::max<std::uint64_t>(o.iterations / 2, 1);
   if (o.kill_at >= o.iterations) o.kill_at = o.iterations - 1;
   const char* dir_env = std::getenv("PMSNAP_POOL_DIR");
   const std::string dir = dir_env && *dir_env ? dir_env : "/dev/shm";
@@ -599,9 +634,10 @@ int RunParent(Options o) {
   // Sizes, for the banner (computed, not built: the parent never touches torch).
   const double embedding_params = static_cast<double>(o.tables) * o.rows * o.dim;
   const double state_factor = o.optimizer == "adam" || o.optimizer == "adamw" ? 3 : 2;
-  std::printf("pmsnap-demo: DLRM-like model, %d embedding tables x %lld rows x %lld dims "
-              "(Zipf %.2f ids), bottom/top MLPs\n",
-              o.tables, static_cast<long long>(o.rows), static_cast<long long>(o.dim), o.zipf);
+  std::printf(
+      "pmsnap-demo: DLRM-like model, %d embedding tables x %lld rows x %lld dims "
+      "(Zipf %.2f ids), bottom/top MLPs\n",
+      o.tables, static_cast<long long>(o.rows), static_cast<long long>(o.dim), o.zipf);
   std::printf("  optimizer %s, %llu iterations of batch %lld, checkpoint %s, device %s%s\n",
               o.optimizer.c_str(), static_cast<unsigned long long>(o.iterations),
               static_cast<long long>(o.batch),
@@ -637,26 +673,27 @@ int RunParent(Options o) {
   const std::string resumed = work + "/resumed.state";
   const std::string stats_path = work + "/resumed.stats";
   std::uint64_t restored = 0;
-  if (int rc = RunWithProgress("train", "recovered", o, resumed, stats_path, 0, nullptr,
-                               &restored);
+  if (int rc = RunWithProgress("train", "recovered", o, resumed, stats_path, 0, nullptr, &restored);
       rc != 0) {
     std::fprintf(stderr, "pmsnap-demo: recovery run failed (%d)\n", rc);
     return 1;
   }
   const auto stats = ReadStats(stats_path);
   const auto base = ReadStats(baseline_stats);
-  std::printf("  restored iteration %llu (the kill lost %lld iteration(s)); open %.1f ms, "
-              "restore %.1f ms\n\n",
-              static_cast<unsigned long long>(restored),
-              static_cast<long long>(last_step) - static_cast<long long>(restored),
-              Num(stats, "open_seconds") * 1e3, Num(stats, "restore_seconds") * 1e3);
+  std::printf(
+      "  restored iteration %llu (the kill lost %lld iteration(s)); open %.1f ms, "
+      "restore %.1f ms\n\n",
+      static_cast<unsigned long long>(restored),
+      static_cast<long long>(last_step) - static_cast<long long>(restored),
+      Num(stats, "open_seconds") * 1e3, Num(stats, "restore_seconds") * 1e3);
 
   const std::string a = ReadAll(reference);
   const std::string b = ReadAll(resumed);
   const bool exact = !a.empty() && a == b;
-  std::printf("bit-exact: %s  (%s of final parameters + optimizer state compared with the "
-              "uninterrupted run)\n\n",
-              exact ? "YES" : "NO", Bytes(static_cast<double>(a.size())).c_str());
+  std::printf(
+      "bit-exact: %s  (%s of final parameters + optimizer state compared with the "
+      "uninterrupted run)\n\n",
+      exact ? "YES" : "NO", Bytes(static_cast<double>(a.size())).c_str());
 
   const double plain = Num(base, "iteration_seconds");
   const double with = Num(stats, "iteration_seconds");
@@ -668,10 +705,11 @@ int RunParent(Options o) {
   std::printf("  iteration time without checkpointing  %8.3f ms\n", plain * 1e3);
   std::printf("  iteration time with checkpointing     %8.3f ms  (%+.1f%%)\n", with * 1e3,
               plain > 0 ? (with / plain - 1) * 100 : 0.0);
-  std::printf("  blocked in hooks per iteration        %8.3f ms mean, p50 %.3f, p99 %.3f, "
-              "max %.3f ms\n",
-              Num(stats, "blocked_seconds") / iterations * 1e3, Num(stats, "blocked_p50") * 1e3,
-              Num(stats, "blocked_p99") * 1e3, Num(stats, "blocked_max") * 1e3);
+  std::printf(
+      "  blocked in hooks per iteration        %8.3f ms mean, p50 %.3f, p99 %.3f, "
+      "max %.3f ms\n",
+      Num(stats, "blocked_seconds") / iterations * 1e3, Num(stats, "blocked_p50") * 1e3,
+      Num(stats, "blocked_p99") * 1e3, Num(stats, "blocked_max") * 1e3);
   std::printf("    of which waiting for a unit's snapshot (conflicts: %.0f)  %.3f ms/it\n",
               Num(stats, "conflicts"), Num(stats, "conflict_wait_seconds") / iterations * 1e3);
   std::printf("    of which waiting for the previous epoch at the step boundary  %.3f ms/it\n",
@@ -683,8 +721,10 @@ int RunParent(Options o) {
   if (stats.count("summary")) std::printf("  %s\n", stats.at("summary").c_str());
 
   std::filesystem::remove_all(work);
-  if (!o.keep_pool) std::filesystem::remove(o.pool);
-  else std::printf("\npool kept at %s\n", o.pool.c_str());
+  if (!o.keep_pool)
+    std::filesystem::remove(o.pool);
+  else
+    std::printf("\npool kept at %s\n", o.pool.c_str());
   return exact ? 0 : 3;
 }
 

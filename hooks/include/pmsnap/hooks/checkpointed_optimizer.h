@@ -26,15 +26,15 @@
 // may be called from any thread. The module and optimizer must outlive it.
 #pragma once
 
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 
 #include "pmsnap/common/status.h"
 #include "pmsnap/hooks/parameter_stepper.h"
@@ -59,9 +59,9 @@ class CheckpointedOptimizer {
   // changed); kNoSpace if the file system cannot hold a new pool;
   // kInvalidArgument for an unsupported optimizer or parameter
   // (ParameterStepper::Create); the Engine's errors otherwise.
-  static Result<std::unique_ptr<CheckpointedOptimizer>> Create(
-      const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-      runtime::EngineOptions options);
+  static Result<std::unique_ptr<CheckpointedOptimizer>> Create(const torch::nn::Module& module,
+                                                               torch::optim::Optimizer& optimizer,
+                                                               runtime::EngineOptions options);
   // As above with explicit names (e.g. several modules, or none).
   static Result<std::unique_ptr<CheckpointedOptimizer>> Create(
       const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,

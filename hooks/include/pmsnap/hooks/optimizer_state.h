@@ -5,10 +5,10 @@
 // with a step of the same optimizer.
 #pragma once
 
+#include <torch/optim/optimizer.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <torch/optim/optimizer.h>
 
 namespace pmsnap::hooks {
 

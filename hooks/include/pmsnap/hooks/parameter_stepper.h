@@ -30,14 +30,14 @@
 // wrapped optimizer must outlive it and must not gain or lose parameters.
 #pragma once
 
+#include <torch/optim/optimizer.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <torch/optim/optimizer.h>
 
 #include "pmsnap/common/status.h"
 
