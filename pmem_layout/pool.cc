@@ -28,6 +28,9 @@ using detail::PoolHeader;
 using detail::PoolRoot;
 using detail::SlotRecordHeader;
 
+constexpr std::uint64_t AlignUpConst(std::uint64_t value, std::uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
 // libpmemobj internals, sized generously: pool header, lanes, heap header.
 constexpr std::uint64_t kPmemobjBaseOverhead = 16ull << 20;
 // Per zone (up to ~16 GiB of heap): zone header plus chunk headers.
@@ -36,6 +39,23 @@ constexpr std::uint64_t kPmemobjZoneOverhead = 1ull << 20;
 // Allocation unit of large pmemobj objects.
 constexpr std::uint64_t kPmemobjChunkBytes = 256ull << 10;
 constexpr std::uint64_t kPmemobjMinPool = 8ull << 20;
+// Chunk-heap allocations up to kSmallChunkMax bytes come from one custom
+// allocation class of 4 KiB units in 256 KiB runs (at least four per run, so
+// runs stay >= 80% used); larger ones are libpmemobj "huge" allocations of
+// whole 256 KiB chunks. Without this, libpmemobj's default classes each keep
+// their own multi-megabyte runs and a heap of mixed sizes runs dry early.
+constexpr std::uint64_t kChunkUnitBytes = 4096;
+constexpr std::uint64_t kChunkRunUnits = 64;
+constexpr std::uint64_t kSmallChunkMax = 16 * kChunkUnitBytes;
+constexpr std::uint64_t kAllocationHeaderBytes = 16;  // libpmemobj compact header
+
+// Heap bytes an allocation of `bytes` really occupies, as charged against the
+// chunk-heap budget.
+std::uint64_t ChargedBytes(std::uint64_t bytes) {
+  const std::uint64_t with_header = bytes + kAllocationHeaderBytes;
+  return with_header <= kSmallChunkMax ? AlignUpConst(with_header, kChunkUnitBytes)
+                                       : AlignUpConst(with_header, kPmemobjChunkBytes);
+}
 
 std::mutex g_warning_mutex;
 WarningSink& WarningSinkRef() {
@@ -150,6 +170,7 @@ struct Pool::Impl {
   PoolRoot* root = nullptr;
   bool is_pmem = false;  // true: flushes + drain persist; false: msync
   std::uint64_t pool_uuid_lo = 0;
+  std::uint32_t small_chunk_class = 0;  // custom allocation class id
   std::unordered_map<std::string, std::uint32_t> unit_index;
 
   // Writer state. written[] is per part: a relaxed flag set by WritePart on
@@ -203,8 +224,9 @@ Result<std::uint64_t> Pool::RequiredBytes(const Manifest& manifest, const PoolOp
   heap += 2 * allocation(layout.slot_bytes + detail::kSlotDataAlignment);
   heap += 2 * allocation(RecordBytes(layout.parts.size(), options.extra_state_capacity));
   if (options.chunk_heap_bytes > 0) {
-    // Allocator rounding and run metadata for variable-size chunks.
-    heap += AlignUp(options.chunk_heap_bytes + options.chunk_heap_bytes / 8 + (1ull << 20),
+    // The budget is charged in real heap bytes (ChargedBytes); on top: runs
+    // of small chunks at >= 80% use, and one partly filled run per arena.
+    heap += AlignUp(options.chunk_heap_bytes + options.chunk_heap_bytes / 4 + (8ull << 20),
                     kPmemobjChunkBytes);
   }
   const std::uint64_t zones = heap / kPmemobjZoneBytes + 1;
@@ -403,6 +425,16 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   Impl& impl = *impl_;
   impl.base = reinterpret_cast<std::byte*>(impl.pop);
   impl.is_pmem = pmem_is_pmem(impl.base, file_bytes_) != 0;
+  // Allocation classes are not persistent: register ours at every open.
+  pobj_alloc_class_desc small_chunks{};
+  small_chunks.unit_size = kChunkUnitBytes;
+  small_chunks.units_per_block = kChunkRunUnits;
+  small_chunks.header_type = POBJ_HEADER_COMPACT;
+  if (pmemobj_ctl_set(impl.pop, "heap.alloc_class.new.desc", &small_chunks) != 0) {
+    return Status(StatusCode::kIOError,
+                  PmdkError(("pool '" + path_ + "': cannot register the chunk allocation class").c_str()));
+  }
+  impl.small_chunk_class = small_chunks.class_id;
   const std::string where = "pool '" + path_ + "'";
   auto corruption = [&](const std::string& what) {
     return Status(StatusCode::kCorruption, where + ": " + what);
@@ -785,7 +817,7 @@ Status Pool::SweepOrphanChunks() {
 Result<ChunkInfo> Pool::AllocChunk(std::uint64_t bytes, std::uint64_t epoch, std::uint64_t tag) {
   Impl& impl = *impl_;
   std::lock_guard<std::mutex> lock(impl.chunk_mutex);
-  const std::uint64_t needed = sizeof(ChunkHeader) + bytes;
+  const std::uint64_t needed = ChargedBytes(sizeof(ChunkHeader) + bytes);
   const std::uint64_t used = impl.root->chunks.used_bytes;
   const std::uint64_t capacity = options_.chunk_heap_bytes;
   if (used > capacity || needed > capacity - used) {
@@ -798,7 +830,13 @@ Result<ChunkInfo> Pool::AllocChunk(std::uint64_t bytes, std::uint64_t epoch, std
   Status status = RunTransaction(impl.pop, "allocating a chunk", [&]() -> int {
     auto& heap = impl.root->chunks;
     if (pmemobj_tx_add_range_direct(&heap, sizeof(heap)) != 0) return errno ? errno : EIO;
-    PMEMoid oid = pmemobj_tx_xalloc(needed, 0, POBJ_XALLOC_NO_ABORT);
+    // Small chunks: our class. Large ones ask for whole 256 KiB chunks, which
+    // libpmemobj serves as huge allocations (its default run classes would
+    // otherwise take mid-size requests into runs of their own).
+    const bool small = sizeof(ChunkHeader) + bytes + kAllocationHeaderBytes <= kSmallChunkMax;
+    const std::uint64_t size = small ? sizeof(ChunkHeader) + bytes : needed - kAllocationHeaderBytes;
+    const std::uint64_t flags = small ? POBJ_CLASS_ID(impl.small_chunk_class) : 0;
+    PMEMoid oid = pmemobj_tx_xalloc(size, 0, flags | POBJ_XALLOC_NO_ABORT);
     if (OID_IS_NULL(oid)) return ENOMEM;
     offset = oid.off;
     auto& chunk = *impl.At<ChunkHeader>(offset);
@@ -910,7 +948,7 @@ Status Pool::FreeChunk(std::uint64_t chunk_id) {
       if (pmemobj_tx_add_range_direct(&next.prev_offset, 8) != 0) return errno ? errno : EIO;
       next.prev_offset = chunk.prev_offset;
     }
-    heap.used_bytes -= std::min(heap.used_bytes, sizeof(ChunkHeader) + chunk.bytes);
+    heap.used_bytes -= std::min(heap.used_bytes, ChargedBytes(sizeof(ChunkHeader) + chunk.bytes));
     heap.count -= std::min<std::uint64_t>(heap.count, 1);
     return pmemobj_tx_free(impl.Oid(chunk_id));
   });

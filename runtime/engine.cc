@@ -23,6 +23,8 @@ double SecondsSince(Clock::time_point start) {
 }
 
 constexpr std::size_t kBlockedHistory = 65536;
+// Pseudo part of an encoded unit: the encoder, not a slot, takes the bytes.
+constexpr std::uint32_t kEncodedPart = ~0u;
 
 // Adds to an atomic<double> (no fetch_add for floating point before C++20 libs).
 void AtomicAdd(std::atomic<double>& target, double value) {
@@ -65,6 +67,7 @@ struct Engine::Impl {
   Device* device = nullptr;
   std::shared_ptr<IntervalPolicy> policy;
   std::shared_ptr<ConflictStrategy> strategy;
+  std::shared_ptr<Encoder> encoder;
   std::unique_ptr<tbb::task_arena> arena;
   // One thread: device-side copies in order, like a GPU stream.
   std::unique_ptr<tbb::task_arena> device_stream;
@@ -145,8 +148,12 @@ struct Engine::Impl {
     const UnitTask::Part& part = task.part(p);
     Status status;
     double copy = 0, persist = 0;
+    const bool encoded = part.pool_part == kEncodedPart;
     if (!epoch.failed.load(std::memory_order_relaxed)) {
-      if (device->kind() == DeviceKind::kHost) {
+      if (encoded) {
+        status = encoder->Encode(task.unit(), epoch.epoch);
+        copy = SecondsSince(start);
+      } else if (device->kind() == DeviceKind::kHost) {
         // Host memory: one fused pass copies into PM, checksums and drains.
         status = pool->WritePart(part.pool_part, task.source(p));
         copy = SecondsSince(start);
@@ -165,7 +172,7 @@ struct Engine::Impl {
     while (ns > seen &&
            !epoch.snapshot_done_ns.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
     }
-    if (status.ok() && !epoch.failed.load(std::memory_order_relaxed) &&
+    if (status.ok() && !epoch.failed.load(std::memory_order_relaxed) && !encoded &&
         device->kind() != DeviceKind::kHost) {
       status = pool->SealPart(part.pool_part);
       persist = SecondsSince(snapshotted);
@@ -179,7 +186,7 @@ struct Engine::Impl {
     AtomicAdd(task.copy_seconds, copy);
     AtomicAdd(task.persist_seconds, persist);
     if (epoch.persist_remaining[task.unit()].fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      bytes_written.fetch_add(task.bytes(), std::memory_order_relaxed);
+      if (!encoded) bytes_written.fetch_add(task.bytes(), std::memory_order_relaxed);
       ReleaseUnits(epoch, 1);
     }
   }
@@ -193,12 +200,20 @@ struct Engine::Impl {
       if (status.ok()) {
         epoch.committed.store(true, std::memory_order_relaxed);
         epochs_committed.fetch_add(1, std::memory_order_relaxed);
+        // Retention: chunks no retained checkpoint needs go now, before the
+        // next epoch may start.
+        if (encoder) {
+          Status collected = encoder->OnCommitted(epoch.epoch);
+          if (!collected.ok()) RecordError(collected);
+        }
       } else {
         RecordError(status);
         pool->Abandon();
+        if (encoder) encoder->OnAbandoned(epoch.epoch);
       }
     } else {
       pool->Abandon();
+      if (encoder) encoder->OnAbandoned(epoch.epoch);
     }
     epoch.finished_ns.store(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - epoch.started).count(),
@@ -282,6 +297,15 @@ struct Engine::Impl {
     const layout::SlotLayout& layout = pool->layout();
     const layout::UnitLayout& unit_layout = layout.units[u];
     std::vector<UnitTask::Part> parts;
+    if (units[u].encoded) {
+      Status captured = encoder->OnCaptured(u, epoch.epoch, epoch.iteration);
+      if (!captured.ok()) {
+        epoch.failed.store(true, std::memory_order_relaxed);
+        RecordError(captured);
+      }
+      parts.push_back({static_cast<const std::byte*>(units[u].tensors[0].data),
+                       pool->manifest().units[u].bytes(), kEncodedPart});
+    }
     parts.reserve(unit_layout.part_count);
     for (std::uint32_t p = unit_layout.first_part; p < unit_layout.first_part + unit_layout.part_count;
          ++p) {
@@ -301,7 +325,9 @@ struct Engine::Impl {
     raw->SetRequeue([this, epoch_ptr](UnitTask* t, std::uint32_t p) { Enqueue(epoch_ptr, t, p); });
     raw->SetDeviceStream([this](std::function<void()> job) { RunOnDeviceStream(std::move(job)); });
     const auto prepare_start = Clock::now();
-    Status prepared = strategy->OnCaptured(*raw);
+    // Encoded units read their live tensors inside the encoder: no strategy
+    // can redirect that read, so their conflicts wait (strategy 2).
+    Status prepared = units[u].encoded ? Status::Ok() : strategy->OnCaptured(*raw);
     const double prepare = SecondsSince(prepare_start);
     {
       std::lock_guard<std::mutex> lock(stats_mutex);
@@ -344,6 +370,7 @@ layout::Manifest ManifestFor(const std::vector<UnitRegistration>& units) {
   for (const UnitRegistration& unit : units) {
     layout::UnitSpec spec;
     spec.name = unit.name;
+    spec.flags = unit.encoded ? layout::kUnitFlagEncoded : layout::kUnitFlagNone;
     for (const TensorView& t : unit.tensors) spec.tensors.push_back({t.name, t.dtype, t.shape});
     manifest.units.push_back(std::move(spec));
   }
@@ -382,8 +409,25 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
     }
   }
 
+  std::vector<std::uint32_t> encoded_units;
+  for (std::uint32_t u = 0; u < units.size(); ++u) {
+    if (units[u].encoded) encoded_units.push_back(u);
+  }
+  if (!encoded_units.empty() && !options.encoder) {
+    return Status(StatusCode::kInvalidArgument,
+                  "unit '" + units[encoded_units[0]].name +
+                      "' is registered as encoded but EngineOptions::encoder is not set");
+  }
+  if (!encoded_units.empty() && options.pool_options.chunk_heap_bytes == 0) {
+    // Room for a baseline plus differential history of every encoded unit.
+    std::uint64_t encoded_bytes = 0;
+    for (std::uint32_t u : encoded_units) encoded_bytes += manifest.units[u].bytes();
+    options.pool_options.chunk_heap_bytes = 4 * encoded_bytes + (16ull << 20);
+  }
+
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->encoder = options.encoder;
   impl->units = std::move(units);
   if (options.device == nullptr) {
     impl->owned_device = std::make_unique<HostDevice>();
@@ -418,6 +462,10 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   }
 
   // No slot reserved for the training thread: it never joins the arena.
+  if (impl->encoder) {
+    PMSNAP_RETURN_IF_ERROR(
+        impl->encoder->Attach(*impl->pool, impl->units, encoded_units, *impl->device));
+  }
   impl->arena = std::make_unique<tbb::task_arena>(options.workers, /*reserved_for_masters=*/0);
   impl->device_stream = std::make_unique<tbb::task_arena>(1, /*reserved_for_masters=*/0);
   impl->stats.device = impl->device->name();
@@ -513,7 +561,11 @@ Status Engine::BeforeUpdate(std::uint32_t unit) {
       }
       if (!task->snapshotted()) {
         epoch.conflicted[unit] = true;
-        result = impl.strategy->Resolve(*task);
+        if (impl.units[unit].encoded) {
+          task->WaitSnapshotted();
+        } else {
+          result = impl.strategy->Resolve(*task);
+        }
         if (!result.ok()) {
           // The live tensor may still be read: this epoch cannot commit.
           epoch.failed.store(true, std::memory_order_relaxed);
@@ -623,6 +675,10 @@ Result<RestoreResult> Engine::Restore() {
   if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
   PMSNAP_ASSIGN_OR_RETURN(layout::SnapshotView view, impl.pool->Latest());
   for (std::uint32_t u = 0; u < impl.units.size(); ++u) {
+    if (impl.units[u].encoded) {
+      PMSNAP_RETURN_IF_ERROR(impl.encoder->Restore(u, view.epoch()));
+      continue;
+    }
     for (std::uint32_t t = 0; t < impl.units[u].tensors.size(); ++t) {
       std::span<const std::byte> bytes = view.tensor(u, t);
       if (bytes.empty()) continue;
@@ -653,6 +709,7 @@ Stats Engine::stats() const {
   out.policy = impl.policy->name();
   out.epochs_committed = impl.epochs_committed.load(std::memory_order_relaxed);
   out.bytes_written = impl.bytes_written.load(std::memory_order_relaxed);
+  if (impl.encoder) out.encoded_bytes_written = impl.encoder->bytes_written();
   out.peak_device_extra_bytes = impl.device->peak_allocated_bytes();
   out.in_device_fallbacks = impl.strategy->fallbacks();
   out.wall_seconds = SecondsSince(impl.opened_at);

@@ -32,6 +32,7 @@
 #include "pmsnap/pmem_layout/pool.h"
 #include "pmsnap/runtime/conflict_strategy.h"
 #include "pmsnap/runtime/device.h"
+#include "pmsnap/runtime/encoder.h"
 #include "pmsnap/runtime/interval_policy.h"
 #include "pmsnap/runtime/stats.h"
 
@@ -48,6 +49,9 @@ struct TensorView {
 struct UnitRegistration {
   std::string name;  // e.g. "fc1.weight"
   std::vector<TensorView> tensors;
+  // Checkpointed through EngineOptions::encoder into the chunk heap instead
+  // of the fixed slots (embedding tables).
+  bool encoded = false;
 };
 
 struct EngineOptions {
@@ -64,6 +68,8 @@ struct EngineOptions {
   std::shared_ptr<IntervalPolicy> policy;
   // What a conflict does. nullptr: strategy 2 (wait for the snapshot).
   std::shared_ptr<ConflictStrategy> strategy;
+  // Handles units registered with `encoded`; required if there are any.
+  std::shared_ptr<Encoder> encoder;
   // Print the one-line stats summary at Close.
   bool print_summary = false;
 };

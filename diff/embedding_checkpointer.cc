@@ -1,0 +1,666 @@
+#include "pmsnap/diff/embedding_checkpointer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "detail/chunk_format.h"
+#include "detail/policy_rules.h"
+#include "pmsnap/quant/param_search.h"
+#include "pmsnap/runtime/device.h"
+#include "pmsnap/runtime/engine.h"
+
+namespace pmsnap::diff {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using detail::ChunkRef;
+using detail::DataChunkView;
+using detail::ListNode;
+using detail::RetainedCheckpoint;
+using detail::TableIndex;
+
+constexpr std::uint64_t kKindData = 1;
+constexpr std::uint64_t kKindBundle = 2;
+constexpr std::uint64_t kKindIndex = 3;
+
+std::uint64_t Tag(std::uint32_t unit, std::uint64_t kind) {
+  return (static_cast<std::uint64_t>(unit) << 8) | kind;
+}
+std::uint32_t TagUnit(std::uint64_t tag) { return static_cast<std::uint32_t>(tag >> 8); }
+std::uint64_t TagKind(std::uint64_t tag) { return tag & 0xff; }
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string What(const std::string& table, std::uint64_t epoch) {
+  return "table '" + table + "' checkpoint " + std::to_string(epoch);
+}
+
+// Index chunks of `unit` committed no later than `limit`, newest first.
+std::vector<layout::ChunkInfo> IndexChunks(const layout::Pool& pool, std::uint32_t unit,
+                                           std::uint64_t limit) {
+  std::vector<layout::ChunkInfo> out;
+  for (const layout::ChunkInfo& c : pool.ListChunks()) {
+    if (c.sealed && TagUnit(c.tag) == unit && TagKind(c.tag) == kKindIndex && c.epoch <= limit) {
+      out.push_back(c);
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const layout::ChunkInfo& a, const layout::ChunkInfo& b) { return a.epoch > b.epoch; });
+  return out;
+}
+
+Result<TableIndex> ReadIndex(const layout::Pool& pool, const layout::ChunkInfo& chunk,
+                             const std::string& table) {
+  const std::string what = "index of " + What(table, chunk.epoch);
+  auto bytes = pool.ReadChunk(chunk.id);
+  if (!bytes.ok()) return Status(bytes.status().code(), what + ": " + bytes.status().message());
+  return detail::ParseIndex(*bytes, what);
+}
+
+// Reads logical chunks, verifying each heap chunk's checksum once.
+class ChunkReader {
+ public:
+  ChunkReader(const layout::Pool& pool, std::string what) : pool_(pool), what_(std::move(what)) {}
+  Result<DataChunkView> Read(const ChunkRef& ref) {
+    auto it = verified_.find(ref.heap_id);
+    if (it == verified_.end()) {
+      auto bytes = pool_.ReadChunk(ref.heap_id);
+      if (!bytes.ok()) return Status(bytes.status().code(), what_ + ": " + bytes.status().message());
+      it = verified_.emplace(ref.heap_id, *bytes).first;
+    }
+    if (ref.offset > it->second.size() || ref.length > it->second.size() - ref.offset) {
+      return Status(StatusCode::kCorruption,
+                    what_ + ": chunk reference outside its heap chunk " + std::to_string(ref.heap_id));
+    }
+    bytes_read_ += ref.length;
+    return detail::ParseDataChunk(it->second.subspan(ref.offset, ref.length), what_);
+  }
+  std::uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  const layout::Pool& pool_;
+  std::string what_;
+  std::unordered_map<std::uint64_t, std::span<const std::byte>> verified_;
+  std::uint64_t bytes_read_ = 0;
+};
+
+struct TableShape {
+  std::uint64_t rows = 0;
+  std::vector<std::uint32_t> elems_per_row;
+};
+
+Result<TableShape> ShapeOf(const layout::UnitSpec& unit) {
+  TableShape shape;
+  for (const layout::TensorSpec& t : unit.tensors) {
+    if (t.dtype != layout::DType::kFloat32 || t.shape.empty() || t.shape.size() > 2 ||
+        t.shape[0] <= 0) {
+      return Status(StatusCode::kInvalidArgument,
+                    "embedding table '" + unit.name + "' tensor '" + t.name +
+                        "': expected float32 [rows] or [rows, dim], got " +
+                        layout::DTypeName(t.dtype) + " " + layout::ShapeToString(t.shape));
+    }
+    const auto rows = static_cast<std::uint64_t>(t.shape[0]);
+    if (shape.rows != 0 && rows != shape.rows) {
+      return Status(StatusCode::kInvalidArgument,
+                    "embedding table '" + unit.name + "' tensor '" + t.name + "' has " +
+                        std::to_string(rows) + " rows, the first tensor " +
+                        std::to_string(shape.rows));
+    }
+    shape.rows = rows;
+    shape.elems_per_row.push_back(t.shape.size() == 2 ? static_cast<std::uint32_t>(t.shape[1]) : 1);
+  }
+  return shape;
+}
+
+// Applies `refs` in order into dense per-tensor outputs.
+Status Rebuild(ChunkReader& reader, const std::vector<ChunkRef>& refs, const TableShape& shape,
+               std::vector<std::vector<float>>* out) {
+  out->assign(shape.elems_per_row.size(), {});
+  for (std::size_t t = 0; t < out->size(); ++t) {
+    (*out)[t].assign(shape.rows * shape.elems_per_row[t], 0.0f);
+  }
+  for (const ChunkRef& ref : refs) {
+    PMSNAP_ASSIGN_OR_RETURN(DataChunkView view, reader.Read(ref));
+    if (view.tensors.size() != shape.elems_per_row.size()) {
+      return Status(StatusCode::kCorruption, "chunk holds " + std::to_string(view.tensors.size()) +
+                                                 " tensors, the table has " +
+                                                 std::to_string(shape.elems_per_row.size()));
+    }
+    for (std::size_t t = 0; t < view.tensors.size(); ++t) {
+      const detail::TensorBlock& block = view.tensors[t];
+      if (!view.keys.empty() && block.elems_per_row != shape.elems_per_row[t]) {
+        return Status(StatusCode::kCorruption, "chunk row width differs from the table's");
+      }
+      for (std::size_t r = 0; r < view.keys.size(); ++r) {
+        if (view.keys[r] >= shape.rows) {
+          return Status(StatusCode::kCorruption, "row id " + std::to_string(view.keys[r]) +
+                                                     " outside the table");
+        }
+        PMSNAP_RETURN_IF_ERROR(
+            block.ReadRow(r, (*out)[t].data() + view.keys[r] * shape.elems_per_row[t]));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+const RetainedCheckpoint* FindRetained(const TableIndex& index, std::uint64_t epoch) {
+  for (const RetainedCheckpoint& c : index.retained) {
+    if (c.epoch == epoch) return &c;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const char* PolicyName(Policy policy) {
+  switch (policy) {
+    case Policy::kFull: return "full";
+    case Policy::kOneShotDifferential: return "one-shot-differential";
+    case Policy::kConsecutiveIncremental: return "consecutive-incremental";
+    case Policy::kIntermittentDifferential: return "intermittent-differential";
+    case Policy::kIncrCP: return "incrcp-2d";
+  }
+  return "unknown";
+}
+
+struct EmbeddingCheckpointer::Table {
+  Table(std::uint32_t u, std::string n, TableShape s, std::vector<runtime::TensorView> t)
+      : unit(u), name(std::move(n)), shape(std::move(s)), tensors(std::move(t)),
+        tracker(name, shape.rows), cumulative(shape.rows), interval(shape.rows),
+        carry_over(shape.rows), pending_cumulative(shape.rows) {}
+
+  std::uint32_t unit;
+  std::string name;
+  TableShape shape;
+  std::vector<runtime::TensorView> tensors;
+  RowTracker tracker;  // training thread
+
+  std::mutex mutex;  // guards everything below
+  TableIndex index;  // newest committed (epoch 0: none)
+  TableIndex previous;
+  std::uint64_t index_chunk = 0, previous_index_chunk = 0;
+  BitVector cumulative;  // rows changed since the baseline (committed)
+  // Captured for the epoch in flight.
+  BitVector interval;
+  BitVector carry_over;  // rows of an abandoned epoch, merged into the next interval
+  std::uint64_t capture_epoch = 0, capture_iteration = 0;
+  // Encoded, not yet committed.
+  std::optional<TableIndex> pending;
+  std::uint64_t pending_index_chunk = 0;
+  BitVector pending_cumulative;
+  TableCheckpointStats pending_stats, last_stats;
+};
+
+namespace {
+
+using Table = EmbeddingCheckpointer::Table;
+
+// Gathers `rows` of every tensor of `table` from device memory, coalescing
+// consecutive rows into one copy.
+Status Gather(const Table& table, runtime::Device& device, const std::vector<std::uint64_t>& rows,
+              std::vector<std::vector<float>>* out) {
+  out->assign(table.tensors.size(), {});
+  for (std::size_t t = 0; t < table.tensors.size(); ++t) {
+    const std::uint32_t elems = table.shape.elems_per_row[t];
+    (*out)[t].resize(rows.size() * elems);
+    const auto* src = static_cast<const float*>(table.tensors[t].data);
+    for (std::size_t i = 0; i < rows.size();) {
+      std::size_t j = i + 1;
+      while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+      PMSNAP_RETURN_IF_ERROR(device.CopyToHost((*out)[t].data() + i * elems, src + rows[i] * elems,
+                                               (j - i) * elems * sizeof(float)));
+      i = j;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+EmbeddingCheckpointer::EmbeddingCheckpointer(EmbeddingOptions options) : options_(options) {
+  if (options_.retain == 0) options_.retain = 1;
+}
+EmbeddingCheckpointer::~EmbeddingCheckpointer() = default;
+
+RowTracker* EmbeddingCheckpointer::tracker(const std::string& table) {
+  for (auto& t : tables_) {
+    if (t->name == table) return &t->tracker;
+  }
+  return nullptr;
+}
+
+TableCheckpointStats EmbeddingCheckpointer::last_checkpoint(const std::string& table) const {
+  for (const auto& t : tables_) {
+    if (t->name == table) {
+      std::lock_guard<std::mutex> lock(t->mutex);
+      return t->last_stats;
+    }
+  }
+  return {};
+}
+
+std::uint64_t EmbeddingCheckpointer::bytes_written() const { return committed_bytes_.load(); }
+
+Status EmbeddingCheckpointer::Attach(layout::Pool& pool,
+                                     const std::vector<runtime::UnitRegistration>& units,
+                                     const std::vector<std::uint32_t>& encoded_units,
+                                     runtime::Device& device) {
+  pool_ = &pool;
+  device_ = &device;
+  table_of_unit_.assign(units.size(), -1);
+  const std::uint64_t committed = pool.last_committed_epoch().value_or(0);
+  for (std::uint32_t u : encoded_units) {
+    PMSNAP_ASSIGN_OR_RETURN(TableShape shape, ShapeOf(pool.manifest().units[u]));
+    auto table = std::make_unique<Table>(u, units[u].name, shape, units[u].tensors);
+    std::vector<layout::ChunkInfo> indexes = IndexChunks(pool, u, committed);
+    if (!indexes.empty()) {
+      PMSNAP_ASSIGN_OR_RETURN(table->index, ReadIndex(pool, indexes[0], table->name));
+      table->index_chunk = indexes[0].id;
+      if (indexes.size() > 1) {
+        PMSNAP_ASSIGN_OR_RETURN(table->previous, ReadIndex(pool, indexes[1], table->name));
+        table->previous_index_chunk = indexes[1].id;
+      }
+      // Rows changed since the baseline = the newest differential's rows.
+      const bool differential = options_.policy == Policy::kOneShotDifferential ||
+                                options_.policy == Policy::kIntermittentDifferential;
+      if (differential && !table->index.retained.empty() &&
+          table->index.retained.back().refs.size() == 2) {
+        ChunkReader reader(pool, What(table->name, table->index.epoch));
+        PMSNAP_ASSIGN_OR_RETURN(DataChunkView diff, reader.Read(table->index.retained.back().refs[1]));
+        for (std::uint64_t key : diff.keys) table->cumulative.Set(key);
+      }
+    }
+    table_of_unit_[u] = static_cast<int>(tables_.size());
+    tables_.push_back(std::move(table));
+  }
+  return Status::Ok();
+}
+
+Status EmbeddingCheckpointer::OnCaptured(std::uint32_t unit, std::uint64_t epoch,
+                                         std::uint64_t iteration) {
+  Table& table = *tables_[table_of_unit_[unit]];
+  BitVector interval = table.tracker.TakeInterval();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  interval.OrWith(table.carry_over);
+  table.carry_over.Clear();
+  table.interval = std::move(interval);
+  table.capture_epoch = epoch;
+  table.capture_iteration = iteration;
+  return Status::Ok();
+}
+
+Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
+  Table& table = *tables_[table_of_unit_[unit]];
+  std::lock_guard<std::mutex> lock(table.mutex);
+  const auto start = Clock::now();
+  const std::string what = What(table.name, epoch);
+  layout::Pool& pool = *pool_;
+  TableCheckpointStats stats;
+  stats.epoch = epoch;
+
+  detail::EncodeOptions encode;
+  if (options_.quantize.enabled) {
+    const int bits = options_.quantize.bits != 0
+                         ? options_.quantize.bits
+                         : quant::BitsForExpectedResumes(options_.quantize.expected_resumes);
+    encode.quantize = true;
+    encode.quant.bits = bits;
+    encode.quant.method = bits <= 4 ? quant::Method::kAdaptive : quant::Method::kAsymmetric;
+    encode.quant.scale_type = options_.quantize.scale_type;
+    encode.quant.max_threads = 1;  // already on a worker
+  }
+
+  // Writes images as one heap chunk (a bundle when more than one).
+  auto write = [&](const std::vector<std::vector<std::byte>>& images,
+                   bool bundle) -> Result<std::vector<ChunkRef>> {
+    std::vector<ChunkRef> refs;
+    if (images.empty()) return refs;
+    std::uint64_t total = 0;
+    for (const auto& image : images) total += image.size();
+    PMSNAP_ASSIGN_OR_RETURN(layout::ChunkInfo chunk,
+                            pool.AllocChunk(total, epoch, Tag(unit, bundle ? kKindBundle : kKindData)));
+    PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, pool.ChunkPayload(chunk.id));
+    std::uint64_t offset = 0;
+    for (const auto& image : images) {
+      std::memcpy(payload.data() + offset, image.data(), image.size());
+      refs.push_back({chunk.id, offset, image.size()});
+      offset += image.size();
+    }
+    PMSNAP_RETURN_IF_ERROR(pool.SealChunk(chunk.id));
+    stats.bytes_written += total;
+    return refs;
+  };
+  // A data chunk of `rows` read from the live tensors.
+  auto data_chunk = [&](const std::vector<std::uint64_t>& rows,
+                        std::uint32_t bloom_bits) -> Result<std::vector<std::byte>> {
+    std::vector<std::vector<float>> gathered;
+    PMSNAP_RETURN_IF_ERROR(Gather(table, *device_, rows, &gathered));
+    std::vector<detail::TensorInput> inputs;
+    for (std::size_t t = 0; t < gathered.size(); ++t) {
+      inputs.push_back({table.shape.elems_per_row[t], gathered[t]});
+    }
+    detail::EncodeOptions options = encode;
+    options.bloom_bits_per_key = bloom_bits;
+    stats.rows_written += rows.size();
+    return detail::BuildDataChunk(epoch, rows, inputs, options, table.name);
+  };
+  auto all_rows = [&table]() {
+    std::vector<std::uint64_t> rows(table.shape.rows);
+    for (std::uint64_t r = 0; r < rows.size(); ++r) rows[r] = r;
+    return rows;
+  };
+
+  TableIndex next = table.index;
+  next.policy = static_cast<std::uint32_t>(options_.policy);
+  next.epoch = epoch;
+  BitVector cumulative = table.cumulative;
+  cumulative.OrWith(table.interval);
+  const std::vector<std::uint64_t> interval_rows = table.interval.SetIndices();
+
+  bool full = next.baseline_epoch == 0 || options_.policy == Policy::kFull;
+  if (!full && options_.policy == Policy::kIntermittentDifferential) {
+    full = detail::IntermittentTakesFull(next.diff_sizes);
+  }
+  if (!full && options_.policy == Policy::kIncrCP && options_.incrcp.reset_baseline &&
+      next.read_bytes_per_second > 0 && !next.retained.empty()) {
+    std::uint64_t increment_bytes = 0;
+    for (const ChunkRef& ref : next.retained.back().refs) {
+      if (!(ref == next.baseline)) increment_bytes += ref.length;
+    }
+    full = detail::IncrCPResetsBaseline(next.baseline_seconds, next.increment_seconds,
+                                        increment_bytes, next.read_bytes_per_second);
+  }
+
+  RetainedCheckpoint checkpoint{epoch, table.capture_iteration, {}};
+  if (full) {
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, data_chunk(all_rows(), 0));
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({image}, false));
+    next.baseline = refs[0];
+    next.baseline_epoch = epoch;
+    next.diff_sizes.clear();
+    next.nodes.clear();
+    next.baseline_seconds = Since(start);
+    checkpoint.refs = {refs[0]};
+    cumulative.Clear();
+    stats.full = true;
+  } else if (options_.policy == Policy::kOneShotDifferential ||
+             options_.policy == Policy::kIntermittentDifferential) {
+    const std::vector<std::uint64_t> rows = cumulative.SetIndices();
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, data_chunk(rows, 0));
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({image}, false));
+    checkpoint.refs = {next.baseline, refs[0]};
+    next.diff_sizes.push_back(static_cast<double>(rows.size()) / table.shape.rows);
+  } else if (options_.policy == Policy::kConsecutiveIncremental) {
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, data_chunk(interval_rows, 0));
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({image}, false));
+    checkpoint.refs = next.retained.empty() ? std::vector<ChunkRef>{next.baseline}
+                                            : next.retained.back().refs;
+    checkpoint.refs.push_back(refs[0]);
+  } else {  // kIncrCP
+    const IncrCPOptions& incr = options_.incrcp;
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> k_image,
+                            data_chunk(interval_rows, incr.bloom_bits_per_key));
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> k_refs, write({k_image}, false));
+    ListNode k_node{k_refs[0], epoch, 0,
+                    interval_rows.empty() ? 0 : interval_rows.front(),
+                    interval_rows.empty() ? 0 : interval_rows.back(), interval_rows.size()};
+    // Extraction: duplicates of the new chunk's keys leave the Row 0 chunks
+    // they were in for a chunk in the new Row 1 (with row_epoch = epoch).
+    ChunkReader reader(pool, what);
+    const auto read_start = Clock::now();
+    std::vector<std::vector<std::byte>> row0_images, row1_images;
+    std::vector<ListNode> row0_nodes, row1_nodes, kept;
+    for (const ListNode& node : next.nodes) {
+      const bool candidate = node.row_epoch == 0 && node.count > 0 && !interval_rows.empty() &&
+                             node.min_key <= k_node.max_key && k_node.min_key <= node.max_key;
+      if (!candidate) {  // stage 1: key ranges do not overlap
+        kept.push_back(node);
+        continue;
+      }
+      PMSNAP_ASSIGN_OR_RETURN(DataChunkView old, reader.Read(node.ref));
+      const double needed = incr.duplicate_ratio_threshold * static_cast<double>(node.count);
+      std::uint64_t hits = 0;  // stage 2: Bloom filter hit ratio
+      for (std::uint64_t key : interval_rows) hits += detail::BloomMayContain(old.bloom, key) ? 1 : 0;
+      if (static_cast<double>(hits) < needed || hits == 0) {
+        kept.push_back(node);
+        continue;
+      }
+      std::vector<std::uint64_t> duplicates, keep;  // stage 3: actual duplicates
+      std::size_t j = 0;
+      for (std::size_t i = 0; i < old.keys.size(); ++i) {
+        while (j < interval_rows.size() && interval_rows[j] < old.keys[i]) ++j;
+        (j < interval_rows.size() && interval_rows[j] == old.keys[i] ? duplicates : keep).push_back(i);
+      }
+      if (static_cast<double>(duplicates.size()) < needed || duplicates.empty()) {
+        kept.push_back(node);
+        continue;
+      }
+      ++stats.extractions;
+      if (!keep.empty()) {
+        PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image,
+                                detail::SliceDataChunk(old, keep, incr.bloom_bits_per_key));
+        row0_images.push_back(std::move(image));
+        row0_nodes.push_back({{}, node.column, 0, old.keys[keep.front()], old.keys[keep.back()],
+                              keep.size()});
+      }
+      PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, detail::SliceDataChunk(old, duplicates, 0));
+      row1_images.push_back(std::move(image));
+      row1_nodes.push_back({{}, node.column, epoch, old.keys[duplicates.front()],
+                            old.keys[duplicates.back()], duplicates.size()});
+    }
+    if (reader.bytes_read() > 0) {
+      next.read_bytes_per_second = reader.bytes_read() / std::max(Since(read_start), 1e-6);
+    } else if (next.read_bytes_per_second == 0) {
+      next.read_bytes_per_second = 5e9;  // until measured: a PM read bandwidth
+    }
+    // Concatenation: one bundle per row for this extraction's outputs.
+    auto place = [&](std::vector<std::vector<std::byte>>& images,
+                     std::vector<ListNode>& nodes) -> Status {
+      if (incr.concatenate) {
+        PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write(images, images.size() > 1));
+        for (std::size_t i = 0; i < refs.size(); ++i) nodes[i].ref = refs[i];
+      } else {
+        for (std::size_t i = 0; i < images.size(); ++i) {
+          PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({images[i]}, false));
+          nodes[i].ref = refs[0];
+        }
+      }
+      return Status::Ok();
+    };
+    PMSNAP_RETURN_IF_ERROR(place(row0_images, row0_nodes));
+    PMSNAP_RETURN_IF_ERROR(place(row1_images, row1_nodes));
+    next.nodes = std::move(kept);
+    next.nodes.insert(next.nodes.end(), row0_nodes.begin(), row0_nodes.end());
+    next.nodes.insert(next.nodes.end(), row1_nodes.begin(), row1_nodes.end());
+    next.nodes.push_back(k_node);
+    next.increment_seconds = Since(start);
+  }
+
+  // Retained checkpoints of the current generation are rebuilt from the 2-D
+  // list: columns <= i, Row 0 or rows extracted after i, in column order.
+  next.retained.push_back(checkpoint);
+  if (options_.policy == Policy::kIncrCP) {
+    for (RetainedCheckpoint& c : next.retained) {
+      if (c.epoch < next.baseline_epoch) continue;  // an older generation: unchanged
+      std::vector<const ListNode*> in_rectangle;
+      for (const ListNode& node : next.nodes) {
+        if (node.column <= c.epoch && (node.row_epoch == 0 || node.row_epoch > c.epoch)) {
+          in_rectangle.push_back(&node);
+        }
+      }
+      std::stable_sort(in_rectangle.begin(), in_rectangle.end(),
+                       [](const ListNode* a, const ListNode* b) { return a->column < b->column; });
+      c.refs = {next.baseline};
+      for (const ListNode* node : in_rectangle) c.refs.push_back(node->ref);
+    }
+  }
+  while (next.retained.size() > options_.retain) next.retained.erase(next.retained.begin());
+
+  const std::vector<std::byte> index_image = detail::SerializeIndex(next);
+  PMSNAP_ASSIGN_OR_RETURN(layout::ChunkInfo index_chunk,
+                          pool.AllocChunk(index_image.size(), epoch, Tag(unit, kKindIndex)));
+  PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, pool.ChunkPayload(index_chunk.id));
+  std::memcpy(payload.data(), index_image.data(), index_image.size());
+  PMSNAP_RETURN_IF_ERROR(pool.SealChunk(index_chunk.id));
+  stats.bytes_written += index_image.size();
+
+  stats.construction_seconds = Since(start);
+  std::set<std::pair<std::uint64_t, std::uint64_t>> live;
+  for (const RetainedCheckpoint& c : next.retained) {
+    for (const ChunkRef& ref : c.refs) live.insert({ref.heap_id, ref.offset});
+  }
+  stats.live_chunks = live.size();
+  table.pending = std::move(next);
+  table.pending_index_chunk = index_chunk.id;
+  table.pending_cumulative = std::move(cumulative);
+  table.pending_stats = stats;
+  return Status::Ok();
+}
+
+Status EmbeddingCheckpointer::OnCommitted(std::uint64_t epoch) {
+  for (auto& t : tables_) {
+    std::lock_guard<std::mutex> lock(t->mutex);
+    if (!t->pending || t->pending->epoch != epoch) continue;
+    t->previous = std::move(t->index);
+    t->previous_index_chunk = t->index_chunk;
+    t->index = std::move(*t->pending);
+    t->index_chunk = t->pending_index_chunk;
+    t->pending.reset();
+    t->cumulative = t->pending_cumulative;
+    committed_bytes_ += t->pending_stats.bytes_written;
+    t->last_stats = t->pending_stats;
+  }
+  // Free chunks that neither of the two newest indexes needs (the older one
+  // stays usable if the newest dense slot is ever lost to corruption).
+  std::unordered_set<std::uint64_t> referenced;
+  for (auto& t : tables_) {
+    std::lock_guard<std::mutex> lock(t->mutex);
+    referenced.insert(t->index_chunk);
+    referenced.insert(t->previous_index_chunk);
+    for (const TableIndex* index : {&t->index, &t->previous}) {
+      for (const RetainedCheckpoint& c : index->retained) {
+        for (const ChunkRef& ref : c.refs) referenced.insert(ref.heap_id);
+      }
+    }
+  }
+  for (const layout::ChunkInfo& chunk : pool_->ListChunks()) {
+    const std::uint32_t unit = TagUnit(chunk.tag);
+    if (unit >= table_of_unit_.size() || table_of_unit_[unit] < 0) continue;
+    if (chunk.epoch > epoch || referenced.count(chunk.id) != 0) continue;
+    PMSNAP_RETURN_IF_ERROR(pool_->FreeChunk(chunk.id));
+  }
+  return Status::Ok();
+}
+
+void EmbeddingCheckpointer::OnAbandoned(std::uint64_t epoch) {
+  for (auto& t : tables_) {
+    std::lock_guard<std::mutex> lock(t->mutex);
+    if (t->capture_epoch != epoch) continue;
+    // The rows of the lost interval are still changed: the next one takes them.
+    t->carry_over.OrWith(t->interval);
+    t->interval.Clear();
+    t->pending.reset();
+  }
+}
+
+Status EmbeddingCheckpointer::Restore(std::uint32_t unit, std::uint64_t epoch) {
+  Table& table = *tables_[table_of_unit_[unit]];
+  std::lock_guard<std::mutex> lock(table.mutex);
+  const std::string what = What(table.name, epoch);
+  const RetainedCheckpoint* checkpoint = FindRetained(table.index, epoch);
+  if (checkpoint == nullptr) {
+    return Status(StatusCode::kNotFound, what + " is not retained in the pool");
+  }
+  ChunkReader reader(*pool_, what);
+  std::vector<std::vector<float>> tensors;
+  Status rebuilt = Rebuild(reader, checkpoint->refs, table.shape, &tensors);
+  if (!rebuilt.ok()) return Status(rebuilt.code(), what + ": " + rebuilt.message());
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    PMSNAP_RETURN_IF_ERROR(device_->CopyFromHost(table.tensors[t].data, tensors[t].data(),
+                                                 tensors[t].size() * sizeof(float)));
+  }
+  // Training resumes from this checkpoint: later differentials build on it.
+  table.cumulative.Clear();
+  if (checkpoint->refs.size() == 2 && (options_.policy == Policy::kOneShotDifferential ||
+                                       options_.policy == Policy::kIntermittentDifferential)) {
+    PMSNAP_ASSIGN_OR_RETURN(DataChunkView diff, reader.Read(checkpoint->refs[1]));
+    for (std::uint64_t key : diff.keys) table.cumulative.Set(key);
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Result<std::pair<std::uint32_t, TableShape>> FindTable(const layout::Pool& pool,
+                                                       const std::string& table) {
+  std::optional<std::uint32_t> unit = pool.FindUnit(table);
+  if (!unit || (pool.manifest().units[*unit].flags & layout::kUnitFlagEncoded) == 0) {
+    return Status(StatusCode::kNotFound,
+                  "pool '" + pool.path() + "' has no embedding table '" + table + "'");
+  }
+  PMSNAP_ASSIGN_OR_RETURN(TableShape shape, ShapeOf(pool.manifest().units[*unit]));
+  return std::make_pair(*unit, shape);
+}
+
+Result<TableIndex> NewestIndex(const layout::Pool& pool, std::uint32_t unit,
+                               const std::string& table) {
+  std::vector<layout::ChunkInfo> indexes =
+      IndexChunks(pool, unit, pool.last_committed_epoch().value_or(0));
+  if (indexes.empty()) {
+    return Status(StatusCode::kNotFound, "table '" + table + "' has no committed checkpoint");
+  }
+  return ReadIndex(pool, indexes[0], table);
+}
+
+}  // namespace
+
+Result<std::vector<CheckpointInfo>> ListCheckpoints(const layout::Pool& pool,
+                                                    const std::string& table) {
+  PMSNAP_ASSIGN_OR_RETURN(auto found, FindTable(pool, table));
+  PMSNAP_ASSIGN_OR_RETURN(TableIndex index, NewestIndex(pool, found.first, table));
+  std::vector<CheckpointInfo> out;
+  for (const RetainedCheckpoint& c : index.retained) {
+    CheckpointInfo info{c.epoch, c.iteration, c.refs.size(), 0};
+    for (const ChunkRef& ref : c.refs) info.chunk_bytes += ref.length;
+    out.push_back(info);
+  }
+  return out;
+}
+
+Result<RecoveredTable> RecoverTable(const layout::Pool& pool, const std::string& table,
+                                    std::optional<std::uint64_t> epoch) {
+  PMSNAP_ASSIGN_OR_RETURN(auto found, FindTable(pool, table));
+  PMSNAP_ASSIGN_OR_RETURN(TableIndex index, NewestIndex(pool, found.first, table));
+  const std::uint64_t wanted = epoch.value_or(index.retained.empty() ? 0 : index.retained.back().epoch);
+  const std::string what = What(table, wanted);
+  const RetainedCheckpoint* checkpoint = FindRetained(index, wanted);
+  if (checkpoint == nullptr) {
+    std::string retained;
+    for (const RetainedCheckpoint& c : index.retained) {
+      retained += (retained.empty() ? "" : ", ") + std::to_string(c.epoch);
+    }
+    return Status(StatusCode::kNotFound, what + " is not retained (retained: " + retained + ")");
+  }
+  RecoveredTable out;
+  out.epoch = checkpoint->epoch;
+  out.iteration = checkpoint->iteration;
+  out.rows = found.second.rows;
+  out.elems_per_row = found.second.elems_per_row;
+  ChunkReader reader(pool, what);
+  Status rebuilt = Rebuild(reader, checkpoint->refs, found.second, &out.tensors);
+  if (!rebuilt.ok()) {
+    return Status(rebuilt.code(), rebuilt.message().rfind(what, 0) == 0
+                                      ? rebuilt.message()
+                                      : what + ": " + rebuilt.message());
+  }
+  return out;
+}
+
+}  // namespace pmsnap::diff

@@ -1,0 +1,6 @@
+# diff: embedding checkpoints (policies, retention, recovery, crash, corruption).
+if(TARGET pmsnap_diff)
+  pmsnap_add_test(diff_checkpoints_test SOURCES diff_checkpoints_test.cc
+                  LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")
+  target_include_directories(diff_checkpoints_test PRIVATE ${PROJECT_SOURCE_DIR}/diff)
+endif()

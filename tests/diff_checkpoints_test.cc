@@ -1,0 +1,269 @@
+// Embedding checkpoints through the engine: every policy, every retained
+// checkpoint recovers exactly the table at its iteration (within the
+// quantizer's bound when quantized); dense and embedding state commit
+// together; restore resumes training; damaged chunks are reported.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+
+#include "detail/policy_rules.h"
+#include "pmsnap/diff/embedding_checkpointer.h"
+#include "testutil/embedding_toy.h"
+#include "testutil/temp_pool.h"
+
+namespace pmsnap::diff {
+namespace {
+
+using pmsnap::testing::EmbeddingToy;
+using pmsnap::testing::TempPoolPath;
+using ::testing::HasSubstr;
+
+constexpr std::uint64_t kRows = 3000;
+constexpr std::uint32_t kDim = 16;
+
+runtime::EngineOptions Options(const std::string& path,
+                               std::shared_ptr<EmbeddingCheckpointer> checkpointer) {
+  runtime::EngineOptions options;
+  options.pool_path = path;
+  options.policy = std::make_shared<runtime::EveryKPolicy>(1);
+  options.encoder = std::move(checkpointer);
+  return options;
+}
+
+// Trains steps [first, last] with a flush after each, so each one commits.
+void Train(runtime::Engine& engine, EmbeddingCheckpointer& checkpointer, EmbeddingToy& toy,
+           std::uint64_t first, std::uint64_t last) {
+  RowTracker* tracker = checkpointer.tracker("emb.users");
+  ASSERT_NE(tracker, nullptr);
+  for (std::uint64_t k = first; k <= last; ++k) {
+    ASSERT_TRUE(toy.Step(engine, *tracker, k).ok());
+    ASSERT_TRUE(engine.Flush().ok());
+  }
+}
+
+void ExpectTableAt(const layout::Pool& pool, std::uint64_t epoch, double tolerance) {
+  auto table = RecoverTable(pool, "emb.users", epoch);
+  ASSERT_TRUE(table.ok()) << table.status().ToString();
+  const std::vector<float> weights = EmbeddingToy::ReferenceWeights(kRows, kDim, table->iteration);
+  const std::vector<float> acc = EmbeddingToy::ReferenceAccumulator(kRows, kDim, table->iteration);
+  ASSERT_EQ(table->tensors.size(), 2u);
+  if (tolerance == 0) {
+    ASSERT_EQ(std::memcmp(table->tensors[0].data(), weights.data(), weights.size() * 4), 0)
+        << "epoch " << epoch << " iteration " << table->iteration;
+  } else {
+    double worst = 0;
+    for (std::size_t i = 0; i < weights.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(table->tensors[0][i]) - weights[i]));
+    }
+    EXPECT_LE(worst, tolerance) << "epoch " << epoch;
+  }
+  // The per-row accumulator has one value per row: stored raw, always exact.
+  ASSERT_EQ(std::memcmp(table->tensors[1].data(), acc.data(), acc.size() * 4), 0);
+}
+
+struct PolicyCase {
+  Policy policy;
+  bool quantize;
+};
+
+class PolicyTest : public ::testing::TestWithParam<PolicyCase> {};
+
+TEST_P(PolicyTest, EveryRetainedCheckpointRecoversItsIteration) {
+  TempPoolPath path("diff");
+  EmbeddingOptions options;
+  options.policy = GetParam().policy;
+  options.retain = 4;
+  options.quantize.enabled = GetParam().quantize;
+  options.quantize.bits = 8;
+  options.incrcp.duplicate_ratio_threshold = 0.0;  // extract whenever duplicates exist
+  options.incrcp.reset_baseline = false;  // timing-driven: tested on its own below
+  auto checkpointer = std::make_shared<EmbeddingCheckpointer>(options);
+  EmbeddingToy toy(kRows, kDim);
+  {
+    auto engine = runtime::Engine::Open(Options(path.path(), checkpointer), toy.Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    Train(**engine, *checkpointer, toy, 1, 14);
+    auto checkpoints = ListCheckpoints((*engine)->pool(), "emb.users");
+    ASSERT_TRUE(checkpoints.ok()) << checkpoints.status().ToString();
+    ASSERT_EQ(checkpoints->size(), 4u);
+    EXPECT_EQ(checkpoints->back().iteration, 14u);
+    // 8-bit asymmetric: within half a step of a row's range / 255.
+    const double tolerance = GetParam().quantize ? 0.002 : 0.0;
+    for (const CheckpointInfo& c : *checkpoints) ExpectTableAt((*engine)->pool(), c.epoch, tolerance);
+    EXPECT_EQ(RecoverTable((*engine)->pool(), "emb.users", 1).status().code(), StatusCode::kNotFound);
+    if (GetParam().policy != Policy::kFull) {
+      EXPECT_FALSE(checkpointer->last_checkpoint("emb.users").full);
+      EXPECT_LT(checkpointer->last_checkpoint("emb.users").rows_written, kRows);
+    }
+    ASSERT_TRUE((*engine)->Close().ok());
+  }
+  // A later process sees the same checkpoints through the pool alone.
+  auto pool = layout::Pool::Open(path.path());
+  ASSERT_TRUE(pool.ok());
+  auto checkpoints = ListCheckpoints(**pool, "emb.users");
+  ASSERT_TRUE(checkpoints.ok());
+  ASSERT_EQ(checkpoints->size(), 4u);
+  if (!GetParam().quantize) {
+    for (const CheckpointInfo& c : *checkpoints) ExpectTableAt(**pool, c.epoch, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllPolicies, PolicyTest,
+    ::testing::Values(PolicyCase{Policy::kFull, false},
+                      PolicyCase{Policy::kOneShotDifferential, false},
+                      PolicyCase{Policy::kConsecutiveIncremental, false},
+                      PolicyCase{Policy::kIntermittentDifferential, false},
+                      PolicyCase{Policy::kIncrCP, false},
+                      PolicyCase{Policy::kOneShotDifferential, true},
+                      PolicyCase{Policy::kIncrCP, true}),
+    [](const auto& info) {
+      std::string name = PolicyName(info.param.policy);
+      for (char& c : name) {
+        if (c == '-') c = '_';
+      }
+      return name + (info.param.quantize ? "_quantized" : "");
+    });
+
+TEST(DiffEngineTest, RestoreResumesTrainingAndLaterCheckpointsStayExact) {
+  TempPoolPath path("diff-restore");
+  EmbeddingOptions options;
+  options.policy = Policy::kIncrCP;
+  options.retain = 3;
+  options.incrcp.duplicate_ratio_threshold = 0.0;
+  {
+    auto checkpointer = std::make_shared<EmbeddingCheckpointer>(options);
+    EmbeddingToy toy(kRows, kDim);
+    auto engine = runtime::Engine::Open(Options(path.path(), checkpointer), toy.Registrations());
+    ASSERT_TRUE(engine.ok());
+    Train(**engine, *checkpointer, toy, 1, 6);
+  }
+  auto checkpointer = std::make_shared<EmbeddingCheckpointer>(options);
+  EmbeddingToy toy(kRows, kDim);
+  toy.Zero();
+  auto engine = runtime::Engine::Open(Options(path.path(), checkpointer), toy.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto restored = (*engine)->Restore();
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  EXPECT_EQ(restored->iteration, 6u);
+  EXPECT_EQ(toy.weights(), EmbeddingToy::ReferenceWeights(kRows, kDim, 6));
+  EXPECT_EQ(toy.accumulator(), EmbeddingToy::ReferenceAccumulator(kRows, kDim, 6));
+  Train(**engine, *checkpointer, toy, 7, 11);
+  auto checkpoints = ListCheckpoints((*engine)->pool(), "emb.users");
+  ASSERT_TRUE(checkpoints.ok());
+  for (const CheckpointInfo& c : *checkpoints) ExpectTableAt((*engine)->pool(), c.epoch, 0);
+}
+
+TEST(DiffEngineTest, RetentionFreesChunksNoCheckpointNeeds) {
+  TempPoolPath path("diff-retention");
+  EmbeddingOptions options;
+  options.policy = Policy::kFull;
+  options.retain = 2;
+  auto checkpointer = std::make_shared<EmbeddingCheckpointer>(options);
+  EmbeddingToy toy(kRows, kDim);
+  auto engine = runtime::Engine::Open(Options(path.path(), checkpointer), toy.Registrations());
+  ASSERT_TRUE(engine.ok());
+  Train(**engine, *checkpointer, toy, 1, 3);
+  const std::uint64_t used_after_3 = (*engine)->pool().chunk_heap_used();
+  Train(**engine, *checkpointer, toy, 4, 12);
+  // Two retained full checkpoints plus one kept for the previous index:
+  // the heap does not grow with the number of checkpoints.
+  EXPECT_LE((*engine)->pool().chunk_heap_used(), used_after_3 + 4096);
+  EXPECT_GT((*engine)->stats().encoded_bytes_written, 12u * kRows * kDim * 4);
+}
+
+TEST(DiffEngineTest, EncodedUnitWithoutEncoderIsRejected) {
+  TempPoolPath path("diff-no-encoder");
+  EmbeddingToy toy(kRows, kDim);
+  runtime::EngineOptions options;
+  options.pool_path = path.path();
+  auto engine = runtime::Engine::Open(options, toy.Registrations());
+  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(engine.status().message(), HasSubstr("emb.users"));
+}
+
+TEST(DiffEngineTest, OutOfRangeRowIdNamesTheTable) {
+  RowTracker tracker("emb.items", 10);
+  const std::int64_t ids[] = {3, 10};
+  Status status = tracker.Mark(ids);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("emb.items"));
+  EXPECT_EQ(tracker.marked().Count(), 0u);
+}
+
+TEST(DiffEngineTest, DamagedChunkIsCorruptionNamingTableAndCheckpoint) {
+  TempPoolPath path("diff-corrupt");
+  EmbeddingOptions options;
+  options.policy = Policy::kOneShotDifferential;
+  options.retain = 2;
+  std::uint64_t victim = 0;
+  std::uint64_t epoch = 0;
+  {
+    auto checkpointer = std::make_shared<EmbeddingCheckpointer>(options);
+    EmbeddingToy toy(kRows, kDim);
+    auto engine = runtime::Engine::Open(Options(path.path(), checkpointer), toy.Registrations());
+    ASSERT_TRUE(engine.ok());
+    Train(**engine, *checkpointer, toy, 1, 4);
+    auto checkpoints = ListCheckpoints((*engine)->pool(), "emb.users");
+    ASSERT_TRUE(checkpoints.ok());
+    epoch = checkpoints->back().epoch;
+    for (const layout::ChunkInfo& chunk : (*engine)->pool().ListChunks()) {
+      if (chunk.epoch == epoch && (chunk.tag & 0xff) == 1) victim = chunk.id;  // its data chunk
+    }
+    ASSERT_NE(victim, 0u);
+  }
+  const int fd = ::open(path.path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(victim + 128 + 80)), 1);
+  byte ^= 0x10;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(victim + 128 + 80)), 1);
+  ::close(fd);
+  auto pool = layout::Pool::Open(path.path());
+  ASSERT_TRUE(pool.ok());
+  auto table = RecoverTable(**pool, "emb.users", epoch);
+  EXPECT_EQ(table.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(table.status().message(), HasSubstr("table 'emb.users' checkpoint " + std::to_string(epoch)));
+}
+
+TEST(DiffEngineTest, IntermittentPolicyTakesANewBaselineWhenDifferentialsGrow) {
+  TempPoolPath path("diff-intermittent");
+  EmbeddingOptions options;
+  options.policy = Policy::kIntermittentDifferential;
+  auto checkpointer = std::make_shared<EmbeddingCheckpointer>(options);
+  EmbeddingToy toy(kRows, kDim);
+  auto engine = runtime::Engine::Open(Options(path.path(), checkpointer), toy.Registrations());
+  ASSERT_TRUE(engine.ok());
+  RowTracker* tracker = checkpointer->tracker("emb.users");
+  int fulls = 0;
+  for (std::uint64_t k = 1; k <= 40; ++k) {
+    ASSERT_TRUE(toy.Step(**engine, *tracker, k).ok());
+    ASSERT_TRUE((*engine)->Flush().ok());
+    fulls += checkpointer->last_checkpoint("emb.users").full ? 1 : 0;
+  }
+  // The first checkpoint, then at least one reset as F_c <= I_c kicks in.
+  EXPECT_GE(fulls, 2);
+  EXPECT_LT(fulls, 20);
+}
+
+TEST(PolicyRuleTest, IntermittentFollowsCheckNRunsPredictor) {
+  const double small[] = {0.05, 0.08, 0.1};
+  EXPECT_FALSE(detail::IntermittentTakesFull(small));  // F_c 1.23 > I_c 0.4
+  const double grown[] = {0.4, 0.6, 0.7};
+  EXPECT_TRUE(detail::IntermittentTakesFull(grown));   // F_c 2.7 <= I_c 2.8
+  EXPECT_FALSE(detail::IntermittentTakesFull({}));
+}
+
+TEST(PolicyRuleTest, IncrCPResetsWhenIncrementsCostMoreThanABaseline) {
+  // C_base 10 ms vs C_incre 2 ms + 1 MB / 1 GB/s = 3 ms: keep incrementing.
+  EXPECT_FALSE(detail::IncrCPResetsBaseline(0.010, 0.002, 1'000'000, 1e9));
+  // 20 MB of increments to replay: 22 ms > 10 ms, reset.
+  EXPECT_TRUE(detail::IncrCPResetsBaseline(0.010, 0.002, 20'000'000, 1e9));
+  EXPECT_FALSE(detail::IncrCPResetsBaseline(0.010, 0.002, 20'000'000, 0));
+}
+
+}  // namespace
+}  // namespace pmsnap::diff
