@@ -1,0 +1,104 @@
+"""Embedding tracking: which rows of each embedding table a step touched.
+
+Differential and incremental checkpoint policies (DESIGN.md, "Embedding
+checkpoints") write only the rows that changed. A row of an nn.Embedding or
+nn.EmbeddingBag changes only if a lookup read it (its gradient is zero
+otherwise), so a forward hook that marks every looked-up id in a bit vector
+per table (a C++ RowTracker) finds them. `padding_idx` rows are never
+updated by torch and are not marked.
+
+    tracker = pmsnap.EmbeddingTracker(model)    # hooks every Embedding(Bag)
+    ... forward / backward / step ...
+    rows = tracker.touched("emb.0")             # sorted LongTensor of row ids
+    tracker.clear()                             # e.g. after a checkpoint took them
+
+Indices must reach the module positionally (emb(ids) or bag(ids, offsets)),
+as nn.Module forward hooks see positional inputs only; a call passing them by
+keyword raises ValueError rather than silently missing rows.
+
+Thread-safety: marking happens in the forward pass on the training thread;
+read and clear from that thread too.
+"""
+
+import torch
+from torch import nn
+
+from . import _pmsnap
+
+
+class EmbeddingTracker:
+    """Touched-row bit vectors for every nn.Embedding / nn.EmbeddingBag in a model."""
+
+    def __init__(self, model, modules=None):
+        """Tracks `modules` ({name: module}) or every embedding module of `model`."""
+        if modules is None:
+            modules = {name: m for name, m in model.named_modules()
+                       if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
+        self._trackers = {}
+        self._handles = []
+        for name, module in modules.items():
+            tracker = _pmsnap.RowTracker(module.num_embeddings)
+            self._trackers[name] = tracker
+            self._handles.append(module.register_forward_hook(self._hook(name, module, tracker)))
+
+    @staticmethod
+    def _hook(name, module, tracker):
+        padding_idx = getattr(module, "padding_idx", None)
+
+        def hook(mod, inputs, output):
+            del mod, output
+            if not inputs:
+                raise ValueError(f"pmsnap: embedding '{name}' was called with its indices as a "
+                                 "keyword argument; pass them positionally so they are tracked")
+            ids = inputs[0]
+            if not isinstance(ids, torch.Tensor):
+                ids = torch.as_tensor(ids)
+            if ids.is_cuda:
+                ids = ids.cpu()
+            if padding_idx is not None:
+                ids = ids[ids != padding_idx]
+            if ids.dtype not in (torch.int64, torch.int32):
+                ids = ids.long()
+            ids = ids.contiguous()
+            tracker.mark(ids.data_ptr(), ids.numel(), str(ids.dtype).replace("torch.", ""))
+
+        return hook
+
+    @property
+    def tables(self):
+        """Names of the tracked tables."""
+        return list(self._trackers)
+
+    def touched(self, name):
+        """Sorted int64 tensor of the rows of table `name` touched since the last clear."""
+        tracker = self._trackers[name]
+        out = torch.empty(tracker.touched_count, dtype=torch.int64)
+        if out.numel():
+            tracker.touched_into(out.data_ptr(), out.numel())
+        return out
+
+    def touched_count(self, name):
+        return self._trackers[name].touched_count
+
+    def touched_fraction(self, name):
+        tracker = self._trackers[name]
+        return tracker.touched_count / tracker.rows if tracker.rows else 0.0
+
+    def clear(self, name=None):
+        """Forgets the touched rows of table `name`, or of every table."""
+        for table, tracker in self._trackers.items():
+            if name is None or table == name:
+                tracker.clear()
+
+    def remove(self):
+        """Removes the forward hooks (the bit vectors stay readable)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False

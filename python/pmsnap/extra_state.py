@@ -1,0 +1,80 @@
+"""What pmsnap stores next to each checkpoint besides the tensors.
+
+Every epoch's commit record carries one opaque byte string (the engine's extra
+state). The Python package fills it with one pickled dict:
+
+    {"format": 1,
+     "user": {...},                      # the caller's dict: data position, ...
+     "rng": {"torch": ByteTensor,        # torch.get_rng_state()
+             "python": tuple,            # random.getstate()
+             "numpy": tuple},            # numpy.random.get_state(), if numpy imports
+     "param_groups": [{...}, ...],       # hyperparameters (lr after a scheduler, ...)
+     "state": {unit: {key: value}}}      # non-tensor optimizer state (RMSprop's int step)
+
+so that a restored run continues exactly where the checkpointed one was: the
+same random numbers, learning rates and step counters. Tensors of the
+optimizer state are not here: they are checkpointed in place by the engine.
+
+Thread-safety: the functions read and set process-global RNG state; call them
+from the training thread.
+"""
+
+import pickle
+import random
+
+import torch
+
+FORMAT = 1
+
+try:  # numpy is optional; its global RNG is saved when it is there.
+    import numpy as _numpy
+except ImportError:  # pragma: no cover - numpy ships with Debian's torch
+    _numpy = None
+
+
+def capture_rng():
+    """The process's global RNG states (torch CPU, Python, numpy)."""
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if _numpy is not None:
+        rng["numpy"] = _numpy.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def apply_rng(rng):
+    """Sets the global RNG states captured by capture_rng (missing ones are left)."""
+    if "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+    if "python" in rng:
+        random.setstate(rng["python"])
+    if "numpy" in rng and _numpy is not None:
+        _numpy.random.set_state(rng["numpy"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def pack(user, rng, param_groups, nontensor_state):
+    """Pickles one checkpoint's extra state; raises TypeError naming what fails."""
+    blob = {
+        "format": FORMAT,
+        "user": user,
+        "rng": rng,
+        "param_groups": param_groups,
+        "state": nontensor_state,
+    }
+    try:
+        return pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError) as e:
+        raise TypeError(f"pmsnap: the extra state cannot be pickled: {e}") from e
+
+
+def unpack(data):
+    """The dict stored by pack(); {} parts for an empty blob (a pool written by C++)."""
+    if not data:
+        return {"format": FORMAT, "user": {}, "rng": {}, "param_groups": None, "state": {}}
+    blob = pickle.loads(data)
+    if not isinstance(blob, dict) or blob.get("format") != FORMAT:
+        raise ValueError("pmsnap: the checkpoint's extra state was not written by this "
+                         "version of the pmsnap Python package")
+    return blob

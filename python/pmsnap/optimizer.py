@@ -1,0 +1,616 @@
+"""CheckpointedOptimizer and restore: pmsnap inside a PyTorch training loop.
+
+pmsnap checkpoints weight by weight while training runs, so it must see every
+parameter's update as its own event (DESIGN.md, "Per-unit pipeline"). A
+torch.optim optimizer updates all parameters inside one step() and skips the
+ones whose .grad is None; CheckpointedOptimizer uses exactly that: it hides
+every gradient, then for each parameter (last first, the order backward
+produces gradients) shows only that parameter's gradient and calls the wrapped
+optimizer's own step(), between the unit's BeforeUpdate and AfterUpdate hooks.
+The arithmetic is the optimizer's own code on the same tensors, so results are
+bitwise identical to one plain step() (tests/python/test_equivalence.py).
+
+Unit = one parameter plus every tensor in optimizer.state[param], in sorted key
+order ("param", then e.g. "exp_avg", "exp_avg_sq", "step"). Non-tensor state
+(RMSprop's int step), the param groups' hyperparameters and the global RNG
+states travel in the checkpoint's pickled extra state (extra_state.py).
+
+Lazily created optimizer state: torch creates state on a parameter's first
+update (SGD's momentum buffer is a clone of the first gradient, so it cannot
+be made eagerly with the same bits). The pool is therefore laid out after the
+first step(): that step runs unobserved, then the engine opens with the state
+torch made and captures it right away (a checkpoint of iteration 1).
+restore() goes the other way: it reads the pool's manifest first and creates
+missing state tensors with the recorded roles, dtypes and shapes, then the
+engine overwrites them with the checkpoint's bytes. A parameter that gains
+state after the pool was laid out (it had no gradient in the first step) is
+reported as ModelMismatchError: use a fresh pool, or do one step in which
+every trained parameter gets a gradient before wrapping.
+
+Tensors are checkpointed in place through their data pointers: while the
+engine is open, parameters and state tensors must keep their storage (no
+`p.data = ...`, no `module.to(...)`); step() checks this and raises
+ModelMismatchError naming the parameter. Should an optimizer replace a state
+tensor instead of updating it in place, its value is copied back into the
+registered tensor (bitwise) and the registered tensor is put back.
+
+Thread-safety: one training thread owns a CheckpointedOptimizer (as the
+engine's hooks); stats() may be called from any thread.
+"""
+
+import os
+
+import torch
+
+from . import _pmsnap
+from . import extra_state as _extra
+from .embedding import EmbeddingTracker
+
+_STRATEGIES = ("1", "2", "3", "4", "adaptive")
+_MODES = ("continuous", "every", "checkfreq")
+_PARAM_ROLE = "param"
+
+
+def _error(cls, message):
+    """An instance of pmsnap error class `cls` with .code set like the C++ ones."""
+    e = cls(message)
+    e.code = cls.__name__[:-len("Error")] if cls.__name__.endswith("Error") else cls.__name__
+    return e
+
+
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _torch_dtype(name):
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise _error(_pmsnap.ModelMismatchError, f"pool holds an unknown dtype '{name}'")
+    return dtype
+
+
+def _shape_text(shape):
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def _named_parameters(optimizer, model):
+    """[(name, param)] in the optimizer's order; names from `model` when given."""
+    names = {}
+    if model is not None:
+        for name, p in model.named_parameters():
+            names.setdefault(id(p), name)
+    out = []
+    seen = set()
+    for g, group in enumerate(optimizer.param_groups):
+        for i, p in enumerate(group["params"]):
+            if id(p) in seen:
+                raise _error(_pmsnap.InvalidArgumentError,
+                             f"parameter group{g}.param{i} appears twice in the optimizer")
+            seen.add(id(p))
+            out.append((names.get(id(p), f"group{g}.param{i}"), p))
+    if not out:
+        raise _error(_pmsnap.InvalidArgumentError, "the optimizer has no parameters")
+    return out
+
+
+def _state_tensors(optimizer, param):
+    """Sorted [(key, tensor)] of the tensor entries in optimizer.state[param]."""
+    state = optimizer.state.get(param)
+    if not state:
+        return []
+    return sorted(((k, v) for k, v in state.items() if isinstance(v, torch.Tensor)),
+                  key=lambda kv: str(kv[0]))
+
+
+def _nontensor_state(optimizer, named):
+    out = {}
+    for name, p in named:
+        state = optimizer.state.get(p)
+        if state:
+            rest = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+            if rest:
+                out[name] = rest
+    return out
+
+
+def _param_group_hyperparameters(optimizer):
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def _check_pool_names(info, named, pool):
+    """ModelMismatchError naming the first parameter the pool was not made for."""
+    units = {name: tensors for name, tensors in info["units"]}
+    for name, p in named:
+        tensors = units.get(name)
+        if tensors is None:
+            raise _error(_pmsnap.ModelMismatchError,
+                         f"pool {pool} has no unit for parameter '{name}' (it holds "
+                         f"{len(units)} units, e.g. {', '.join(list(units)[:3])}): it was made "
+                         "for another model")
+        role, dtype, shape = tensors[0]
+        if role != _PARAM_ROLE or dtype != _dtype_name(p.dtype) or list(shape) != list(p.shape):
+            raise _error(_pmsnap.ModelMismatchError,
+                         f"pool {pool}: parameter '{name}' is {_dtype_name(p.dtype)} "
+                         f"{_shape_text(p.shape)} but the pool holds {dtype} {_shape_text(shape)}")
+    if len(units) != len(named):
+        ours = {name for name, _ in named}
+        extra = [name for name in units if name not in ours]
+        raise _error(_pmsnap.ModelMismatchError,
+                     f"pool {pool} holds units the optimizer does not have, e.g. '{extra[0]}'")
+
+
+def _create_state_from_manifest(info, optimizer, named):
+    """Creates optimizer state tensors the pool records but torch has not made yet.
+
+    Checks every parameter first, so a mismatch leaves the optimizer untouched.
+    """
+    units = {name: tensors for name, tensors in info["units"]}
+    for name, p in named:
+        roles = {role: (dtype, list(shape)) for role, dtype, shape in units[name][1:]}
+        for key, value in _state_tensors(optimizer, p):
+            if key not in roles:
+                raise _error(_pmsnap.ModelMismatchError,
+                             f"parameter '{name}': the optimizer holds state '{key}' that the "
+                             f"pool does not (pool roles: {sorted(roles)}); was the pool written "
+                             "by another optimizer?")
+            if (_dtype_name(value.dtype), list(value.shape)) != roles[key]:
+                dtype, shape = roles[key]
+                raise _error(_pmsnap.ModelMismatchError,
+                             f"parameter '{name}': optimizer state '{key}' is "
+                             f"{_dtype_name(value.dtype)} {_shape_text(value.shape)}, the pool "
+                             f"holds {dtype} {_shape_text(shape)}")
+    for name, p in named:
+        for role, dtype, shape in units[name][1:]:
+            state = optimizer.state[p]
+            current = state.get(role)
+            if (isinstance(current, torch.Tensor) and _dtype_name(current.dtype) == dtype
+                    and list(current.shape) == list(shape) and current.is_contiguous()):
+                continue
+            if current is not None and not isinstance(current, torch.Tensor):
+                raise _error(_pmsnap.ModelMismatchError,
+                             f"parameter '{name}': optimizer state '{role}' is a "
+                             f"{type(current).__name__} here but a tensor in the pool")
+            state[role] = torch.zeros(shape, dtype=_torch_dtype(dtype), device=p.device)
+
+
+class _Unit:
+    """One registered unit: the parameter and its state tensors, as laid out."""
+
+    __slots__ = ("name", "param", "tensors", "ptrs", "shapes")
+
+    def __init__(self, name, param, state):
+        self.name = name
+        self.param = param
+        self.tensors = [(_PARAM_ROLE, param)] + state  # [(role, tensor)]
+        self.ptrs = [t.data_ptr() for _, t in self.tensors]
+        self.shapes = [tuple(t.shape) for _, t in self.tensors]
+
+    def registration(self, cuda):
+        views = []
+        for role, t in self.tensors:
+            if t.is_sparse or not t.is_contiguous():
+                raise _error(_pmsnap.InvalidArgumentError,
+                             f"parameter '{self.name}': tensor '{role}' is not contiguous dense "
+                             "memory; pmsnap checkpoints tensors in place")
+            if (t.device.type == "cuda") != cuda:
+                raise _error(_pmsnap.InvalidArgumentError,
+                             f"parameter '{self.name}': tensor '{role}' lives on {t.device} but "
+                             f"the pmsnap device is {'cuda' if cuda else 'the host'}")
+            views.append((str(role), t.data_ptr(), _dtype_name(t.dtype), list(t.shape)))
+        return (self.name, views)
+
+
+class CheckpointedOptimizer:
+    """Wraps a torch.optim optimizer; every step() is checkpointed into `pool`.
+
+    Args:
+      optimizer: any torch.optim optimizer that updates parameters independently
+        (SGD, Adam, AdamW, Adagrad, RMSprop, ...; not LBFGS).
+      pool: path of the pool file (created if missing; reopened and checked
+        against the model if present). Put it on a DAX file system for real PM.
+      model: the module, to name units after its parameters ("fc1.weight");
+        otherwise units are "group<g>.param<i>". Pass the same to restore().
+      mode: "continuous" (a checkpoint at the first step boundary after the
+        previous one committed), "every" (steps k % every == 0) or "checkfreq".
+      every: checkpoint interval for mode "every" (giving it implies that mode).
+      device: "host", "simulated:GBPS:MEM_MIB" or "cuda[:N]" (falls back to the
+        host with a note when no GPU is usable).
+      strategy: conflict strategy "1".."4" or "adaptive".
+      start_iteration: iterations already done (restore() sets it).
+      capture_rng: store the global RNG states with every checkpoint.
+      track_embeddings: attach an EmbeddingTracker to `model`
+        (.embedding_tracker).
+      workers: copy/persist worker threads (default 2, 1 on a 2-core machine).
+      Other keyword arguments tune the engine and a newly created pool:
+      part_bytes, extra_state_capacity, verify_on_open,
+      check_free_space, reserve_bytes, checkfreq_overhead, print_summary.
+
+    Errors raise pmsnap.Error subclasses carrying the runtime's message.
+    """
+
+    def __init__(self, optimizer, pool, *, model=None, mode=None, every=None, device="host",
+                 strategy="adaptive", workers=None, part_bytes=4 << 20,
+                 extra_state_capacity=256 << 10, verify_on_open=True, check_free_space=True,
+                 reserve_bytes=0, checkfreq_overhead=0.035, start_iteration=0, capture_rng=True,
+                 track_embeddings=False, print_summary=False):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise _error(_pmsnap.InvalidArgumentError,
+                         f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise _error(_pmsnap.InvalidArgumentError,
+                         "LBFGS couples all parameters in one update and cannot be stepped "
+                         "parameter by parameter")
+        if mode is None:
+            mode = "every" if every is not None else "continuous"
+        if mode not in _MODES:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         f"unknown mode '{mode}' (continuous, every or checkfreq)")
+        if mode == "continuous" and every is not None:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         "every= is for mode 'every' (or 'checkfreq'), not 'continuous'")
+        if every is not None and (not isinstance(every, int) or every < 1):
+            raise _error(_pmsnap.InvalidArgumentError, f"every must be an int >= 1, got {every!r}")
+        strategy = str(strategy)
+        if strategy not in _STRATEGIES:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         f"unknown conflict strategy '{strategy}' (\"1\", \"2\", \"3\", \"4\" or "
+                         "\"adaptive\")")
+        if not pool:
+            raise _error(_pmsnap.InvalidArgumentError, "pool path is empty")
+        # Fails early with InvalidArgumentError for a bad spec.
+        self._device_name, self._device_note = _pmsnap.describe_device(device)
+        self.optimizer = optimizer
+        self.pool = os.fspath(pool)
+        self.model = model
+        self.iteration = int(start_iteration)
+        self.extra_state = {}
+        self.capture_rng = capture_rng
+        if workers is None:
+            # oneTBB lends an arena at most cpu_count - 1 worker threads (and
+            # warns when asked for more), so 2 workers need 3 cores.
+            workers = max(1, min(2, (os.cpu_count() or 2) - 1))
+        self._engine_kwargs = dict(
+            device=device, policy=mode, every=every or 1, checkfreq_overhead=checkfreq_overhead,
+            strategy=strategy, workers=workers, part_bytes=part_bytes,
+            extra_state_capacity=extra_state_capacity, verify_on_open=verify_on_open,
+            check_free_space=check_free_space, reserve_bytes=reserve_bytes,
+            print_summary=print_summary)
+        self._cuda = self._device_name.startswith("cuda")
+        self._named = _named_parameters(optimizer, model)
+        self._engine = None
+        self._units = None
+        self._closed = False
+        self._final_stats = None
+        self._pool_latest = None
+        self.embedding_tracker = None
+        if os.path.exists(self.pool):
+            info = _pmsnap.read_pool(self.pool)
+            _check_pool_names(info, self._named, self.pool)
+            if info["latest"] is not None:
+                self._pool_latest = info["latest"]["iteration"]
+        if track_embeddings:
+            if model is None:
+                raise _error(_pmsnap.InvalidArgumentError, "track_embeddings needs model=")
+            self.embedding_tracker = EmbeddingTracker(model)
+
+    # --- the torch.optim surface -------------------------------------------------
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    def zero_grad(self, set_to_none=False):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def step(self, closure=None, *, extra_state=None):
+        """One optimizer step, each parameter's update between its unit's hooks.
+
+        `extra_state` (a picklable dict, e.g. {"batch": 123}) replaces
+        self.extra_state and is stored with this step's checkpoint. Returns
+        the closure's loss, like torch.optim. If a hook fails, the step is
+        still completed for every parameter (the model stays consistent), the
+        epoch in flight is abandoned, the engine closed and the error raised.
+        """
+        if self._closed:
+            raise _error(_pmsnap.FailedPreconditionError,
+                         f"CheckpointedOptimizer for {self.pool} is closed")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if extra_state is not None:
+            if not isinstance(extra_state, dict):
+                raise _error(_pmsnap.InvalidArgumentError, "extra_state must be a dict")
+            self.extra_state = extra_state
+        step = self.iteration + 1
+        if self._engine is None:
+            # First step: let torch create its state, then lay out the pool.
+            self._check_resumes_pool(step)
+            self._step_parameters(None)
+            self.iteration = step
+            self._open_engine()
+            self._engine.begin_step(step)
+            self._engine.end_step(self._pack_extra())
+            return loss
+        self._check_unchanged()
+        self._engine.begin_step(step)
+        try:
+            self._step_parameters(self._engine)
+        except BaseException:
+            # A hook failed, or the optimizer itself (or Ctrl-C) interrupted
+            # the step: the epoch in flight cannot be trusted, the pool keeps
+            # its last commit.
+            self.iteration = step
+            self._fail()
+            raise
+        self.iteration = step
+        self._engine.end_step(self._pack_extra())
+        return loss
+
+    # --- checkpoint control -------------------------------------------------------
+
+    def restore(self, restore_rng=True):
+        """Restores model parameters and optimizer state from the pool.
+
+        Returns (iteration, extra_state) and continues numbering at
+        iteration + 1. extra_state is the dict given to step() with an "rng"
+        entry holding the RNG states (applied here unless restore_rng=False).
+        Must come before the first step(). NotFoundError if the pool does not
+        exist or holds no committed checkpoint; ModelMismatchError if it was
+        made for another model (naming the parameter).
+        """
+        if self._engine is not None or self._closed:
+            raise _error(_pmsnap.FailedPreconditionError,
+                         "restore() must come before the first step() and before close()")
+        if not os.path.exists(self.pool):
+            raise _error(_pmsnap.NotFoundError, f"pool {self.pool} does not exist")
+        info = _pmsnap.read_pool(self.pool)
+        _check_pool_names(info, self._named, self.pool)
+        _create_state_from_manifest(info, self.optimizer, self._named)
+        self._open_engine()
+        try:
+            iteration, _, data = self._engine.restore()
+        except _pmsnap.Error:
+            self._fail()
+            raise
+        blob = _extra.unpack(data)
+        self._apply_blob(blob, restore_rng)
+        self.iteration = int(iteration)
+        self._pool_latest = self.iteration
+        self.extra_state = dict(blob["user"])
+        return self.iteration, self._user_view(blob)
+
+    def flush(self):
+        """Waits until the checkpoint in flight has committed (or failed)."""
+        if self._engine is not None:
+            self._engine.flush()
+
+    def close(self, abandon=False):
+        """Commits the checkpoint in flight (unless abandon) and closes the pool."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.embedding_tracker is not None:
+            self.embedding_tracker.remove()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            try:
+                engine.close(abandon=abandon)
+            finally:
+                self._final_stats = self._stats_of(engine)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None:
+                self.flush()
+        finally:
+            if exc_type is None:
+                self.close()
+            else:
+                try:
+                    self.close()
+                except _pmsnap.Error:
+                    pass  # the original exception says more
+        return False
+
+    def stats(self, per_step=False):
+        """Runtime statistics as a dict (runtime::Stats plus iteration and pool)."""
+        if self._engine is not None:
+            return self._stats_of(self._engine, per_step)
+        if self._final_stats is not None:
+            return dict(self._final_stats)
+        return {"iteration": self.iteration, "pool": self.pool, "open": False, "steps": 0,
+                "epochs_committed": 0, "summary": "pmsnap: pool not opened yet"}
+
+    @property
+    def device_note(self):
+        """Why the requested device was replaced (e.g. no GPU), or ""."""
+        return self._device_note
+
+    # --- internals ----------------------------------------------------------------
+
+    def _stats_of(self, engine, per_step=False):
+        try:
+            s = engine.stats(per_step)
+        except _pmsnap.Error:  # closed: the last stats taken stand
+            return dict(self._final_stats or {})
+        s["iteration"] = self.iteration
+        s["pool"] = self.pool
+        s["open"] = not engine.closed
+        return s
+
+    def _check_resumes_pool(self, step):
+        """Refuses to overwrite a pool's checkpoints with a run that did not restore them."""
+        if self._pool_latest is not None and step <= self._pool_latest:
+            raise _error(_pmsnap.FailedPreconditionError,
+                         f"pool {self.pool} already holds iteration {self._pool_latest} and this "
+                         f"run would checkpoint iteration {step}: call restore() first (or "
+                         "pmsnap.restore() and pass start_iteration=), or use a new pool")
+
+    def _open_engine(self):
+        units = []
+        for name, p in self._named:
+            units.append(_Unit(name, p, _state_tensors(self.optimizer, p)))
+        registrations = [u.registration(self._cuda) for u in units]
+        engine = _pmsnap.Engine(self.pool, registrations, **self._engine_kwargs)
+        # Stats taken before close() need the engine; close() keeps the last.
+        self._engine = engine
+        self._units = units
+
+    def _fail(self):
+        engine, self._engine = self._engine, None
+        self._closed = True
+        if engine is not None:
+            try:
+                engine.close(abandon=True)
+            except _pmsnap.Error:
+                pass
+            self._final_stats = self._stats_of(engine)
+
+    def _step_parameters(self, engine):
+        """Steps the optimizer one parameter at a time, last parameter first."""
+        optimizer = self.optimizer
+        params = [p for _, p in self._named]
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        error = None
+        try:
+            for index in range(len(params) - 1, -1, -1):
+                grad = grads[index]
+                if grad is None:
+                    continue  # the engine counts it as updated at the step's end
+                p = params[index]
+                hooked = engine is not None and error is None
+                if hooked:
+                    try:
+                        engine.before_update(index)
+                    except _pmsnap.Error as e:
+                        error, hooked = e, False
+                p.grad = grad
+                try:
+                    optimizer.step()
+                finally:
+                    p.grad = None
+                if engine is not None:
+                    self._repin_state(index)
+                if hooked:
+                    try:
+                        engine.after_update(index)
+                    except _pmsnap.Error as e:
+                        error = e
+        finally:
+            for p, grad in zip(params, grads):
+                p.grad = grad
+        if error is not None:
+            raise error
+
+    def _repin_state(self, index):
+        """Keeps the registered state tensors in optimizer.state (see the module doc)."""
+        unit = self._units[index]
+        state = self.optimizer.state.get(unit.param)
+        registered = unit.tensors[1:]
+        count = 0
+        if state:
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    count += 1
+        if count != len(registered):
+            keys = sorted(str(k) for k, v in (state or {}).items() if isinstance(v, torch.Tensor))
+            raise _error(_pmsnap.ModelMismatchError,
+                         f"parameter '{unit.name}': optimizer state tensors changed from "
+                         f"{[r for r, _ in registered]} to {keys} after the pool was laid out "
+                         "(a parameter without a gradient in the first step gained state "
+                         "later?); use a new pool")
+        for (key, tensor) in registered:
+            current = state.get(key)
+            if current is tensor:
+                continue
+            if (not isinstance(current, torch.Tensor) or current.shape != tensor.shape
+                    or current.dtype != tensor.dtype):
+                raise _error(_pmsnap.ModelMismatchError,
+                             f"parameter '{unit.name}': optimizer state '{key}' changed shape or "
+                             "dtype after the pool was laid out")
+            tensor.copy_(current)
+            state[key] = tensor
+
+    def _check_unchanged(self):
+        for unit in self._units:
+            for (role, t), ptr, shape in zip(unit.tensors, unit.ptrs, unit.shapes):
+                if t.data_ptr() != ptr or tuple(t.shape) != shape:
+                    raise _error(_pmsnap.ModelMismatchError,
+                                 f"parameter '{unit.name}': tensor '{role}' changed from "
+                                 f"{_shape_text(shape)} to {_shape_text(t.shape)} (or moved) "
+                                 "since the pool was laid out; pmsnap checkpoints tensors in "
+                                 "place, so they must keep their storage (no .data "
+                                 "reassignment or module.to() after wrapping)")
+
+    def _pack_extra(self):
+        if "rng" in self.extra_state:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         "extra_state key 'rng' is reserved for the RNG states pmsnap saves")
+        rng = _extra.capture_rng() if self.capture_rng else {}
+        return _extra.pack(self.extra_state, rng, _param_group_hyperparameters(self.optimizer),
+                           _nontensor_state(self.optimizer, self._named))
+
+    def _apply_blob(self, blob, restore_rng):
+        groups = blob.get("param_groups")
+        if groups is not None:
+            if len(groups) != len(self.optimizer.param_groups):
+                raise _error(_pmsnap.ModelMismatchError,
+                             f"pool {self.pool} was written with {len(groups)} param groups, the "
+                             f"optimizer has {len(self.optimizer.param_groups)}")
+            for group, saved in zip(self.optimizer.param_groups, groups):
+                group.update(saved)
+        by_name = dict(self._named)
+        for name, values in blob.get("state", {}).items():
+            p = by_name.get(name)
+            if p is not None:
+                self.optimizer.state[p].update(values)
+        if restore_rng and blob.get("rng"):
+            _extra.apply_rng(blob["rng"])
+
+    @staticmethod
+    def _user_view(blob):
+        out = dict(blob["user"])
+        out["rng"] = blob.get("rng", {})
+        return out
+
+
+def restore(pool, model, optimizer, *, restore_rng=True, device="host", verify_on_open=True):
+    """Restores `model`'s parameters and `optimizer`'s state from `pool`.
+
+    Returns (iteration, extra_state): the last committed iteration and the
+    dict given to CheckpointedOptimizer.step() at that iteration, with an "rng"
+    entry holding the RNG states (applied unless restore_rng=False). Continue
+    with CheckpointedOptimizer(optimizer, pool, model=model,
+    start_iteration=iteration). Raises NotFoundError (no pool or no
+    checkpoint), ModelMismatchError (naming the parameter), CorruptionError.
+    """
+    wrapper = CheckpointedOptimizer(optimizer, pool, model=model, device=device,
+                                    verify_on_open=verify_on_open)
+    try:
+        return wrapper.restore(restore_rng=restore_rng)
+    finally:
+        wrapper.close()
+
+
+def has_checkpoint(pool):
+    """True if `pool` exists and holds a committed checkpoint.
+
+    Raises (e.g. NotAPoolError, CorruptionError) for a file that exists but
+    cannot be read, so a damaged pool is never silently replaced.
+    """
+    if not os.path.exists(pool):
+        return False
+    return _pmsnap.read_pool(os.fspath(pool))["latest"] is not None

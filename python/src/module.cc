@@ -1,0 +1,455 @@
+// _pmsnap: the Python extension behind the `pmsnap` package.
+//
+// Binds the C++ runtime without libtorch: Python hands tensors over as raw
+// views (data_ptr, dtype name, shape), exactly what runtime::TensorView holds,
+// and keeps the tensors alive and in place while the engine is open (the
+// pure-Python CheckpointedOptimizer does that). What is bound:
+//
+//   Engine       runtime::Engine plus the Device, IntervalPolicy and
+//                ConflictStrategy it uses, built from strings ("simulated:2:64",
+//                "every", "adaptive"); hooks, flush, close, restore, stats.
+//   read_pool    a pool's manifest and commit state, without knowing the model
+//                (restore uses it to create lazily-made optimizer state).
+//   RowTracker   touched-row bit vector for one embedding table.
+//   errors       every non-OK Status becomes a pmsnap.Error subclass carrying
+//                the C++ message (errors.h).
+//
+// The GIL is released around every call that may block (opening a pool,
+// conflict waits, EndStep, Flush, Close, Restore) so other Python threads run.
+//
+// Thread-safety: as runtime::Engine: the hooks, flush, close and restore of
+// one Engine belong to one Python thread; stats() may be called from any.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "errors.h"
+#include "pmsnap/conflict/strategies.h"
+#include "pmsnap/pmem_layout/manifest.h"
+#include "pmsnap/pmem_layout/pool.h"
+#include "pmsnap/runtime/cuda_device.h"
+#include "pmsnap/runtime/device.h"
+#include "pmsnap/runtime/engine.h"
+#include "pmsnap/runtime/interval_policy.h"
+#include "pmsnap/runtime/stats.h"
+#include "row_tracker.h"
+
+namespace pmsnap::python {
+namespace {
+
+namespace py = pybind11;
+using layout::DType;
+
+// Torch's dtype names without the "torch." prefix.
+constexpr std::pair<std::string_view, DType> kDTypes[] = {
+    {"float32", DType::kFloat32}, {"float64", DType::kFloat64}, {"float16", DType::kFloat16},
+    {"bfloat16", DType::kBFloat16}, {"int64", DType::kInt64},   {"int32", DType::kInt32},
+    {"int16", DType::kInt16},     {"int8", DType::kInt8},       {"uint8", DType::kUInt8},
+    {"bool", DType::kBool},
+};
+
+DType ParseDType(const std::string& name, const std::string& where) {
+  for (const auto& [text, dtype] : kDTypes) {
+    if (text == name) return dtype;
+  }
+  throw StatusError(Status(StatusCode::kInvalidArgument,
+                           where + ": dtype '" + name +
+                               "' cannot be checkpointed (float32/64/16, bfloat16, int64/32/16/8, "
+                               "uint8, bool)"));
+}
+
+std::string DTypeText(DType dtype) {
+  for (const auto& [text, value] : kDTypes) {
+    if (value == dtype) return std::string(text);
+  }
+  return "unknown";
+}
+
+// (tensor role, data_ptr, dtype name, shape) as Python passes it.
+using TensorArg = std::tuple<std::string, std::uintptr_t, std::string, std::vector<std::int64_t>>;
+using UnitArg = std::pair<std::string, std::vector<TensorArg>>;
+
+std::vector<runtime::UnitRegistration> ToRegistrations(const std::vector<UnitArg>& units) {
+  std::vector<runtime::UnitRegistration> out;
+  out.reserve(units.size());
+  for (const auto& [name, tensors] : units) {
+    runtime::UnitRegistration unit;
+    unit.name = name;
+    for (const auto& [role, ptr, dtype, shape] : tensors) {
+      runtime::TensorView view;
+      view.name = role;
+      view.data = reinterpret_cast<void*>(ptr);
+      view.dtype = ParseDType(dtype, "unit '" + name + "' tensor '" + role + "'");
+      view.shape = shape;
+      unit.tensors.push_back(std::move(view));
+    }
+    out.push_back(std::move(unit));
+  }
+  return out;
+}
+
+std::shared_ptr<runtime::IntervalPolicy> MakePolicy(const std::string& policy, std::uint64_t every,
+                                                    double checkfreq_overhead) {
+  if (policy == "continuous") return std::make_shared<runtime::ContinuousPolicy>();
+  if (policy == "every") {
+    if (every == 0) {
+      throw StatusError(Status(StatusCode::kInvalidArgument, "every must be >= 1, got 0"));
+    }
+    return std::make_shared<runtime::EveryKPolicy>(every);
+  }
+  if (policy == "checkfreq") {
+    if (!(checkfreq_overhead > 0 && checkfreq_overhead < 1)) {
+      throw StatusError(Status(StatusCode::kInvalidArgument,
+                               "checkfreq overhead must be in (0, 1), got " +
+                                   std::to_string(checkfreq_overhead)));
+    }
+    return std::make_shared<runtime::CheckFreqPolicy>(checkfreq_overhead, every == 0 ? 1 : every);
+  }
+  throw StatusError(Status(StatusCode::kInvalidArgument,
+                           "unknown mode '" + policy + "' (continuous, every or checkfreq)"));
+}
+
+std::shared_ptr<runtime::ConflictStrategy> MakeStrategy(const std::string& name,
+                                                        std::uint64_t reserve_bytes) {
+  conflict::ConflictOptions options;
+  options.reserve_bytes = reserve_bytes;
+  std::shared_ptr<runtime::ConflictStrategy> strategy = conflict::MakeStrategy(name, options);
+  if (strategy == nullptr) {
+    throw StatusError(Status(StatusCode::kInvalidArgument,
+                             "unknown conflict strategy '" + name +
+                                 "' (\"1\", \"2\", \"3\", \"4\" or \"adaptive\")"));
+  }
+  return strategy;
+}
+
+py::dict StatsToDict(const runtime::Stats& stats, bool per_step) {
+  py::dict d;
+  d["device"] = stats.device;
+  d["strategy"] = stats.strategy;
+  d["policy"] = stats.policy;
+  d["steps"] = stats.steps;
+  d["epochs_started"] = stats.epochs_started;
+  d["epochs_committed"] = stats.epochs_committed;
+  d["epochs_abandoned"] = stats.epochs_abandoned;
+  d["bytes_written"] = stats.bytes_written;
+  d["conflicts"] = stats.conflicts;
+  d["in_device_fallbacks"] = stats.in_device_fallbacks;
+  d["blocked_seconds"] = stats.blocked_seconds;
+  d["conflict_wait_seconds"] = stats.conflict_wait_seconds;
+  d["boundary_wait_seconds"] = stats.boundary_wait_seconds;
+  d["in_device_copy_seconds"] = stats.in_device_copy_seconds;
+  d["last_epoch_seconds"] = stats.last_epoch_seconds;
+  d["last_committed_iteration"] = stats.last_committed_iteration;
+  d["peak_device_extra_bytes"] = stats.peak_device_extra_bytes;
+  d["wall_seconds"] = stats.wall_seconds;
+  d["checkpoints_per_minute"] = stats.checkpoints_per_minute();
+  d["summary"] = stats.Summary();
+  if (per_step) d["blocked_per_step"] = stats.blocked_per_step;
+  py::list units;
+  for (const runtime::UnitStats& u : stats.units) {
+    py::dict unit;
+    unit["name"] = u.name;
+    unit["bytes"] = u.bytes;
+    unit["snapshots"] = u.snapshots;
+    unit["last_copy_seconds"] = u.last_copy_seconds;
+    unit["last_persist_seconds"] = u.last_persist_seconds;
+    unit["total_copy_seconds"] = u.total_copy_seconds;
+    unit["total_persist_seconds"] = u.total_persist_seconds;
+    unit["conflicts"] = u.conflicts;
+    unit["conflict_wait_seconds"] = u.conflict_wait_seconds;
+    py::dict choices;
+    for (int s = 1; s <= 4; ++s) choices[py::int_(s)] = u.strategy_counts[s];
+    unit["strategy_counts"] = choices;
+    units.append(unit);
+  }
+  d["units"] = units;
+  return d;
+}
+
+py::dict SlotToDict(const layout::SlotInfo& info) {
+  py::dict d;
+  d["slot"] = info.slot;
+  d["state"] = std::string(layout::SlotStateName(info.state));
+  d["epoch"] = info.epoch;
+  d["iteration"] = info.iteration;
+  d["commit_time_unix_ns"] = info.commit_time_unix_ns;
+  d["extra_state_bytes"] = info.extra_state_bytes;
+  d["record_valid"] = info.record_valid;
+  return d;
+}
+
+// An open engine and what it was built from. The device is declared first so
+// that it outlives the engine (Engine holds a non-owning pointer to it).
+class PyEngine {
+ public:
+  PyEngine(const std::string& pool, const std::vector<UnitArg>& units, const std::string& device,
+           const std::string& policy, std::uint64_t every, double checkfreq_overhead,
+           const std::string& strategy, int workers, std::uint64_t part_bytes,
+           std::uint64_t extra_state_capacity, std::uint64_t chunk_heap_bytes,
+           bool verify_on_open, bool check_free_space, std::uint64_t reserve_bytes,
+           bool print_summary) {
+    runtime::EngineOptions options;
+    options.pool_path = pool;
+    options.pool_options.part_bytes = part_bytes;
+    options.pool_options.extra_state_capacity = extra_state_capacity;
+    options.pool_options.chunk_heap_bytes = chunk_heap_bytes;
+    options.pool_options.check_free_space = check_free_space;
+    options.verify_on_open = verify_on_open;
+    options.workers = workers;
+    options.policy = MakePolicy(policy, every, checkfreq_overhead);
+    options.strategy = MakeStrategy(strategy, reserve_bytes);
+    options.print_summary = print_summary;
+    std::vector<runtime::UnitRegistration> registrations = ToRegistrations(units);
+    py::gil_scoped_release release;
+    device_ = ValueOrThrow(runtime::MakeDevice(device, &device_note_));
+    options.device = device_.get();
+    engine_ = ValueOrThrow(runtime::Engine::Open(std::move(options), std::move(registrations)));
+  }
+
+  void BeginStep(std::uint64_t step) { ThrowIfError(engine().BeginStep(step)); }
+  void BeforeUpdate(std::uint32_t unit) {
+    runtime::Engine& e = engine();
+    Status status;
+    {
+      // A conflict may wait for a worker's copy.
+      py::gil_scoped_release release;
+      status = e.BeforeUpdate(unit);
+    }
+    ThrowIfError(status);
+  }
+  void AfterUpdate(std::uint32_t unit) { ThrowIfError(engine().AfterUpdate(unit)); }
+  void EndStep(const py::bytes& extra_state) {
+    runtime::Engine& e = engine();
+    char* data = nullptr;
+    Py_ssize_t size = 0;
+    if (PyBytes_AsStringAndSize(extra_state.ptr(), &data, &size) != 0) {
+      throw py::error_already_set();
+    }
+    Status status;
+    {
+      // `extra_state` keeps the bytes alive; the engine copies them.
+      py::gil_scoped_release release;
+      status = e.EndStep(std::span<const std::byte>(reinterpret_cast<const std::byte*>(data),
+                                                    static_cast<std::size_t>(size)));
+    }
+    ThrowIfError(status);
+  }
+  void Flush() {
+    runtime::Engine& e = engine();
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = e.Flush();
+    }
+    ThrowIfError(status);
+  }
+  // Closes and destroys the engine; later calls raise FailedPreconditionError
+  // (stats() keeps answering with the stats taken at Close).
+  void Close(bool abandon) {
+    if (engine_ == nullptr) return;
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = engine_->Close(abandon ? runtime::CloseMode::kAbandon : runtime::CloseMode::kFinish);
+      // Destroying the engine releases the pool file (a restore followed by
+      // training reopens it); its last stats stay readable.
+      final_stats_ = engine_->stats();
+      engine_.reset();
+    }
+    ThrowIfError(status);
+  }
+  py::tuple Restore() {
+    runtime::Engine& e = engine();
+    std::optional<Result<runtime::RestoreResult>> result;
+    {
+      py::gil_scoped_release release;
+      result.emplace(e.Restore());
+    }
+    runtime::RestoreResult value = ValueOrThrow(std::move(*result));
+    return py::make_tuple(value.iteration, value.epoch,
+                          py::bytes(reinterpret_cast<const char*>(value.extra_state.data()),
+                                    value.extra_state.size()));
+  }
+  std::optional<std::uint32_t> FindUnit(const std::string& name) const {
+    return engine().FindUnit(name);
+  }
+  py::dict Stats(bool per_step) const {
+    if (engine_ == nullptr && final_stats_.has_value()) return StatsToDict(*final_stats_, per_step);
+    return StatsToDict(engine().stats(), per_step);
+  }
+  bool closed() const { return engine_ == nullptr; }
+  std::uint32_t unit_count() const { return engine().unit_count(); }
+  std::string device_name() const { return engine().device().name(); }
+  const std::string& device_note() const { return device_note_; }
+  std::string strategy_name() const { return engine().strategy().name(); }
+  std::string policy_name() const { return engine().policy().name(); }
+  std::string pool_path() const { return engine().pool().path(); }
+  std::uint64_t pool_file_bytes() const { return engine().pool().file_bytes(); }
+
+ private:
+  runtime::Engine& engine() const {
+    if (engine_ == nullptr) {
+      throw StatusError(Status(StatusCode::kFailedPrecondition, "pmsnap engine is closed"));
+    }
+    return *engine_;
+  }
+
+  std::string device_note_;
+  std::optional<runtime::Stats> final_stats_;  // taken at Close
+  std::unique_ptr<runtime::Device> device_;
+  std::unique_ptr<runtime::Engine> engine_;
+};
+
+// Manifest and commit state of an existing pool, for code that does not know
+// the model yet (restore creates lazily-made optimizer state from it).
+py::dict ReadPool(const std::string& path, bool verify_data) {
+  std::unique_ptr<layout::Pool> pool;
+  {
+    py::gil_scoped_release release;
+    layout::OpenOptions options;
+    options.verify_data = verify_data;
+    pool = ValueOrThrow(layout::Pool::Open(path, options));
+  }
+  py::dict d;
+  d["path"] = pool->path();
+  d["format_version"] = pool->format_version();
+  d["file_bytes"] = pool->file_bytes();
+  d["part_bytes"] = pool->options().part_bytes;
+  d["extra_state_capacity"] = pool->options().extra_state_capacity;
+  d["chunk_heap_bytes"] = pool->options().chunk_heap_bytes;
+  py::list units;
+  for (const layout::UnitSpec& unit : pool->manifest().units) {
+    py::list tensors;
+    for (const layout::TensorSpec& t : unit.tensors) {
+      tensors.append(py::make_tuple(t.name, DTypeText(t.dtype), t.shape));
+    }
+    units.append(py::make_tuple(unit.name, tensors));
+  }
+  d["units"] = units;
+  d["slots"] = py::make_tuple(SlotToDict(pool->slot_info(0)), SlotToDict(pool->slot_info(1)));
+  Result<layout::SnapshotView> latest = pool->Latest();
+  if (latest.ok()) {
+    py::dict l;
+    l["epoch"] = latest->epoch();
+    l["iteration"] = latest->iteration();
+    l["slot"] = latest->slot();
+    d["latest"] = l;
+  } else {
+    d["latest"] = py::none();
+  }
+  d["warnings"] = pool->warnings();
+  return d;
+}
+
+py::tuple DescribeDevice(const std::string& spec) {
+  std::string note;
+  std::unique_ptr<runtime::Device> device = ValueOrThrow(runtime::MakeDevice(spec, &note));
+  return py::make_tuple(device->name(), note);
+}
+
+void MarkRows(RowTracker& tracker, std::uintptr_t ptr, std::size_t count,
+              const std::string& dtype) {
+  if (count == 0) return;
+  if (ptr == 0) {
+    throw StatusError(Status(StatusCode::kInvalidArgument, "row ids have no data pointer"));
+  }
+  if (dtype != "int64" && dtype != "int32") {
+    throw StatusError(Status(StatusCode::kInvalidArgument,
+                             "row ids must be int64 or int32, got " + dtype));
+  }
+  py::gil_scoped_release release;
+  if (dtype == "int64") {
+    tracker.Mark(reinterpret_cast<const std::int64_t*>(ptr), count);
+  } else {
+    tracker.Mark(reinterpret_cast<const std::int32_t*>(ptr), count);
+  }
+}
+
+// Writes the touched ids into an int64 buffer of `capacity` elements;
+// returns how many were written.
+std::size_t TouchedInto(const RowTracker& tracker, std::uintptr_t ptr, std::size_t capacity) {
+  const std::vector<std::int64_t> ids = tracker.Touched();
+  if (ids.size() > capacity) {
+    throw StatusError(Status(StatusCode::kInvalidArgument,
+                             "buffer holds " + std::to_string(capacity) + " ids, " +
+                                 std::to_string(ids.size()) + " rows are touched"));
+  }
+  auto* out = reinterpret_cast<std::int64_t*>(ptr);
+  for (std::size_t i = 0; i < ids.size(); ++i) out[i] = ids[i];
+  return ids.size();
+}
+
+}  // namespace
+}  // namespace pmsnap::python
+
+PYBIND11_MODULE(_pmsnap, m) {
+  namespace py = pybind11;
+  using namespace pmsnap::python;  // NOLINT: module definition only
+  m.doc() = "pmsnap runtime binding (use the `pmsnap` package, not this module)";
+  RegisterErrors(m);
+
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init<const std::string&, const std::vector<UnitArg>&, const std::string&,
+                    const std::string&, std::uint64_t, double, const std::string&, int,
+                    std::uint64_t, std::uint64_t, std::uint64_t, bool, bool, std::uint64_t,
+                    bool>(),
+           py::arg("pool"), py::arg("units"), py::kw_only(), py::arg("device") = "host",
+           py::arg("policy") = "continuous", py::arg("every") = 1,
+           py::arg("checkfreq_overhead") = 0.035, py::arg("strategy") = "adaptive",
+           py::arg("workers") = 2, py::arg("part_bytes") = std::uint64_t{4} << 20,
+           py::arg("extra_state_capacity") = std::uint64_t{256} << 10,
+           py::arg("chunk_heap_bytes") = 0, py::arg("verify_on_open") = true,
+           py::arg("check_free_space") = true, py::arg("reserve_bytes") = 0,
+           py::arg("print_summary") = false,
+           "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])].")
+      .def("begin_step", &PyEngine::BeginStep, py::arg("step"))
+      .def("before_update", &PyEngine::BeforeUpdate, py::arg("unit"))
+      .def("after_update", &PyEngine::AfterUpdate, py::arg("unit"))
+      .def("end_step", &PyEngine::EndStep, py::arg("extra_state") = py::bytes())
+      .def("flush", &PyEngine::Flush)
+      .def("close", &PyEngine::Close, py::arg("abandon") = false)
+      .def("restore", &PyEngine::Restore, "-> (iteration, epoch, extra_state bytes)")
+      .def("find_unit", &PyEngine::FindUnit, py::arg("name"))
+      .def("stats", &PyEngine::Stats, py::arg("per_step") = false)
+      .def_property_readonly("closed", &PyEngine::closed)
+      .def_property_readonly("unit_count", &PyEngine::unit_count)
+      .def_property_readonly("device_name", &PyEngine::device_name)
+      .def_property_readonly("device_note", &PyEngine::device_note)
+      .def_property_readonly("strategy_name", &PyEngine::strategy_name)
+      .def_property_readonly("policy_name", &PyEngine::policy_name)
+      .def_property_readonly("pool_path", &PyEngine::pool_path)
+      .def_property_readonly("pool_file_bytes", &PyEngine::pool_file_bytes);
+
+  py::class_<RowTracker>(m, "RowTracker")
+      .def(py::init<std::uint64_t>(), py::arg("rows"))
+      .def("mark", &MarkRows, py::arg("ptr"), py::arg("count"), py::arg("dtype"),
+           "Marks `count` row ids (int64 or int32) at address `ptr`.")
+      .def("mark_one", &RowTracker::MarkOne, py::arg("row"))
+      .def("is_touched", &RowTracker::IsTouched, py::arg("row"))
+      .def("touched_into", &TouchedInto, py::arg("ptr"), py::arg("capacity"))
+      .def("touched", &RowTracker::Touched)
+      .def("clear", &RowTracker::Clear)
+      .def_property_readonly("touched_count", &RowTracker::touched_count)
+      .def_property_readonly("rows", &RowTracker::rows)
+      .def_property_readonly("out_of_range", &RowTracker::out_of_range);
+
+  m.def("read_pool", &ReadPool, py::arg("path"), py::arg("verify_data") = false,
+        "Manifest, options and commit state of an existing pool.");
+  m.def("describe_device", &DescribeDevice, py::arg("spec"),
+        "-> (device name, note); raises InvalidArgumentError for a bad spec.");
+  m.def("cuda_support_compiled", &pmsnap::runtime::CudaSupportCompiled);
+  m.attr("DTYPES") = [] {
+    py::list names;
+    for (const auto& [text, dtype] : kDTypes) names.append(std::string(text));
+    return names;
+  }();
+}

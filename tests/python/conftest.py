@@ -1,0 +1,86 @@
+"""Shared fixtures of the pmsnap Python tests (pytest).
+
+Pools live in $PMSNAP_POOL_DIR (default /dev/shm) under unique names and are
+removed after each test. torch runs on one thread so the suite stays fast and
+deterministic on a shared 2-core machine. The tests import `pmsnap` from
+PYTHONPATH (the build tree's python/ folder; ctest sets it).
+
+Thread-safety: pytest runs the tests of one process sequentially.
+"""
+
+import glob
+import os
+import uuid
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+def pool_dir():
+    return os.environ.get("PMSNAP_POOL_DIR", "/dev/shm")
+
+
+@pytest.fixture
+def pool_path():
+    """A unique pool path; the file is removed afterwards."""
+    path = os.path.join(pool_dir(), f"pmsnap-pytest-{os.getpid()}-{uuid.uuid4().hex[:12]}.pool")
+    yield path
+    # A process killed while creating the pool leaves "<path>.creating-<pid>".
+    for leftover in [path] + glob.glob(glob.escape(path) + ".creating-*"):
+        if os.path.exists(leftover):
+            os.remove(leftover)
+
+
+class MLP(torch.nn.Module):
+    """A small MLP; `widths` changes the layer shapes (model-mismatch tests)."""
+
+    def __init__(self, widths=(12, 32, 16, 4), dropout=0.0):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self.dropout = torch.nn.Dropout(dropout)
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i + 1 < len(self.layers):
+                x = self.dropout(torch.relu(x))
+        return x
+
+
+def make_model(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return MLP(**kwargs)
+
+
+def train_step(model, optimizer, step, batch=8):
+    """One deterministic step: the batch depends only on `step`."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(batch, model.layers[0].in_features, generator=g)
+    y = torch.randn(batch, model.layers[-1].out_features, generator=g)
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def assert_same_training_state(model_a, opt_a, model_b, opt_b):
+    """Parameters and optimizer state are bitwise equal (tensors) or equal (others)."""
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        assert torch.equal(a, b), f"parameter {name} differs"
+        sa, sb = opt_a.state.get(a, {}), opt_b.state.get(b, {})
+        assert sorted(sa) == sorted(sb), f"state keys of {name}: {sorted(sa)} vs {sorted(sb)}"
+        for key in sa:
+            va, vb = sa[key], sb[key]
+            if isinstance(va, torch.Tensor):
+                assert isinstance(vb, torch.Tensor), f"{name} state {key}"
+                assert va.dtype == vb.dtype and va.shape == vb.shape, f"{name} state {key}"
+                assert torch.equal(va, vb), f"{name} state {key} differs"
+            else:
+                assert va == vb, f"{name} state {key}: {va!r} vs {vb!r}"
+    for ga, gb in zip(opt_a.param_groups, opt_b.param_groups):
+        assert {k: v for k, v in ga.items() if k != "params"} == \
+            {k: v for k, v in gb.items() if k != "params"}

@@ -1,0 +1,134 @@
+"""Context manager, flush/close, stats, modes and restore flows of CheckpointedOptimizer."""
+
+import pytest
+import torch
+
+import pmsnap
+from conftest import assert_same_training_state, make_model, train_step
+
+
+def test_context_manager_commits_the_last_step(pool_path):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1) as copt:
+        for step in range(7):
+            train_step(model, copt, step)
+    assert pmsnap.read_pool(pool_path)["latest"]["iteration"] == 7
+    s = copt.stats()
+    assert s["open"] is False and s["iteration"] == 7 and s["steps"] == 7
+    assert s["epochs_committed"] == 7
+    assert s["policy"] == "every-1" and s["device"] == "host"
+    assert len(s["units"]) == 6 and s["units"][0]["name"] == "layers.0.weight"
+    assert "pmsnap:" in s["summary"]
+
+
+def test_exception_in_block_closes_and_keeps_last_commit(pool_path):
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters())
+    with pytest.raises(KeyError):
+        with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1) as copt:
+            for step in range(4):
+                train_step(model, copt, step)
+            raise KeyError("user error")
+    assert pmsnap.read_pool(pool_path)["latest"]["iteration"] == 4
+    with pytest.raises(pmsnap.FailedPreconditionError):
+        copt.step()
+
+
+def test_stats_while_training_and_per_step(pool_path):
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters())
+    copt = pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model,
+                                        device="simulated:12:64", strategy="2")
+    assert copt.stats()["open"] is False
+    for step in range(5):
+        train_step(model, copt, step)
+    copt.flush()
+    s = copt.stats(per_step=True)
+    assert s["open"] and s["steps"] == 5 and len(s["blocked_per_step"]) == 5
+    assert s["device"].startswith("simulated") and s["strategy"].startswith("wait-snapshot")
+    assert s["epochs_committed"] >= 1 and s["bytes_written"] > 0
+    copt.close()
+
+
+@pytest.mark.parametrize("mode,kwargs,expect", [
+    ("continuous", {}, "continuous"),
+    (None, {"every": 3}, "every-3"),
+    ("checkfreq", {}, "checkfreq"),
+])
+def test_modes(mode, kwargs, expect, pool_path):
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters())
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, mode=mode,
+                                      **kwargs) as copt:
+        for step in range(9):
+            train_step(model, copt, step)
+    assert copt.stats()["policy"].startswith(expect)
+    latest = pmsnap.read_pool(pool_path)["latest"]["iteration"]
+    assert 1 <= latest <= 9
+    if expect == "every-3":
+        assert latest == 9
+
+
+def test_restore_then_continue_in_the_same_object(pool_path):
+    """Resume in place: restore() on the wrapper, then keep stepping."""
+    def fresh():
+        model = make_model(seed=5)
+        return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    ref_model, ref_opt = fresh()
+    for step in range(12):
+        train_step(ref_model, ref_opt, step)
+
+    model, opt = fresh()
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1) as copt:
+        for step in range(7):
+            train_step(model, copt, step)
+    model, opt = fresh()
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1) as copt:
+        iteration, extra = copt.restore()
+        assert iteration == 7 and copt.iteration == 7
+        for step in range(iteration, 12):
+            train_step(model, copt, step)
+    assert_same_training_state(ref_model, ref_opt, model, opt)
+
+    # The module-level restore plus start_iteration gives the same.
+    model, opt = fresh()
+    iteration, _ = pmsnap.restore(pool_path, model, opt)
+    assert iteration == 12
+    assert_same_training_state(ref_model, ref_opt, model, opt)
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model,
+                                      start_iteration=iteration) as copt:
+        train_step(model, copt, 12)
+    assert copt.stats()["iteration"] == 13
+
+
+def test_lr_scheduler_state_travels_with_the_checkpoint(pool_path):
+    """param_groups hyperparameters (lr after a scheduler) are restored."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1) as copt:
+        for step in range(5):
+            train_step(model, copt, step)
+            sched.step()
+            copt.extra_state = {"scheduler": sched.state_dict()}
+    # extra_state is stored at the step, so the scheduler state of step 4 is
+    # stored with step 5 (checkpoints capture what step() saw).
+    model2 = make_model(seed=9)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1)
+    iteration, extra = pmsnap.restore(pool_path, model2, opt2)
+    assert iteration == 5
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 2)
+    assert extra["scheduler"]["last_epoch"] == 4
+
+
+@pytest.mark.skipif(pmsnap.cuda_support_compiled() and torch.cuda.is_available(),
+                    reason="a usable GPU: no fallback to test")
+def test_cuda_spec_falls_back_to_host_with_a_note(pool_path):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, device="cuda") as copt:
+        assert "using the host device" in copt.device_note
+        train_step(model, copt, 0)
+    assert copt.stats()["device"] == "host"
