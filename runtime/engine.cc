@@ -2,6 +2,7 @@
 
 #include "pmsnap/runtime/cuda_device.h"
 
+#include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -68,6 +69,9 @@ struct Engine::Impl {
   std::shared_ptr<IntervalPolicy> policy;
   std::shared_ptr<ConflictStrategy> strategy;
   std::shared_ptr<Encoder> encoder;
+  // oneTBB caps its worker threads at the core count minus one; the engine's
+  // workers mostly wait on copies and persists, so it asks for its own.
+  std::unique_ptr<tbb::global_control> thread_limit;
   std::unique_ptr<tbb::task_arena> arena;
   // One thread: device-side copies in order, like a GPU stream.
   std::unique_ptr<tbb::task_arena> device_stream;
@@ -465,6 +469,12 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   if (impl->encoder) {
     PMSNAP_RETURN_IF_ERROR(
         impl->encoder->Attach(*impl->pool, impl->units, encoded_units, *impl->device));
+  }
+  const std::size_t wanted_threads = static_cast<std::size_t>(options.workers) + 2;
+  if (tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism) <
+      wanted_threads) {
+    impl->thread_limit = std::make_unique<tbb::global_control>(
+        tbb::global_control::max_allowed_parallelism, wanted_threads);
   }
   impl->arena = std::make_unique<tbb::task_arena>(options.workers, /*reserved_for_masters=*/0);
   impl->device_stream = std::make_unique<tbb::task_arena>(1, /*reserved_for_masters=*/0);

@@ -20,7 +20,7 @@ packages=(
   cmake ninja-build g++ pkg-config ccache
   libpmem-dev libpmemobj-dev pmdk-tools libxxhash-dev libtbb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libtorch-dev python3-torch pybind11-dev libopenblas0-pthread python3-pytest python3-matplotlib
+  libtorch-dev python3-torch pybind11-dev libopenblas0-pthread python3-pytest python3-matplotlib python3-dev
 )
 
 install_missing() {

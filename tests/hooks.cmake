@@ -22,7 +22,7 @@ if(PMSNAP_WITH_TORCH AND TARGET pmsnap::torch)
 endif()
 
 # The training demo end to end at a small size (exit status 0 = bit-exact).
-if(TARGET pmsnap-train-demo)
-  add_test(NAME hooks_demo_smoke COMMAND pmsnap-train-demo --iterations=60 --seed=3)
+if(TARGET pmsnap-demo)
+  add_test(NAME hooks_demo_smoke COMMAND pmsnap-demo --iterations=60 --seed=3)
   set_tests_properties(hooks_demo_smoke PROPERTIES ENVIRONMENT "PMEM_IS_PMEM_FORCE=1" TIMEOUT 120)
 endif()

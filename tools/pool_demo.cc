@@ -1,9 +1,9 @@
-// pmsnap-demo (pool round trip): a child process checkpoints a synthetic
+// pmsnap-pool-demo (pool round trip): a child process checkpoints a synthetic
 // model into a pool epoch after epoch; the parent SIGKILLs it at a random
 // moment, reopens the pool, checks the recovered epoch bit-exact against the
 // content the child derived from (epoch, unit), and reports.
 //
-//   pmsnap-demo [--mib N] [--units N] [--pool PATH] [--seconds S]
+//   pmsnap-pool-demo [--mib N] [--units N] [--pool PATH] [--seconds S]
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   std::uint32_t units = 32;
   double seconds = 2.0;
   const char* env_dir = std::getenv("PMSNAP_POOL_DIR");
-  std::string path = std::string(env_dir ? env_dir : "/dev/shm") + "/pmsnap-demo.pool";
+  std::string path = std::string(env_dir ? env_dir : "/dev/shm") + "/pmsnap-pool-demo.pool";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--mib") mib = std::stoull(argv[i + 1]);
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
     else if (flag == "--pool") path = argv[i + 1];
     else if (flag == "--seconds") seconds = std::stod(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: pmsnap-demo [--mib N] [--units N] [--pool PATH] [--seconds S]\n");
+      std::fprintf(stderr, "usage: pmsnap-pool-demo [--mib N] [--units N] [--pool PATH] [--seconds S]\n");
       return 2;
     }
   }
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   {
     auto pool = Pool::Create(path, manifest);
     if (!pool.ok()) {
-      std::fprintf(stderr, "pmsnap-demo: %s\n", pool.status().ToString().c_str());
+      std::fprintf(stderr, "pmsnap-pool-demo: %s\n", pool.status().ToString().c_str());
       return 1;
     }
     std::printf("pool %s: %u units, %.0f MiB per checkpoint, file %.0f MiB\n", path.c_str(), units,
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   auto pool = Pool::Open(path);
   const double open_seconds = std::chrono::duration<double>(Clock::now() - open_start).count();
   if (!pool.ok()) {
-    std::fprintf(stderr, "pmsnap-demo: recovery failed: %s\n", pool.status().ToString().c_str());
+    std::fprintf(stderr, "pmsnap-pool-demo: recovery failed: %s\n", pool.status().ToString().c_str());
     return 1;
   }
   auto latest = (*pool)->Latest();
