@@ -333,6 +333,7 @@ int main(int argc, char** argv) {
                 adaptive.stall_ms_per_iter, best,
                 adaptive.stall_ms_per_iter / std::max(best, 1e-3), vs_model, ok ? "" : "MISSED");
   }
+  csv.close();  // the plot script reads it next
   std::printf("\ntargets met in %d of %d cells; csv: %s/conflict.csv\n", met, total, out.c_str());
   const std::string plot = std::string("/usr/bin/python3 ") + PMSNAP_BENCH_SOURCE_DIR +
                            "/conflict_plot.py " + out + " >/dev/null 2>&1";

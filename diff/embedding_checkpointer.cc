@@ -137,13 +137,27 @@ Status Rebuild(ChunkReader& reader, const std::vector<ChunkRef>& refs, const Tab
       if (!view.keys.empty() && block.elems_per_row != shape.elems_per_row[t]) {
         return Status(StatusCode::kCorruption, "chunk row width differs from the table's");
       }
-      for (std::size_t r = 0; r < view.keys.size(); ++r) {
+      const std::uint32_t elems = shape.elems_per_row[t];
+      for (std::size_t r = 0; r < view.keys.size();) {
         if (view.keys[r] >= shape.rows) {
           return Status(StatusCode::kCorruption, "row id " + std::to_string(view.keys[r]) +
                                                      " outside the table");
         }
-        PMSNAP_RETURN_IF_ERROR(
-            block.ReadRow(r, (*out)[t].data() + view.keys[r] * shape.elems_per_row[t]));
+        // Raw rows with consecutive ids (a baseline, dense runs) copy as one block.
+        std::size_t end = r + 1;
+        if (!block.quantized) {
+          // Ascending ids: stop the run before any id outside the table (the
+          // next pass reports it).
+          while (end < view.keys.size() && view.keys[end] == view.keys[end - 1] + 1 &&
+                 view.keys[end] < shape.rows) {
+            ++end;
+          }
+          std::memcpy((*out)[t].data() + view.keys[r] * elems, block.raw.data() + r * elems,
+                      (end - r) * elems * sizeof(float));
+        } else {
+          PMSNAP_RETURN_IF_ERROR(block.ReadRow(r, (*out)[t].data() + view.keys[r] * elems));
+        }
+        r = end;
       }
     }
   }
