@@ -1,6 +1,7 @@
 #include "pmsnap/pmem_layout/pool.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <libpmem.h>
 #include <libpmemobj.h>
 #include <sys/stat.h>
@@ -136,6 +137,25 @@ Status RunTransaction(PMEMobjpool* pop, const std::string& what, Body&& body) {
   return {err == ENOMEM ? StatusCode::kNoSpace : StatusCode::kIOError, failure};
 }
 
+// A process killed inside Create leaves "<path>.creating-<pid>"; remove those
+// whose process is gone (and our own stale one).
+void RemoveAbandonedCreations(const std::string& path) {
+  const std::filesystem::path target(path);
+  std::filesystem::path dir = target.parent_path();
+  if (dir.empty()) dir = ".";
+  const std::string prefix = target.filename().string() + ".creating-";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
+    if (end == nullptr || *end != '\0' || pid <= 0) continue;
+    const bool gone = ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    if (gone || pid == ::getpid()) std::filesystem::remove(entry.path(), ec);
+  }
+}
+
 }  // namespace
 
 void SetWarningSink(WarningSink sink) {
@@ -264,7 +284,7 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   const std::vector<std::byte> manifest_bytes = manifest.Serialize();
   const std::uint64_t record_bytes = RecordBytes(layout.parts.size(), options.extra_state_capacity);
   const std::string temp_path = path + ".creating-" + std::to_string(::getpid());
-  std::filesystem::remove(temp_path, ec);
+  RemoveAbandonedCreations(path);
 
   PMEMobjpool* pop = pmemobj_create(temp_path.c_str(), kPoolLayoutName, required, 0644);
   if (pop == nullptr) {

@@ -1,7 +1,5 @@
 # diff: embedding checkpoints (policies, retention, recovery, crash, corruption).
-if(TARGET pmsnap_diff)
-  pmsnap_add_test(diff_checkpoints_test SOURCES diff_checkpoints_test.cc
-                  LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")
-  target_include_directories(diff_checkpoints_test PRIVATE ${PROJECT_SOURCE_DIR}/diff)
-  pmsnap_add_pool_test(diff_crash_test SOURCES diff_crash_test.cc LIBS pmsnap::diff)
-endif()
+pmsnap_add_test(diff_checkpoints_test SOURCES diff_checkpoints_test.cc
+                LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")
+target_include_directories(diff_checkpoints_test PRIVATE ${PROJECT_SOURCE_DIR}/diff)
+pmsnap_add_pool_test(diff_crash_test SOURCES diff_crash_test.cc LIBS pmsnap::diff)

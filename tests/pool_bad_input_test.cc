@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <libpmemobj.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -133,6 +134,18 @@ TEST(PoolCreateTest, FileSystemTooSmallReportsNeededAndFreeBytes) {
   EXPECT_THAT(pool.status().message(), HasSubstr("needs"));
   EXPECT_THAT(pool.status().message(), HasSubstr("free"));
   EXPECT_FALSE(std::filesystem::exists(path.path()));
+}
+
+TEST(PoolCreateTest, LeftoversOfAKilledCreationAreRemoved) {
+  TempPoolPath path("leftover");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // a pid that no longer runs
+  const std::string leftover = path.path() + ".creating-" + std::to_string(child);
+  std::ofstream(leftover) << "half a pool";
+  ASSERT_TRUE(Pool::Create(path.path(), MakeManifest(1, 10)).ok());
+  EXPECT_FALSE(std::filesystem::exists(leftover));
 }
 
 TEST(PoolCreateTest, InvalidManifestIsRejected) {

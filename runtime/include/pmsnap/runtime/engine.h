@@ -70,8 +70,8 @@ struct EngineOptions {
   std::shared_ptr<ConflictStrategy> strategy;
   // Handles units registered with `encoded`; required if there are any.
   std::shared_ptr<Encoder> encoder;
-  // Print the one-line stats summary at Close.
-  bool print_summary = false;
+  // Print the one-line stats summary (stderr) at Close.
+  bool print_summary = true;
 };
 
 enum class CloseMode {
