@@ -2,7 +2,8 @@
 // quantization (quant/), against a plain scalar reference and PyTorch's own
 // prepack ops in the same run.
 //
-//   pmsnap_bench_quant [--rows N] [--error-rows N] [--reps R] [--out-dir DIR] [--quick]
+//   pmsnap_bench_quant [--mib N] [--error-rows N] [--reps R] [--out-dir DIR] [--quick]
+//                      [--targets]
 //
 // Tables: synthetic embedding rows, "normal" (Gaussian, per-row mean/spread)
 // and "heavy" (Student-t, 3 d.o.f.), dim 64 and 128. Throughput is GB/s of
@@ -47,6 +48,7 @@ struct Args {
   std::uint64_t bytes = 64ull << 20;       // fp32 input per fast-method run
   std::uint64_t error_rows = 20000;        // rows for the error table
   int reps = 3;
+  bool targets_only = false;  // --targets: only the target figures, interleaved
   std::string out_dir = PMSNAP_BENCH_RESULTS_DIR;
 };
 
@@ -66,9 +68,10 @@ Args ParseArgs(int argc, char** argv) {
     else if (arg == "--reps") a.reps = std::atoi(next());
     else if (arg == "--out-dir") a.out_dir = next();
     else if (arg == "--quick") { a.bytes = 8ull << 20; a.error_rows = 4000; a.reps = 2; }
+    else if (arg == "--targets") { a.targets_only = true; a.reps = 5; }
     else {
       std::fprintf(stderr,
-                   "usage: %s [--mib N] [--error-rows N] [--reps R] [--out-dir DIR] [--quick]\n",
+                   "usage: %s [--mib N] [--error-rows N] [--reps R] [--out-dir DIR] [--quick] [--targets]\n",
                    argv[0]);
       std::exit(2);
     }
@@ -173,10 +176,96 @@ struct ErrorRow {
   double mean_l2;
 };
 
+
+// --targets: the target figures only. Every rep times each contender
+// once, in turn, so a noisy neighbour slows all of them alike; best of reps.
+int RunTargets(const Args& args) {
+#ifdef PMSNAP_BENCH_WITH_TORCH
+  at::set_num_threads(1);
+#endif
+  std::printf("pmsnap quant bench --targets: 1 thread, best ISA %s, %d interleaved reps\n",
+              IsaName(DetectIsa()), args.reps);
+  for (std::uint32_t dim : {64u, 128u}) {
+    for (RowShape shape : {RowShape::kNormal, RowShape::kHeavyTailed}) {
+      const std::string tname = shape == RowShape::kNormal ? "normal" : "heavy";
+      const std::uint64_t rows = args.bytes / (4ull * dim);
+      const OwnedTable table = MakeTable(shape, rows, dim, 7 * dim + (shape == RowShape::kNormal));
+      const OwnedTable sub = Head(table, rows / 16);
+      auto options = [&](Method m, int bits) {
+        QuantOptions o;
+        o.method = m;
+        o.bits = bits;
+        o.scale_type = bits == 8 ? ScaleType::kFp32 : ScaleType::kFp16;
+        o.max_threads = 1;
+        o.adaptive = {45, 1.0f};
+        return o;
+      };
+      struct Contender {
+        std::string name;
+        const OwnedTable* t;
+        std::function<void()> fn;
+        double best = 1e30;
+      };
+      std::vector<std::vector<std::uint8_t>> outs;
+      outs.reserve(8);
+      std::vector<Contender> cs;
+      auto ours = [&](const std::string& name, Method m, int bits, const OwnedTable& t) {
+        const QuantOptions o = options(m, bits);
+        outs.emplace_back(SpecFor(o, dim, t.rows).payload_bytes());
+        std::vector<std::uint8_t>* out = &outs.back();
+        const OwnedTable* tp = &t;
+        cs.push_back({name, tp, [o, out, tp] {
+                        if (!QuantizeInto(tp->view(), o, *out).ok()) std::abort();
+                      }});
+      };
+      ours("asym8", Method::kAsymmetric, 8, table);
+      ours("asym4", Method::kAsymmetric, 4, table);
+      ours("adaptive45_4", Method::kAdaptive, 4, sub);
+#ifdef PMSNAP_BENCH_WITH_TORCH
+      const at::Tensor w = AsTensor(table);
+      cs.push_back({"torch8", &table, [&w] { TorchPrepack(8, w, false); }});
+      cs.push_back({"torch4", &table, [&w] { TorchPrepack(4, w, false); }});
+#endif
+      for (int r = 0; r < args.reps; ++r) {
+        for (Contender& c : cs) {
+          const auto t0 = Clock::now();
+          c.fn();
+          c.best = std::min(c.best, std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+      }
+      std::map<std::string, double> g;
+      for (const Contender& c : cs) g[c.name] = static_cast<double>(c.t->values.size() * 4) / c.best / 1e9;
+      std::printf("  %-6s dim %3u: asym8 %.2f GB/s, asym4 %.2f, adaptive45-4bit %.4f (%.1fx slower)",
+                  tname.c_str(), dim, g["asym8"], g["asym4"], g["adaptive45_4"],
+                  g["asym4"] / g["adaptive45_4"]);
+#ifdef PMSNAP_BENCH_WITH_TORCH
+      std::printf("; torch8 %.2f (%.2fx), torch4 %.2f (%.2fx)", g["torch8"],
+                  g["asym8"] / g["torch8"], g["torch4"], g["asym4"] / g["torch4"]);
+#endif
+      std::printf("\n");
+#ifdef PMSNAP_BENCH_WITH_TORCH
+      const OwnedTable et = Head(table, args.error_rows);
+      for (int bits : {4, 2}) {
+        QuantOptions o = options(Method::kAdaptive, bits);
+        o.max_threads = 0;
+        auto q = Quantize(et.view(), o);
+        auto l2 = q.ok() ? MeanL2Error(et.view(), q->view()) : pmsnap::Result<double>(q.status());
+        const double e = l2.ok() ? *l2 : NAN;
+        const double te = TorchMeanL2(et, bits, true);
+        std::printf("           %d-bit mean l2: adaptive-45 %.5f vs torch optimized %.5f (%+.2f%%)\n",
+                    bits, e, te, 100.0 * (e / te - 1.0));
+      }
+#endif
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
+  if (args.targets_only) return RunTargets(args);
   const auto start = Clock::now();
 #ifdef PMSNAP_BENCH_WITH_TORCH
   at::set_num_threads(1);

@@ -43,7 +43,8 @@ void Loss2Portable(const float* x, std::uint32_t n, EncodeParams a, EncodeParams
   *loss_b = ReduceLanes16(lanes_b);
 }
 
-constexpr Kernels kPortable = {Isa::kPortable, MinMaxPortable, EncodePortable, Loss2Portable};
+constexpr Kernels kPortable = {Isa::kPortable, MinMaxPortable, EncodePortable, Loss2Portable,
+                                 nullptr, nullptr};
 
 }  // namespace
 

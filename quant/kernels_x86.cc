@@ -7,7 +7,11 @@
 // same IEEE operations per element, round-to-nearest-even conversions, and the
 // loss summed in 16 fixed lanes.
 // Thread-safety: pure functions.
+#include "detail/half.h"
 #include "detail/kernels.h"
+
+#include <cmath>
+#include <cstring>
 
 #if defined(__x86_64__)
 // GCC 12's AVX-512 headers seed results with _mm512_undefined_ps(), which
@@ -225,8 +229,159 @@ PMSNAP_AVX512 void Loss2Avx512(const float* x, std::uint32_t n, EncodeParams a, 
   *loss_b = ReduceLanes16Avx2(_mm512_castps512_ps256(acc_b), _mm512_extractf32x8_ps(acc_b, 1));
 }
 
-constexpr Kernels kAvx2 = {Isa::kAvx2, MinMaxAvx2, EncodeAvx2, Loss2Avx2};
-constexpr Kernels kAvx512 = {Isa::kAvx512, MinMaxAvx512, EncodeAvx512, Loss2Avx512};
+// Adaptive search fast path (quantize.cc AdaptiveSearch, fp16 asymmetric
+// pmsnap rows), kSearchRows rows in lock step so their independent chains of
+// parameter -> loss -> choice overlap. Lanes of a __m256: 2r holds row r's
+// raise-lo candidate, 2r+1 its lower-hi candidate; per-row state is kept in
+// both lanes of its pair. Parameters come from F16C's directed conversions
+// (round toward -inf / +inf), which equal FloatToHalfRoundDown / RoundUp for
+// every finite float (tests/quant_simd_equivalence_test.cc checks them over
+// the float range); losses come from Loss2Avx512 itself.
+
+struct ParamsVec {
+  __m256 bias, inv, scale;
+  __mmask8 bad;  // the generic path reports kHalfOverflow for these lanes
+};
+
+// MakeUniformParams' fp16 asymmetric branch, lane by lane.
+PMSNAP_AVX512 inline ParamsVec Fp16ParamsVec(__m256 lo, __m256 hi, __m256 qmax) {
+  hi = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(hi, lo, _CMP_LT_OQ), hi, lo);
+  __mmask8 bad = static_cast<__mmask8>(
+      _mm256_cmp_ps_mask(hi, _mm256_set1_ps(65504.0f), _CMP_GT_OQ) |
+      _mm256_cmp_ps_mask(lo, _mm256_set1_ps(-65504.0f), _CMP_LT_OQ));
+  const __m128i bias_h = _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEG_INF);
+  const __m256 bias = _mm256_cvtph_ps(bias_h);
+  const __m256 range = _mm256_sub_ps(hi, bias);
+  const __mmask8 live = _mm256_cmp_ps_mask(range, _mm256_setzero_ps(), _CMP_GT_OQ);
+  const __m128i scale_h = _mm256_cvtps_ph(_mm256_div_ps(range, qmax), _MM_FROUND_TO_POS_INF);
+  const __m128i inf = _mm_set1_epi16(0x7c00);
+  bad = static_cast<__mmask8>(bad | (live & _mm_cmpeq_epi16_mask(_mm_and_si128(scale_h, inf), inf)));
+  const __m256 scale = _mm256_maskz_mov_ps(live, _mm256_cvtph_ps(scale_h));
+  const __m256 inv = _mm256_maskz_div_ps(live, _mm256_set1_ps(1.0f), scale);
+  return {bias, inv, scale, bad};
+}
+
+PMSNAP_AVX512 inline __m256 Losses8(const float* const* x, std::uint32_t n, const ParamsVec& p,
+                                    float qmax) {
+  alignas(32) float b[8], iv[8], sc[8], loss[8];
+  _mm256_store_ps(b, p.bias);
+  _mm256_store_ps(iv, p.inv);
+  _mm256_store_ps(sc, p.scale);
+  for (int r = 0; r < kSearchRows; ++r) {
+    Loss2Avx512(x[r], n, EncodeParams{b[2 * r], iv[2 * r], sc[2 * r]},
+                EncodeParams{b[2 * r + 1], iv[2 * r + 1], sc[2 * r + 1]}, qmax, &loss[2 * r],
+                &loss[2 * r + 1]);
+  }
+  return _mm256_load_ps(loss);
+}
+
+PMSNAP_AVX512 bool AdaptiveFp16Avx512(const float* const* rows, int count, std::uint32_t n,
+                                      const SearchPlan& plan, const float* lo0, const float* hi0,
+                                      SearchResult* out) {
+  static_assert(kSearchRows == 4, "lane layout assumes 4 rows x 2 candidates");
+  const float* x[kSearchRows];
+  alignas(32) float l0[8], h0[8];
+  for (int r = 0; r < kSearchRows; ++r) {
+    const int src = r < count ? r : 0;  // padding rows repeat row 0, results unused
+    x[r] = rows[src];
+    l0[2 * r] = l0[2 * r + 1] = lo0[src];
+    h0[2 * r] = h0[2 * r + 1] = hi0[src];
+  }
+  const __mmask8 real = static_cast<__mmask8>((1u << (2 * count)) - 1);
+  const __m256 vlo0 = _mm256_load_ps(l0), vhi0 = _mm256_load_ps(h0);
+  const __m256 qmax = _mm256_set1_ps(plan.qmax);
+  ParamsVec p = Fp16ParamsVec(vlo0, vhi0, qmax);
+  if (p.bad & real) return false;
+  __m256 best_loss = Losses8(x, n, p, plan.qmax);
+  __m256 best_bias = p.bias, best_inv = p.inv, best_scale = p.scale;
+  const __m256 range = _mm256_sub_ps(vhi0, vlo0);
+  const __mmask8 searching =
+      static_cast<__mmask8>(real & _mm256_cmp_ps_mask(range, _mm256_setzero_ps(), _CMP_GT_OQ));
+  if (searching != 0) {
+    const __m256 step = _mm256_div_ps(range, _mm256_set1_ps(static_cast<float>(plan.num_bins)));
+    __m256 best_lo = vlo0, best_hi = vhi0;
+    constexpr __mmask8 kRaiseLanes = 0x55;
+    auto walk = [&](__m256 cl, __m256 ch, __m256 wstep, __m256 thr, std::uint32_t iter,
+                    std::uint32_t end) PMSNAP_AVX512 {
+      for (; iter < end; ++iter) {
+        const __mmask8 active = static_cast<__mmask8>(
+            searching & _mm256_cmp_ps_mask(_mm256_add_ps(cl, thr), ch, _CMP_LT_OQ));
+        if (active == 0) break;
+        const __m256 raised = _mm256_add_ps(cl, wstep), lowered = _mm256_sub_ps(ch, wstep);
+        const ParamsVec c = Fp16ParamsVec(_mm256_mask_blend_ps(kRaiseLanes, cl, raised),
+                                          _mm256_mask_blend_ps(kRaiseLanes, lowered, ch), qmax);
+        if (c.bad & active) return false;
+        const __m256 loss = Losses8(x, n, c, plan.qmax);
+        const __m256 la = _mm256_moveldup_ps(loss), lb = _mm256_movehdup_ps(loss);
+        const __mmask8 raise = _mm256_cmp_ps_mask(la, lb, _CMP_LT_OQ);
+        const __m256 cur_loss = _mm256_mask_blend_ps(raise, lb, la);
+        cl = _mm256_mask_blend_ps(static_cast<__mmask8>(active & raise), cl, raised);
+        ch = _mm256_mask_blend_ps(static_cast<__mmask8>(active & ~raise), ch, lowered);
+        const __mmask8 better = static_cast<__mmask8>(
+            active & _mm256_cmp_ps_mask(cur_loss, best_loss, _CMP_LT_OQ));
+        auto pick = [&](__m256 v) PMSNAP_AVX512 {
+          return _mm256_mask_blend_ps(raise, _mm256_movehdup_ps(v), _mm256_moveldup_ps(v));
+        };
+        best_loss = _mm256_mask_blend_ps(better, best_loss, cur_loss);
+        best_bias = _mm256_mask_blend_ps(better, best_bias, pick(c.bias));
+        best_inv = _mm256_mask_blend_ps(better, best_inv, pick(c.inv));
+        best_scale = _mm256_mask_blend_ps(better, best_scale, pick(c.scale));
+        best_lo = _mm256_mask_blend_ps(better, best_lo, cl);
+        best_hi = _mm256_mask_blend_ps(better, best_hi, ch);
+      }
+      return true;
+    };
+    const __m256 thr = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(plan.min_bins)), step);
+    if (!walk(vlo0, vhi0, step, thr, plan.min_bins, plan.num_bins)) return false;
+    __m256 refine_lo = _mm256_sub_ps(best_lo, step);
+    refine_lo = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(refine_lo, vlo0, _CMP_LT_OQ), refine_lo, vlo0);
+    __m256 refine_hi = _mm256_add_ps(best_hi, step);
+    refine_hi = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(refine_hi, vhi0, _CMP_GT_OQ), refine_hi, vhi0);
+    if (!walk(refine_lo, refine_hi, _mm256_mul_ps(step, _mm256_set1_ps(0.25f)),
+              _mm256_setzero_ps(), 0, plan.refine_iterations)) {
+      return false;
+    }
+  }
+  alignas(32) float b[8], iv[8], sc[8];
+  _mm256_store_ps(b, best_bias);
+  _mm256_store_ps(iv, best_inv);
+  _mm256_store_ps(sc, best_scale);
+  for (int r = 0; r < count; ++r) {
+    out[r].enc = EncodeParams{b[2 * r], iv[2 * r], sc[2 * r]};
+    out[r].bias_h = FloatToHalfRne(b[2 * r]);  // exact: these are half values
+    out[r].scale_h = FloatToHalfRne(sc[2 * r]);
+  }
+  return true;
+}
+
+// Asymmetric 8-bit, fp32 parameters: MinMaxAvx512, MakeUniformParams' fp32
+// branch and EncodeAvx512 inlined per row, no indirect calls, so the
+// out-of-order core overlaps one row's reductions and divisions with the
+// neighbours' loads and stores.
+PMSNAP_AVX512 std::uint64_t Asym8Fp32RowsAvx512(const float* x, std::uint64_t stride,
+                                                std::uint64_t count, std::uint32_t n,
+                                                std::uint8_t* out) {
+  for (std::uint64_t r = 0; r < count; ++r, x += stride, out += n + 8) {
+    float lo, hi;
+    if (!MinMaxAvx512(x, n, &lo, &hi)) return r;
+    const float range = hi - lo;
+    if (!std::isfinite(range)) return r;
+    float scale = range / 255.0f;
+    float inv = scale == 0.0f ? 0.0f : 1.0f / scale;
+    if (range <= 0.0f || scale == 0.0f || !std::isfinite(inv)) {
+      scale = 0.0f;
+      inv = 0.0f;
+    }
+    EncodeAvx512(x, n, EncodeParams{lo, inv, scale}, 255.0f, out);
+    std::memcpy(out + n, &scale, 4);
+    std::memcpy(out + n + 4, &lo, 4);
+  }
+  return count;
+}
+
+constexpr Kernels kAvx2 = {Isa::kAvx2, MinMaxAvx2, EncodeAvx2, Loss2Avx2, nullptr, nullptr};
+constexpr Kernels kAvx512 = {Isa::kAvx512, MinMaxAvx512, EncodeAvx512, Loss2Avx512,
+                              AdaptiveFp16Avx512, Asym8Fp32RowsAvx512};
 
 }  // namespace
 

@@ -148,6 +148,16 @@ RowContext MakeRowContext(const QuantOptions& options, std::uint32_t dim) {
   const QuantSpec spec = SpecFor(options, dim, 0);
   ctx.code_bytes = spec.code_bytes();
   ctx.param_bytes = spec.param_bytes();
+  ctx.fused_asym8 = ctx.kernels->asym8_fp32_rows != nullptr &&
+                    options.method == Method::kAsymmetric && options.bits == 8 &&
+                    options.scale_type == ScaleType::kFp32 && options.layout == Layout::kPmsnap;
+  if (options.method == Method::kAdaptive) {
+    const AdaptiveSchedule sched = ScheduleFor(options.adaptive);
+    ctx.plan = SearchPlan{ctx.qmax, sched.num_bins, sched.min_bins, sched.refine_iterations};
+    ctx.fast_adaptive = ctx.kernels->adaptive_fp16 != nullptr &&
+                        options.scale_type == ScaleType::kFp16 &&
+                        options.layout == Layout::kPmsnap;
+  }
   return ctx;
 }
 
@@ -269,7 +279,13 @@ void StoreParams(const RowContext& ctx, const UniformParams& p, std::uint8_t* ds
 // Paper 5.2 / PyTorch choose_qparams_optimized: shrink [lo, hi] one step at a
 // time from the side whose removal lowers the l2 error more; keep the best
 // iteration. Iteration 0 is the plain asymmetric range, so the result is never
-// worse than asymmetric on the same row.
+// worse than asymmetric on the same row. Then a local refinement: the same
+// greedy walk with a quarter of the step, from the best range widened by one
+// step on each side (clipped to [min, max]), for RefineIterations() steps,
+// still keeping the best range seen. The step grid of num_bins is coarse near
+// the optimum; this recovers what a finer grid would find (PyTorch's 200
+// bins) for about a quarter of a 45-bin search's cost. The AVX-512 fast path (kernels_x86.cc) follows
+// this definition operation for operation.
 RowError AdaptiveSearch(const RowContext& ctx, const float* x, float lo0, float hi0,
                         UniformParams* best) {
   RowError err = MakeUniformParams(ctx, lo0, hi0, best);
@@ -279,36 +295,49 @@ RowError AdaptiveSearch(const RowContext& ctx, const float* x, float lo0, float 
   const Kernels& k = *ctx.kernels;
   float best_loss, unused;
   k.loss2(x, ctx.dim, best->enc, best->enc, ctx.qmax, &best_loss, &unused);
-  const std::uint32_t num_bins = ctx.options.adaptive.num_bins;
-  const float step = range / static_cast<float>(num_bins);
-  const auto min_bins = static_cast<std::uint32_t>(
-      static_cast<double>(num_bins) * (1.0 - static_cast<double>(ctx.options.adaptive.ratio)));
-  const float threshold = static_cast<float>(min_bins) * step;
-  float cur_lo = lo0, cur_hi = hi0;
+  const AdaptiveSchedule sched = ScheduleFor(ctx.options.adaptive);
+  const float step = range / static_cast<float>(sched.num_bins);
+  float best_lo = lo0, best_hi = hi0;
   UniformParams raise_lo, lower_hi;
-  // Each iteration removes one step; the bound guards against rounding drift.
-  for (std::uint32_t iter = min_bins; iter < num_bins && cur_lo + threshold < cur_hi; ++iter) {
-    if ((err = MakeUniformParams(ctx, cur_lo + step, cur_hi, &raise_lo)) != RowError::kOk) return err;
-    if ((err = MakeUniformParams(ctx, cur_lo, cur_hi - step, &lower_hi)) != RowError::kOk) return err;
-    float loss_raise, loss_lower;
-    k.loss2(x, ctx.dim, raise_lo.enc, lower_hi.enc, ctx.qmax, &loss_raise, &loss_lower);
-    float cur_loss;
-    const UniformParams* cur;
-    if (loss_raise < loss_lower) {
-      cur_lo += step;
-      cur_loss = loss_raise;
-      cur = &raise_lo;
-    } else {
-      cur_hi -= step;
-      cur_loss = loss_lower;
-      cur = &lower_hi;
+  // One greedy walk from [lo, hi]: each iteration removes one `step`; the
+  // bound guards against rounding drift.
+  auto walk = [&](float cur_lo, float cur_hi, float walk_step, float threshold,
+                  std::uint32_t iter, std::uint32_t end) -> RowError {
+    for (; iter < end && cur_lo + threshold < cur_hi; ++iter) {
+      RowError e;
+      if ((e = MakeUniformParams(ctx, cur_lo + walk_step, cur_hi, &raise_lo)) != RowError::kOk) return e;
+      if ((e = MakeUniformParams(ctx, cur_lo, cur_hi - walk_step, &lower_hi)) != RowError::kOk) return e;
+      float loss_raise, loss_lower;
+      k.loss2(x, ctx.dim, raise_lo.enc, lower_hi.enc, ctx.qmax, &loss_raise, &loss_lower);
+      float cur_loss;
+      const UniformParams* cur;
+      if (loss_raise < loss_lower) {
+        cur_lo += walk_step;
+        cur_loss = loss_raise;
+        cur = &raise_lo;
+      } else {
+        cur_hi -= walk_step;
+        cur_loss = loss_lower;
+        cur = &lower_hi;
+      }
+      if (cur_loss < best_loss) {
+        best_loss = cur_loss;
+        *best = *cur;
+        best_lo = cur_lo;
+        best_hi = cur_hi;
+      }
     }
-    if (cur_loss < best_loss) {
-      best_loss = cur_loss;
-      *best = *cur;
-    }
+    return RowError::kOk;
+  };
+  const float threshold = static_cast<float>(sched.min_bins) * step;
+  if ((err = walk(lo0, hi0, step, threshold, sched.min_bins, sched.num_bins)) != RowError::kOk) {
+    return err;
   }
-  return RowError::kOk;
+  float refine_lo = best_lo - step;
+  refine_lo = refine_lo < lo0 ? lo0 : refine_lo;
+  float refine_hi = best_hi + step;
+  refine_hi = refine_hi > hi0 ? hi0 : refine_hi;
+  return walk(refine_lo, refine_hi, step * 0.25f, 0.0f, 0, sched.refine_iterations);
 }
 
 }  // namespace
@@ -331,6 +360,30 @@ RowError QuantizeRow(const RowContext& ctx, const float* x, std::uint8_t* out_ro
   }
   StoreParams(ctx, params, out_row + ctx.code_bytes);
   return RowError::kOk;
+}
+
+bool QuantizeAdaptiveGroup(const RowContext& ctx, const float* const* x, int count,
+                           std::uint8_t* const* out_rows, std::uint8_t* scratch) {
+  if (!ctx.fast_adaptive) return false;
+  float lo[kSearchRows] = {}, hi[kSearchRows] = {};
+  for (int r = 0; r < count; ++r) {
+    if (!ctx.kernels->min_max(x[r], ctx.dim, &lo[r], &hi[r])) return false;
+  }
+  SearchResult result[kSearchRows];
+  if (!ctx.kernels->adaptive_fp16(x, count, ctx.dim, ctx.plan, lo, hi, result)) return false;
+  const int bits = ctx.options.bits;
+  for (int r = 0; r < count; ++r) {
+    std::uint8_t* dst = out_rows[r];
+    if (bits == 8) {
+      ctx.kernels->encode(x[r], ctx.dim, result[r].enc, ctx.qmax, dst);
+    } else {
+      ctx.kernels->encode(x[r], ctx.dim, result[r].enc, ctx.qmax, scratch);
+      PackCodes(scratch, ctx.dim, bits, dst);
+    }
+    std::memcpy(dst + ctx.code_bytes, &result[r].scale_h, 2);
+    std::memcpy(dst + ctx.code_bytes + 2, &result[r].bias_h, 2);
+  }
+  return true;
 }
 
 bool DequantizeRowInto(const QuantSpec& spec, const std::uint8_t* row, float* out,
@@ -463,9 +516,29 @@ Status QuantizeInto(const TableView& table, const QuantOptions& options,
                  std::vector<std::uint8_t> scratch(table.dim + 8);
                  std::vector<float> sorted;
                  std::vector<double> prefix;
+                 if (ctx.fused_asym8) {
+                   const std::uint64_t done = ctx.kernels->asym8_fp32_rows(
+                       table.row(begin), table.stride(), end - begin, table.dim,
+                       out.data() + begin * row_bytes);
+                   begin += done;  // a row it stopped at goes through QuantizeRow
+                 }
                  for (std::uint64_t r = begin; r < end; ++r) {
                    // Rows past a known failure cannot change the report.
                    if (r > first_bad.load(std::memory_order_relaxed)) break;
+                   if (ctx.fast_adaptive && r % detail::kSearchRows == 0) {
+                     const int count = static_cast<int>(
+                         std::min<std::uint64_t>(detail::kSearchRows, end - r));
+                     const float* x[detail::kSearchRows];
+                     std::uint8_t* dsts[detail::kSearchRows];
+                     for (int i = 0; i < count; ++i) {
+                       x[i] = table.row(r + i);
+                       dsts[i] = out.data() + (r + i) * row_bytes;
+                     }
+                     if (detail::QuantizeAdaptiveGroup(ctx, x, count, dsts, scratch.data())) {
+                       r += static_cast<std::uint64_t>(count) - 1;
+                       continue;
+                     }
+                   }
                    std::uint8_t* dst = out.data() + r * row_bytes;
                    const detail::RowError err =
                        options.method == Method::kKMeans

@@ -11,6 +11,8 @@ foreach(quant_test
   pmsnap_add_test(${quant_test} SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/${quant_test}.cc
                   LIBS pmsnap::quant)
 endforeach()
+# Checks the fast path's rounding against the library's internal fp16 helpers.
+target_include_directories(quant_simd_equivalence_test PRIVATE ${PROJECT_SOURCE_DIR}/quant)
 
 # Byte equality with PyTorch's fused rowwise prepack ops, through libtorch's
 # dispatcher (slow to compile, so only when torch is enabled).

@@ -26,13 +26,44 @@ struct EncodeParams {
   float scale;  // Loss2 only: the dequantization step
 };
 
+// Plan of one adaptive search (quantize.cc AdaptiveSearch), for the fast path.
+struct SearchPlan {
+  float qmax;
+  std::uint32_t num_bins, min_bins, refine_iterations;
+};
+
+// Chosen range of one row in the fast path's fp16 form.
+struct SearchResult {
+  EncodeParams enc;
+  std::uint16_t scale_h, bias_h;
+};
+
 struct Kernels {
   Isa isa;
   bool (*min_max)(const float* x, std::uint32_t n, float* min_out, float* max_out);
   void (*encode)(const float* x, std::uint32_t n, EncodeParams p, float qmax, std::uint8_t* codes);
   void (*loss2)(const float* x, std::uint32_t n, EncodeParams a, EncodeParams b, float qmax,
                 float* loss_a, float* loss_b);
+  // Optional (nullptr: use the generic search): the adaptive search for up to
+  // kSearchRows rows of n elements with fp16 asymmetric parameters in the
+  // pmsnap layout, whose exact min / max are lo0 / hi0. Same result as the
+  // generic AdaptiveSearch over MakeUniformParams and loss2; returns false,
+  // leaving `out` unspecified, when any row needs the generic path (an fp16
+  // overflow, which the generic path reports as an error).
+  bool (*adaptive_fp16)(const float* const* rows, int count, std::uint32_t n,
+                        const SearchPlan& plan, const float* lo0, const float* hi0,
+                        SearchResult* out);
+  // Optional (nullptr: per-row driver): asymmetric 8-bit rows with fp32
+  // scale/bias in the pmsnap layout, min/max, parameters, codes and stored
+  // parameters fused per row, exactly as QuantizeRow computes them. Rows are
+  // `stride` floats apart, output rows n + 8 bytes. Returns how many leading
+  // rows it wrote; a row it stops at (non-finite, range overflow) is left to
+  // QuantizeRow, which reports it.
+  std::uint64_t (*asym8_fp32_rows)(const float* x, std::uint64_t stride, std::uint64_t count,
+                                   std::uint32_t n, std::uint8_t* out);
 };
+
+inline constexpr int kSearchRows = 4;
 
 // Kernels for `isa` (kAuto resolves to DetectIsa()). The caller checks
 // IsaSupported() first.

@@ -3,6 +3,7 @@
 // Thread-safety: pure functions; RowContext is read-only once built.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -27,6 +28,11 @@ struct RowContext {
   float qmax = 0;  // 2^bits - 1
   std::uint64_t code_bytes = 0;
   std::uint64_t param_bytes = 0;
+  // Adaptive fp16 pmsnap rows go through kernels->adaptive_fp16 with this plan.
+  bool fast_adaptive = false;
+  // Asymmetric 8-bit fp32 pmsnap rows go through kernels->asym8_fp32_rows.
+  bool fused_asym8 = false;
+  SearchPlan plan{};
 };
 
 RowContext MakeRowContext(const QuantOptions& options, std::uint32_t dim);
@@ -43,10 +49,37 @@ struct UniformParams {
 // layout and scale type. Returns kOk or the overflow kind.
 RowError MakeUniformParams(const RowContext& ctx, float lo, float hi, UniformParams* out);
 
+// The iteration plan of the adaptive greedy search (quantize.cc AdaptiveSearch):
+// main walk from iteration min_bins to num_bins, then refine_iterations
+// quarter-step iterations around the best range: 12 (three steps) whenever the
+// main walk runs. A fixed length shifts the error of every ratio alike, which
+// keeps the sampled num_bins / ratio choice stable (param_search.cc).
+struct AdaptiveSchedule {
+  std::uint32_t num_bins;
+  std::uint32_t min_bins;
+  std::uint32_t refine_iterations;
+};
+
+inline AdaptiveSchedule ScheduleFor(const AdaptiveParams& p) {
+  AdaptiveSchedule s;
+  s.num_bins = p.num_bins;
+  s.min_bins = static_cast<std::uint32_t>(static_cast<double>(p.num_bins) *
+                                          (1.0 - static_cast<double>(p.ratio)));
+  const std::uint32_t searched = s.num_bins > s.min_bins ? s.num_bins - s.min_bins : 0;
+  s.refine_iterations = searched > 0 ? 12 : 0;
+  return s;
+}
+
 // Quantizes one row of ctx.dim floats into `out_row` (ctx code_bytes +
 // param_bytes bytes). `scratch` must hold at least ctx.dim bytes.
 RowError QuantizeRow(const RowContext& ctx, const float* x, std::uint8_t* out_row,
                      std::uint8_t* scratch);
+
+// Quantizes `count` <= kSearchRows adaptive rows through the fast search when
+// ctx.fast_adaptive; false (nothing reported) when a row needs QuantizeRow,
+// which then gives the same bytes or the row's error.
+bool QuantizeAdaptiveGroup(const RowContext& ctx, const float* const* x, int count,
+                           std::uint8_t* const* out_rows, std::uint8_t* scratch);
 
 // K-means row quantizer (kmeans.cc).
 RowError KMeansRow(const RowContext& ctx, const float* x, std::uint8_t* out_row,
