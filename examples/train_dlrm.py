@@ -13,11 +13,17 @@ CheckpointedOptimizer; run the script again with the same pool (e.g. after
 Ctrl-C or kill -9) and it resumes from the last committed iteration, with the
 same data stream (the batch index and RNG states travel with the checkpoint).
 Embedding tracking reports which fraction of each table the run touched, the
-rows a differential checkpoint would write.
+rows a differential checkpoint would write. With --embedding-policy the
+tables are checkpointed that way (intermittent differential, IncrCP...,
+optionally quantized with --quantize-bits): only the rows an interval
+touched are written, and the script reports bytes per table checkpoint
+against the table size and the retained checkpoints it can recover.
 
     PYTHONPATH=build/python /usr/bin/python3 examples/train_dlrm.py
     PYTHONPATH=build/python /usr/bin/python3 examples/train_dlrm.py --iterations 400 \
         --device simulated:12:256 --strategy adaptive
+    PYTHONPATH=build/python /usr/bin/python3 examples/train_dlrm.py --fresh \
+        --embedding-policy incrcp --retain 4
 
 Thread-safety: a single-threaded script.
 """
@@ -89,7 +95,20 @@ def main():
     parser.add_argument("--every", type=int, default=1, help="checkpoint interval (iterations)")
     parser.add_argument("--fresh", action="store_true", help="delete the pool first")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--embedding-policy", default=None,
+                        help="checkpoint the tables with full, one-shot, incremental, "
+                             "intermittent or incrcp (default: as dense parameters)")
+    parser.add_argument("--quantize-bits", default=None,
+                        help="quantize table checkpoints: 2, 3, 4, 8 or auto")
+    parser.add_argument("--retain", type=int, default=None,
+                        help="table checkpoints kept recoverable (default 2)")
     args = parser.parse_args()
+    embedding_kwargs = {}
+    if args.embedding_policy is not None:
+        embedding_kwargs = dict(embedding_policy=args.embedding_policy, retain=args.retain)
+        if args.quantize_bits is not None:
+            bits = args.quantize_bits
+            embedding_kwargs["quantize_bits"] = bits if bits == "auto" else int(bits)
     torch.set_num_threads(args.threads)
 
     if args.fresh and os.path.exists(args.pool):
@@ -101,7 +120,7 @@ def main():
 
     opt = pmsnap.CheckpointedOptimizer(optimizer, pool=args.pool, model=model, every=args.every,
                                        device=args.device, strategy=args.strategy,
-                                       track_embeddings=True)
+                                       track_embeddings=True, **embedding_kwargs)
     if opt.device_note:
         print(f"pmsnap: {opt.device_note}")
     start = 0
@@ -128,9 +147,24 @@ def main():
                 print(f"iter {it:5d}  loss {loss.item():.4f}  checkpoints {s['epochs_committed']}"
                       f"  last committed {s['last_committed_iteration']}"
                       f"  blocked {1e3 * s['blocked_seconds'] / max(1, s['steps']):.3f} ms/step")
+                for name in opt.embedding_tables:
+                    last = opt.last_checkpoint(name)
+                    weight = dict(model.named_parameters())[name]
+                    # The unit: the weight plus its row-shaped optimizer state (Adagrad's sum).
+                    row_tensors = 1 + sum(1 for v in optimizer.state[weight].values()
+                                          if isinstance(v, torch.Tensor) and v.dim() >= 1
+                                          and v.shape[0] == weight.shape[0])
+                    table_bytes = weight.numel() * 4 * row_tensors
+                    print(f"    {name}: last checkpoint {'full' if last['full'] else 'partial'}"
+                          f", {last['rows_written']} rows, {last['bytes_written'] / 1024:.1f} KiB"
+                          f" ({100 * last['bytes_written'] / table_bytes:.1f}% of table + state)")
         tracker = opt.embedding_tracker
         touched = ", ".join(f"{name} {100 * tracker.touched_fraction(name):.1f}%"
                             for name in tracker.tables)
+        for name in opt.embedding_tables:
+            retained = ", ".join(str(c["iteration"]) for c in pmsnap.list_checkpoints(opt, name))
+            print(f"{name}: recoverable at iterations {retained} "
+                  f"(pmsnap.recover_table(pool, '{name}', epoch))")
     elapsed = time.perf_counter() - began
     s = opt.stats()
     print(f"{args.iterations - start} iterations in {elapsed:.1f} s; rows touched: {touched}")

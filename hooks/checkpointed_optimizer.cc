@@ -2,9 +2,16 @@
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 
 #include <c10/util/Exception.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
+#include <set>
+
+#include "pmsnap/hooks/tracked_embedding.h"
 
 namespace pmsnap::hooks {
 namespace {
@@ -61,19 +68,89 @@ std::vector<std::pair<std::string, torch::Tensor>> NamedParameters(
   return named;
 }
 
+// Whether `kind`'s update of `param` changes rows whose gradient is zero
+// (then a table's changed rows are all rows, whatever was looked up). Plain
+// SGD (p -= lr * 0) and Adagrad (sum += 0; p -= clr * 0 / std) leave them
+// bitwise as they were; momentum, weight decay and Adam/RMSprop's moving
+// averages do not.
+bool MovesRowsWithoutGradient(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                              OptimizerKind kind) {
+  for (const torch::optim::OptimizerParamGroup& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      if (!p.is_same(param)) continue;
+      if (kind == OptimizerKind::kSgd) {
+        const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+        return o.momentum() != 0 || o.weight_decay() != 0;
+      }
+      if (kind == OptimizerKind::kAdagrad) {
+        const auto& o = static_cast<const torch::optim::AdagradOptions&>(group.options());
+        return o.weight_decay() != 0;
+      }
+      return true;
+    }
+  }
+  return true;
+}
+
+// Whether `t` is float32 [rows] or [rows, dim] (what diff/ encodes by row).
+bool IsRowTensor(const torch::Tensor& t, std::int64_t rows) {
+  return t.scalar_type() == c10::ScalarType::Float && (t.dim() == 1 || t.dim() == 2) &&
+         t.size(0) == rows;
+}
+
+// Every embedding module of `module` (itself included), with its name prefix.
+std::vector<std::pair<std::string, torch::nn::Module*>> EmbeddingModules(
+    torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::nn::Module*>> out;
+  auto is_embedding = [](torch::nn::Module& m) {
+    return dynamic_cast<torch::nn::EmbeddingImpl*>(&m) != nullptr ||
+           dynamic_cast<torch::nn::EmbeddingBagImpl*>(&m) != nullptr;
+  };
+  if (is_embedding(module)) out.emplace_back("", &module);
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    if (is_embedding(*item.value())) out.emplace_back(item.key(), item.value().get());
+  }
+  return out;
+}
+
+const torch::Tensor& WeightOf(torch::nn::Module& module) {
+  if (auto* e = dynamic_cast<torch::nn::EmbeddingImpl*>(&module)) return e->weight;
+  return dynamic_cast<torch::nn::EmbeddingBagImpl&>(module).weight;
+}
+
+bool HasMaxNorm(torch::nn::Module& module) {
+  if (auto* e = dynamic_cast<torch::nn::EmbeddingImpl*>(&module)) {
+    return e->options.max_norm().has_value();
+  }
+  return dynamic_cast<torch::nn::EmbeddingBagImpl&>(module).options.max_norm().has_value();
+}
+
 }  // namespace
 
-// Forwards the stepper's per-parameter events to the engine's hooks.
+std::string EmbeddingDenseUnitName(const std::string& table) { return table + "#dense"; }
+
+// Forwards the stepper's per-parameter events to the engine's hooks (an
+// embedding table's two units around its one update).
 class CheckpointedOptimizer::EngineObserver final : public StepObserver {
  public:
-  EngineObserver(runtime::Engine& engine, const std::vector<std::uint32_t>& units)
-      : engine_(engine), units_(units) {}
-  Status BeforeUpdate(std::size_t index) override { return engine_.BeforeUpdate(units_[index]); }
-  Status AfterUpdate(std::size_t index) override { return engine_.AfterUpdate(units_[index]); }
+  EngineObserver(runtime::Engine& engine, const std::vector<std::uint32_t>& units,
+                 const std::vector<std::uint32_t>& dense_units)
+      : engine_(engine), units_(units), dense_units_(dense_units) {}
+  Status BeforeUpdate(std::size_t index) override {
+    PMSNAP_RETURN_IF_ERROR(engine_.BeforeUpdate(units_[index]));
+    if (dense_units_[index] == kNoUnit) return Status::Ok();
+    return engine_.BeforeUpdate(dense_units_[index]);
+  }
+  Status AfterUpdate(std::size_t index) override {
+    PMSNAP_RETURN_IF_ERROR(engine_.AfterUpdate(units_[index]));
+    if (dense_units_[index] == kNoUnit) return Status::Ok();
+    return engine_.AfterUpdate(dense_units_[index]);
+  }
 
  private:
   runtime::Engine& engine_;
   const std::vector<std::uint32_t>& units_;
+  const std::vector<std::uint32_t>& dense_units_;
 };
 
 CheckpointedOptimizer::CheckpointedOptimizer(std::unique_ptr<ParameterStepper> stepper,
@@ -81,43 +158,220 @@ CheckpointedOptimizer::CheckpointedOptimizer(std::unique_ptr<ParameterStepper> s
     : stepper_(std::move(stepper)), engine_(std::move(engine)) {}
 
 CheckpointedOptimizer::~CheckpointedOptimizer() {
+  for (const std::weak_ptr<torch::nn::Module>& weak : bound_modules_) {
+    std::shared_ptr<torch::nn::Module> module = weak.lock();
+    RowMarker* marker = module ? MarkerOf(*module) : nullptr;
+    if (marker != nullptr && marker->checkpointer() == embeddings_.get()) marker->Unbind();
+  }
   if (engine_) (void)engine_->Close(runtime::CloseMode::kFinish);
+}
+
+bool CheckpointedOptimizer::MarksAllRows(const std::string& name) const {
+  for (const TableSlot& table : tables_) {
+    if (stepper_->slots()[table.slot].name == name) return table.mark_all;
+  }
+  return false;
+}
+
+Result<std::vector<std::string>> CheckpointedOptimizer::TrackEmbeddings(torch::nn::Module& module) {
+  std::vector<std::string> bound;
+  if (!embeddings_) return bound;
+  std::vector<std::pair<std::string, torch::nn::Module*>> modules;
+  try {
+    modules = EmbeddingModules(module);
+  } catch (const c10::Error& error) {
+    return Status(StatusCode::kInvalidArgument, std::string("listing the module's embeddings: "
+                                                            "libtorch: ") +
+                                                    error.what_without_backtrace());
+  }
+  for (const auto& [prefix, m] : modules) {
+    RowMarker* marker = MarkerOf(*m);
+    if (marker == nullptr) continue;
+    const void* weight = WeightOf(*m).data_ptr();
+    for (const TableSlot& table : tables_) {
+      const ParameterSlot& slot = stepper_->slots()[table.slot];
+      if (slot.param.data_ptr() != weight) continue;
+      PMSNAP_RETURN_IF_ERROR(marker->Bind(embeddings_, slot.name));
+      bound.push_back(slot.name);
+      std::weak_ptr<torch::nn::Module> weak =
+          m == &module ? module.weak_from_this()
+                       : module.named_modules("", false)[prefix];
+      bound_modules_.push_back(std::move(weak));
+    }
+  }
+  return bound;
+}
+
+Status CheckpointedOptimizer::MarkTableRows() {
+  Status first = Status::Ok();
+  for (const TableSlot& table : tables_) {
+    const torch::Tensor& param = stepper_->slots()[table.slot].param;
+    const torch::Tensor& grad = param.grad();
+    if (!grad.defined()) continue;  // not updated this step
+    if (table.mark_all) {
+      table.tracker->MarkAll();
+      continue;
+    }
+    if (!table.from_gradient) continue;  // lookups marked the rows
+    Status status = Status::Ok();
+    try {
+      torch::NoGradGuard no_grad;
+      torch::Tensor rows;
+      if (grad.is_sparse()) {
+        rows = grad._indices().select(0, 0);
+      } else {
+        rows = grad.reshape({grad.size(0), -1}).ne(0).any(1).nonzero().reshape({-1});
+      }
+      rows = rows.to(torch::kCPU, torch::kLong).contiguous();
+      status = table.tracker->Mark(std::span<const std::int64_t>(
+          rows.data_ptr<std::int64_t>(), static_cast<std::size_t>(rows.numel())));
+    } catch (const c10::Error& error) {
+      status = Status(StatusCode::kInvalidArgument,
+                      "embedding table '" + table.tracker->table() +
+                          "': reading its gradient's rows: libtorch: " +
+                          error.what_without_backtrace());
+    }
+    if (!status.ok()) {
+      // The checkpoints stay exact with every row marked.
+      table.tracker->MarkAll();
+      if (first.ok()) first = status;
+    }
+  }
+  return first;
 }
 
 Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
     const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-    runtime::EngineOptions options) {
+    runtime::EngineOptions options, EmbeddingTables embeddings) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
   try {
-    return Create(NamedParameters(module), optimizer, std::move(options));
+    named = NamedParameters(module);
   } catch (const c10::Error& error) {
     return Status(StatusCode::kInvalidArgument,
                   std::string("listing the module's parameters: libtorch: ") +
                       error.what_without_backtrace());
   }
+  // Binding the trackers changes where the modules mark, not the model.
+  return CreateImpl(named, optimizer, std::move(options), std::move(embeddings),
+                    const_cast<torch::nn::Module*>(&module));
 }
 
 Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
     const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
-    torch::optim::Optimizer& optimizer, runtime::EngineOptions options) {
+    torch::optim::Optimizer& optimizer, runtime::EngineOptions options,
+    EmbeddingTables embeddings) {
+  return CreateImpl(named_parameters, optimizer, std::move(options), std::move(embeddings),
+                    nullptr);
+}
+
+Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+    torch::optim::Optimizer& optimizer, runtime::EngineOptions options,
+    EmbeddingTables embeddings, torch::nn::Module* module) {
   PMSNAP_ASSIGN_OR_RETURN(std::unique_ptr<ParameterStepper> stepper,
                           ParameterStepper::Create(optimizer, named_parameters));
+  const std::vector<ParameterSlot>& slots = stepper->slots();
+  // slot index -> whether it is an embedding table
+  std::vector<bool> is_table(slots.size(), false);
+  if (!embeddings.names.empty()) {
+    if (options.encoder) {
+      return Status(StatusCode::kInvalidArgument,
+                    "embedding tables need the CheckpointedOptimizer's own encoder, but "
+                    "EngineOptions::encoder is already set");
+    }
+    for (const std::string& name : embeddings.names) {
+      auto it = std::find_if(slots.begin(), slots.end(),
+                             [&](const ParameterSlot& slot) { return slot.name == name; });
+      if (it == slots.end()) {
+        std::string known;
+        for (std::size_t i = 0; i < slots.size() && i < 8; ++i) {
+          known += (i ? ", " : "") + slots[i].name;
+        }
+        return Status(StatusCode::kInvalidArgument,
+                      "embedding table '" + name + "' is not a parameter of the optimizer (" +
+                          std::to_string(slots.size()) + " parameters: " + known +
+                          (slots.size() > 8 ? ", ..." : "") + ")");
+      }
+      const std::size_t index = static_cast<std::size_t>(it - slots.begin());
+      if (is_table[index]) {
+        return Status(StatusCode::kInvalidArgument, "embedding table '" + name + "' named twice");
+      }
+      if (it->param.scalar_type() != c10::ScalarType::Float || it->param.dim() != 2) {
+        return Status(StatusCode::kInvalidArgument,
+                      "embedding table '" + name + "' must be a float32 [rows, dim] parameter, "
+                      "got " + std::string(c10::toString(it->param.scalar_type())) + " of " +
+                          std::to_string(it->param.dim()) + " dimensions");
+      }
+      is_table[index] = true;
+    }
+    if (module != nullptr) {
+      // Tables whose module rewrites rows in its forward pass (max_norm), and
+      // kLookups tables nothing would mark.
+      std::set<std::string> tracked;
+      try {
+        for (const auto& [prefix, m] : EmbeddingModules(*module)) {
+          const void* weight = WeightOf(*m).data_ptr();
+          for (std::size_t i = 0; i < slots.size(); ++i) {
+            if (!is_table[i] || slots[i].param.data_ptr() != weight) continue;
+            if (HasMaxNorm(*m)) {
+              return Status(StatusCode::kInvalidArgument,
+                            "embedding table '" + slots[i].name +
+                                "': its module uses max_norm, which rewrites looked-up rows in "
+                                "the forward pass, outside the optimizer step that pmsnap "
+                                "checkpoints around");
+            }
+            if (MarkerOf(*m) != nullptr) tracked.insert(slots[i].name);
+          }
+        }
+      } catch (const c10::Error& error) {
+        return Status(StatusCode::kInvalidArgument,
+                      std::string("listing the module's embeddings: libtorch: ") +
+                          error.what_without_backtrace());
+      }
+      if (embeddings.rows == RowSource::kLookups) {
+        for (const std::string& name : embeddings.names) {
+          if (tracked.count(name) == 0) {
+            return Status(StatusCode::kInvalidArgument,
+                          "embedding table '" + name +
+                              "' has no TrackedEmbedding / TrackedEmbeddingBag module to mark "
+                              "its looked-up rows: wrap its module, or use "
+                              "RowSource::kGradients");
+          }
+        }
+      }
+    }
+  }
+
   std::vector<runtime::UnitRegistration> units;
   try {
-    for (const ParameterSlot& slot : stepper->slots()) {
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const ParameterSlot& slot = slots[i];
       runtime::UnitRegistration unit;
       unit.name = slot.name;
+      unit.encoded = is_table[i];
+      runtime::UnitRegistration dense;
+      dense.name = EmbeddingDenseUnitName(slot.name);
       PMSNAP_ASSIGN_OR_RETURN(runtime::TensorView param, ViewOf(slot.name, "param", slot.param));
       unit.tensors.push_back(std::move(param));
       for (const auto& [role, tensor] : slot.state) {
-        PMSNAP_ASSIGN_OR_RETURN(runtime::TensorView view, ViewOf(slot.name, role, tensor));
-        unit.tensors.push_back(std::move(view));
+        const bool by_row = is_table[i] && IsRowTensor(tensor, slot.param.size(0));
+        PMSNAP_ASSIGN_OR_RETURN(runtime::TensorView view,
+                                ViewOf(by_row || !is_table[i] ? unit.name : dense.name, role,
+                                       tensor));
+        (by_row || !is_table[i] ? unit : dense).tensors.push_back(std::move(view));
       }
       units.push_back(std::move(unit));
+      if (!dense.tensors.empty()) units.push_back(std::move(dense));
     }
   } catch (const c10::Error& error) {
     return Status(
         StatusCode::kInvalidArgument,
         std::string("describing the parameters: libtorch: ") + error.what_without_backtrace());
+  }
+  std::shared_ptr<diff::EmbeddingCheckpointer> checkpointer;
+  if (!embeddings.names.empty()) {
+    checkpointer = std::make_shared<diff::EmbeddingCheckpointer>(embeddings.options);
+    options.encoder = checkpointer;
   }
   const std::string pool_path = options.pool_path;
   auto engine = runtime::Engine::Open(std::move(options), std::move(units));
@@ -132,12 +386,39 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
   }
   std::unique_ptr<CheckpointedOptimizer> checkpointed(
       new CheckpointedOptimizer(std::move(stepper), std::move(engine).value()));
-  for (const ParameterSlot& slot : checkpointed->stepper_->slots()) {
+  checkpointed->embeddings_ = std::move(checkpointer);
+  const std::vector<ParameterSlot>& live = checkpointed->stepper_->slots();
+  for (std::size_t i = 0; i < live.size(); ++i) {
+    const ParameterSlot& slot = live[i];
     auto unit = checkpointed->engine_->FindUnit(slot.name);
     if (!unit) {
       return Status(StatusCode::kInternal, "engine lost unit '" + slot.name + "'");
     }
     checkpointed->unit_of_slot_.push_back(*unit);
+    std::uint32_t dense_unit = kNoUnit;
+    if (is_table[i]) {
+      if (auto found = checkpointed->engine_->FindUnit(EmbeddingDenseUnitName(slot.name))) {
+        dense_unit = *found;
+      }
+      TableSlot table;
+      table.slot = i;
+      table.tracker = checkpointed->embeddings_->tracker(slot.name);
+      if (table.tracker == nullptr) {
+        return Status(StatusCode::kInternal,
+                      "embedding checkpointer lost table '" + slot.name + "'");
+      }
+      table.mark_all =
+          MovesRowsWithoutGradient(optimizer, slot.param, checkpointed->stepper_->kind());
+      table.from_gradient = embeddings.rows == RowSource::kGradients;
+      checkpointed->tables_.push_back(table);
+    }
+    checkpointed->dense_unit_of_slot_.push_back(dense_unit);
+  }
+  if (module != nullptr && embeddings.rows == RowSource::kLookups &&
+      checkpointed->embeddings_ != nullptr) {
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::string> bound,
+                            checkpointed->TrackEmbeddings(*module));
+    (void)bound;  // every table has a tracked module (checked above)
   }
   return checkpointed;
 }
@@ -147,8 +428,10 @@ Status CheckpointedOptimizer::Step(std::span<const std::byte> extra_state) {
   PMSNAP_RETURN_IF_ERROR(stepper_->CheckUnchanged());
   const std::uint64_t step = iteration_ + 1;
   stepped_ = true;
+  // Before any table's update: its capture takes the rows marked so far.
+  Status marked = MarkTableRows();
   Status begin = engine_->BeginStep(step);
-  EngineObserver observer(*engine_, unit_of_slot_);
+  EngineObserver observer(*engine_, unit_of_slot_, dense_unit_of_slot_);
   // Without a step boundary the engine's hooks would be out of order: still
   // update the model (training must not depend on checkpointing), unhooked.
   Status update = stepper_->Step(begin.ok() ? &observer : nullptr);
@@ -156,7 +439,8 @@ Status CheckpointedOptimizer::Step(std::span<const std::byte> extra_state) {
   if (!begin.ok()) return begin;
   if (update.code() == StatusCode::kFailedPrecondition) return update;
   Status end = engine_->EndStep(extra_state);
-  return update.ok() ? end : update;
+  if (!update.ok()) return update;
+  return end.ok() ? marked : end;
 }
 
 Result<RestoreInfo> CheckpointedOptimizer::Restore() {
@@ -181,13 +465,16 @@ Status CheckpointedOptimizer::Close(runtime::CloseMode mode) { return engine_->C
 
 Result<RestoreInfo> RestoreFromPool(const torch::nn::Module& module,
                                     torch::optim::Optimizer& optimizer,
-                                    runtime::EngineOptions options) {
+                                    runtime::EngineOptions options, EmbeddingTables embeddings) {
   std::error_code error;
   if (!std::filesystem::exists(options.pool_path, error)) {
     return Status(StatusCode::kNotFound, "no pool at " + options.pool_path);
   }
-  PMSNAP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointedOptimizer> checkpointed,
-                          CheckpointedOptimizer::Create(module, optimizer, std::move(options)));
+  // No step follows: nothing needs to mark rows.
+  embeddings.rows = RowSource::kGradients;
+  PMSNAP_ASSIGN_OR_RETURN(
+      std::unique_ptr<CheckpointedOptimizer> checkpointed,
+      CheckpointedOptimizer::Create(module, optimizer, std::move(options), std::move(embeddings)));
   PMSNAP_ASSIGN_OR_RETURN(RestoreInfo info, checkpointed->Restore());
   PMSNAP_RETURN_IF_ERROR(checkpointed->Close(runtime::CloseMode::kAbandon));
   return info;

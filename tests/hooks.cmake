@@ -8,6 +8,11 @@ if(PMSNAP_WITH_TORCH AND TARGET pmsnap::torch)
                   LIBS pmsnap::torch
                   ENV "PMEM_IS_PMEM_FORCE=1")
 
+  pmsnap_add_test(hooks_embedding_test
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_embedding_test.cc
+                  LIBS pmsnap::torch pmsnap::diff
+                  ENV "PMEM_IS_PMEM_FORCE=1")
+
   # Crash and resume: the test (no libtorch) spawns this trainer and kills it.
   add_executable(hooks_resume_trainer ${CMAKE_CURRENT_LIST_DIR}/hooks_resume_trainer.cc)
   target_link_libraries(hooks_resume_trainer PRIVATE pmsnap::torch)

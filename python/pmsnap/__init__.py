@@ -11,7 +11,16 @@
 
 Each parameter's update is checkpointed weight by weight while training runs
 (the C++ runtime behind `_pmsnap`); a crash loses at most the iteration in
-flight. Errors raise pmsnap.Error subclasses carrying the runtime's message.
+flight. Embedding tables can use differential / incremental checkpoints:
+
+    opt = pmsnap.CheckpointedOptimizer(torch.optim.Adagrad(model.parameters()),
+                                       pool=path, model=model,
+                                       embedding_policy="incrcp", retain=4)
+    ...
+    for c in pmsnap.list_checkpoints(path, "emb.weight"):
+        table = pmsnap.recover_table(path, "emb.weight", c["epoch"])
+
+Errors raise pmsnap.Error subclasses carrying the runtime's message.
 
 Thread-safety: see CheckpointedOptimizer; one training thread per optimizer.
 """
@@ -31,14 +40,23 @@ from ._pmsnap import (  # noqa: F401  (re-exported)
     NotFoundError,
     StorageIOError,
     UnsupportedVersionError,
+    EmbeddingOptions,
+    Policy,
     cuda_support_compiled,
     read_pool,
 )
 from .embedding import EmbeddingTracker  # noqa: F401
-from .optimizer import CheckpointedOptimizer, has_checkpoint, restore  # noqa: F401
+from .optimizer import (  # noqa: F401
+    CheckpointedOptimizer,
+    has_checkpoint,
+    list_checkpoints,
+    recover_table,
+    restore,
+)
 
 __all__ = [
-    "CheckpointedOptimizer", "EmbeddingTracker", "restore", "has_checkpoint", "read_pool",
+    "CheckpointedOptimizer", "EmbeddingTracker", "EmbeddingOptions", "Policy", "restore",
+    "has_checkpoint", "read_pool", "list_checkpoints", "recover_table",
     "cuda_support_compiled", "Error", "AbortedError", "BusyError", "CapacityExceededError",
     "CorruptionError", "FailedPreconditionError", "InternalError", "InvalidArgumentError",
     "ModelMismatchError", "NoSpaceError", "NotAPoolError", "NotFoundError", "StorageIOError",

@@ -77,6 +77,11 @@ class EmbeddingTracker:
             tracker.touched_into(out.data_ptr(), out.numel())
         return out
 
+    def row_tracker(self, name):
+        """The _pmsnap.RowTracker of table `name` (CheckpointedOptimizer hands
+        its rows to the embedding checkpointer with it)."""
+        return self._trackers[name]
+
     def touched_count(self, name):
         return self._trackers[name].touched_count
 

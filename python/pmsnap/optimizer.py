@@ -34,6 +34,27 @@ ModelMismatchError naming the parameter. Should an optimizer replace a state
 tensor instead of updating it in place, its value is copied back into the
 registered tensor (bitwise) and the registered tensor is put back.
 
+Embedding tables (embeddings= / embedding_policy=): the named parameters are
+checkpointed through the C++ diff::EmbeddingCheckpointer (full, one-shot
+differential, consecutive incremental, intermittent differential with
+Check-N-Run's predictor, IncrCP 2-D chunks; optionally quantized) into the
+pool's chunk heap, in the same epochs as the dense units. A table's unit
+holds the weight and every optimizer-state tensor of the same row count
+(Adagrad's "sum", SGD's "momentum_buffer", Adam's moments: float32 [rows] or
+[rows, dim]), so each checkpoint writes the same rows of all of them; the
+rest of its state (the scalar "step" tensor, which diff/ cannot encode by
+row) is a small dense unit "<name>#dense" hooked around the same update, so
+both are captured by every epoch together. The rows a step changed come from
+an EmbeddingTracker on the table's nn.Embedding / nn.EmbeddingBag (forward
+lookups; handed to the C++ RowTracker before each step) or, for a table
+without such a module, from its gradient (non-zero rows, sparse indices).
+Optimizers whose update moves rows without a gradient (SGD with momentum or
+weight decay, Adagrad with weight decay, Adam, AdamW, RMSprop...) mark every
+row each step: the checkpoints stay exact, the differential policies just
+save nothing; plain SGD, Adagrad and SparseAdam are the ones that profit.
+pmsnap.list_checkpoints() and pmsnap.recover_table() read any retained
+checkpoint of a table back.
+
 Thread-safety: one training thread owns a CheckpointedOptimizer (as the
 engine's hooks); stats() may be called from any thread.
 """
@@ -49,6 +70,8 @@ from .embedding import EmbeddingTracker
 _STRATEGIES = ("1", "2", "3", "4", "adaptive")
 _MODES = ("continuous", "every", "checkfreq")
 _PARAM_ROLE = "param"
+_DENSE_SUFFIX = "#dense"  # a table's dense companion unit (C++: EmbeddingDenseUnitName)
+_ROW_SOURCES = ("auto", "lookups", "gradients")
 
 
 def _error(cls, message):
@@ -117,9 +140,151 @@ def _param_group_hyperparameters(optimizer):
     return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
 
 
+def _embedding_options(policy, options, quantize_bits, expected_resumes, retain):
+    """A _pmsnap.EmbeddingOptions from the constructor's keyword arguments."""
+    opts = options if options is not None else _pmsnap.EmbeddingOptions()
+    if not isinstance(opts, _pmsnap.EmbeddingOptions):
+        raise _error(_pmsnap.InvalidArgumentError,
+                     f"embedding_options must be a pmsnap.EmbeddingOptions, got "
+                     f"{type(opts).__name__}")
+    if policy is not None:
+        opts.policy = policy if isinstance(policy, _pmsnap.Policy) else \
+            _pmsnap.parse_policy(str(policy))
+    elif options is None:
+        opts.policy = _pmsnap.Policy.INTERMITTENT_DIFFERENTIAL
+    if quantize_bits is not None:
+        opts.quantize = True
+        opts.quantize_bits = 0 if quantize_bits == "auto" else int(quantize_bits)
+        opts.expected_resumes = float(expected_resumes)
+    if retain is not None:
+        if not isinstance(retain, int) or retain < 1:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         f"retain must be an int >= 1, got {retain!r}")
+        opts.retain = retain
+    return opts
+
+
+def _embedding_modules(model):
+    """{module name: module} of every nn.Embedding / nn.EmbeddingBag of `model`."""
+    if model is None:
+        return {}
+    return {name: m for name, m in model.named_modules()
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))}
+
+
+def _moves_rows_without_gradient(optimizer, param):
+    """Whether the optimizer's update changes rows whose gradient is zero."""
+    group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
+    if isinstance(optimizer, torch.optim.SGD):
+        return group.get("momentum", 0) != 0 or group.get("weight_decay", 0) != 0
+    if isinstance(optimizer, torch.optim.Adagrad):
+        return group.get("weight_decay", 0) != 0
+    if isinstance(optimizer, torch.optim.SparseAdam):
+        return False
+    return True
+
+
+class _Table:
+    """An embedding table: its parameter, module and how its rows get marked."""
+
+    __slots__ = ("name", "param", "module_name", "source", "mark_all")
+
+    def __init__(self, name, param, module_name, source, mark_all):
+        self.name = name
+        self.param = param
+        self.module_name = module_name  # key in the internal EmbeddingTracker, or None
+        self.source = source            # "lookups" or "gradients"
+        self.mark_all = mark_all
+
+
+def _resolve_tables(embeddings, model, named, optimizer, rows):
+    """{parameter name: _Table} for the constructor's `embeddings` argument."""
+    if rows not in _ROW_SOURCES:
+        raise _error(_pmsnap.InvalidArgumentError,
+                     f"unknown embedding_rows '{rows}' (auto, lookups or gradients)")
+    modules = _embedding_modules(model)
+    by_weight = {id(m.weight): name for name, m in modules.items()}
+    params = dict(named)
+    if embeddings is None:
+        if model is None:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         "embedding_policy without embeddings= needs model= to find the "
+                         "nn.Embedding / nn.EmbeddingBag tables")
+        names = [n for n, p in named if id(p) in by_weight]
+        if not names:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         "the model has no nn.Embedding / nn.EmbeddingBag whose weight the "
+                         "optimizer trains; name the tables with embeddings=")
+    elif isinstance(embeddings, str):
+        names = [embeddings]
+    else:
+        names = list(embeddings)
+    tables = {}
+    for name in names:
+        if name not in params and name in modules:
+            name = name + ".weight"  # a module name
+        p = params.get(name)
+        if p is None:
+            known = ", ".join(n for n, _ in named[:8]) + (", ..." if len(named) > 8 else "")
+            raise _error(_pmsnap.InvalidArgumentError,
+                         f"embedding table '{name}' is not a parameter of the optimizer "
+                         f"({len(named)} parameters: {known})")
+        if name in tables:
+            raise _error(_pmsnap.InvalidArgumentError, f"embedding table '{name}' named twice")
+        if p.dtype != torch.float32 or p.dim() != 2 or p.is_sparse:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         f"embedding table '{name}' must be a dense float32 [rows, dim] "
+                         f"parameter, got {_dtype_name(p.dtype)} {_shape_text(p.shape)}")
+        module_name = by_weight.get(id(p))
+        if module_name is not None and getattr(modules[module_name], "max_norm", None) is not None:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         f"embedding table '{name}': its module uses max_norm, which rewrites "
+                         "looked-up rows in the forward pass, outside the optimizer step that "
+                         "pmsnap checkpoints around")
+        source = rows
+        if source == "auto":
+            source = "lookups" if module_name is not None else "gradients"
+        if source == "lookups" and module_name is None:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         f"embedding table '{name}' has no nn.Embedding / nn.EmbeddingBag in "
+                         "model= to track its lookups; pass model=, or embedding_rows="
+                         "'gradients'")
+        tables[name] = _Table(name, p, module_name if source == "lookups" else None, source,
+                              _moves_rows_without_gradient(optimizer, p))
+    return tables
+
+
+def _gradient_rows(grad):
+    """Sorted-or-not int64 row ids with a non-zero (or any sparse) gradient."""
+    if grad.is_sparse:
+        return grad._indices()[0].to("cpu", torch.int64).contiguous()
+    return torch.nonzero(grad.reshape(grad.shape[0], -1).ne(0).any(dim=1)).flatten().to(
+        "cpu", torch.int64).contiguous()
+
+
+def _is_row_tensor(t, rows):
+    return t.dtype == torch.float32 and t.dim() in (1, 2) and t.shape[0] == rows
+
+
+def _check_pool_tables(info, tables, pool):
+    """ModelMismatchError if the pool's embedding tables differ from `tables`."""
+    encoded = set(info.get("encoded_units", []))
+    for name in sorted(encoded - set(tables)):
+        raise _error(_pmsnap.ModelMismatchError,
+                     f"pool {pool} checkpoints '{name}' as an embedding table but this optimizer "
+                     "does not (pass embeddings= / embedding_policy= as when it was made)")
+    for name in sorted(set(tables) - encoded):
+        raise _error(_pmsnap.ModelMismatchError,
+                     f"pool {pool} checkpoints '{name}' as a dense parameter, not as an "
+                     "embedding table; use a new pool to switch it to embedding checkpoints")
+
+
 def _check_pool_names(info, named, pool):
     """ModelMismatchError naming the first parameter the pool was not made for."""
     units = {name: tensors for name, tensors in info["units"]}
+    ours = {name for name, _ in named}
+    units = {name: tensors for name, tensors in units.items()
+             if not (name.endswith(_DENSE_SUFFIX) and name[:-len(_DENSE_SUFFIX)] in ours)}
     for name, p in named:
         tensors = units.get(name)
         if tensors is None:
@@ -133,7 +298,6 @@ def _check_pool_names(info, named, pool):
                          f"pool {pool}: parameter '{name}' is {_dtype_name(p.dtype)} "
                          f"{_shape_text(p.shape)} but the pool holds {dtype} {_shape_text(shape)}")
     if len(units) != len(named):
-        ours = {name for name, _ in named}
         extra = [name for name in units if name not in ours]
         raise _error(_pmsnap.ModelMismatchError,
                      f"pool {pool} holds units the optimizer does not have, e.g. '{extra[0]}'")
@@ -145,6 +309,10 @@ def _create_state_from_manifest(info, optimizer, named):
     Checks every parameter first, so a mismatch leaves the optimizer untouched.
     """
     units = {name: tensors for name, tensors in info["units"]}
+    # A table's state is split between its unit and its dense companion.
+    units = {name: list(tensors) + (list(units.get(name + _DENSE_SUFFIX, []))
+                                    if not name.endswith(_DENSE_SUFFIX) else [])
+             for name, tensors in units.items()}
     for name, p in named:
         roles = {role: (dtype, list(shape)) for role, dtype, shape in units[name][1:]}
         for key, value in _state_tensors(optimizer, p):
@@ -174,20 +342,38 @@ def _create_state_from_manifest(info, optimizer, named):
 
 
 class _Unit:
-    """One registered unit: the parameter and its state tensors, as laid out."""
+    """One parameter and its state tensors, as laid out: one engine unit, or for
+    an embedding table its encoded unit plus a dense companion."""
 
-    __slots__ = ("name", "param", "tensors", "ptrs", "shapes")
+    __slots__ = ("name", "param", "tensors", "ptrs", "shapes", "table")
 
-    def __init__(self, name, param, state):
+    def __init__(self, name, param, state, table=False):
         self.name = name
         self.param = param
         self.tensors = [(_PARAM_ROLE, param)] + state  # [(role, tensor)]
         self.ptrs = [t.data_ptr() for _, t in self.tensors]
         self.shapes = [tuple(t.shape) for _, t in self.tensors]
+        self.table = table
 
-    def registration(self, cuda):
+    def registrations(self, cuda):
+        """[(unit name, views)]: the unit, then a table's "#dense" companion if any."""
+        if not self.table:
+            return [self._registration(self.name, self.tensors, cuda)]
+        rows = self.param.shape[0]
+        by_row = [(r, t) for r, t in self.tensors if _is_row_tensor(t, rows)]
+        rest = [(r, t) for r, t in self.tensors if not _is_row_tensor(t, rows)]
+        out = [self._registration(self.name, by_row, cuda)]
+        if rest:
+            out.append(self._registration(self.name + _DENSE_SUFFIX, rest, cuda))
+        return out
+
+    def encoded_roles(self):
+        rows = self.param.shape[0]
+        return [(r, tuple(t.shape)) for r, t in self.tensors if _is_row_tensor(t, rows)]
+
+    def _registration(self, unit_name, tensors, cuda):
         views = []
-        for role, t in self.tensors:
+        for role, t in tensors:
             if t.is_sparse or not t.is_contiguous():
                 raise _error(_pmsnap.InvalidArgumentError,
                              f"parameter '{self.name}': tensor '{role}' is not contiguous dense "
@@ -197,7 +383,7 @@ class _Unit:
                              f"parameter '{self.name}': tensor '{role}' lives on {t.device} but "
                              f"the pmsnap device is {'cuda' if cuda else 'the host'}")
             views.append((str(role), t.data_ptr(), _dtype_name(t.dtype), list(t.shape)))
-        return (self.name, views)
+        return (unit_name, views)
 
 
 class CheckpointedOptimizer:
@@ -220,6 +406,19 @@ class CheckpointedOptimizer:
       capture_rng: store the global RNG states with every checkpoint.
       track_embeddings: attach an EmbeddingTracker to `model`
         (.embedding_tracker).
+      embeddings: parameters to checkpoint as embedding tables (see the module
+        doc): a name or list of parameter names ("emb.weight") or module
+        names ("emb"); None with embedding_policy: every nn.Embedding /
+        nn.EmbeddingBag weight of `model`.
+      embedding_policy: "full", "one-shot", "incremental", "intermittent"
+        (default when embeddings are given) or "incrcp", or a pmsnap.Policy.
+      quantize_bits: quantize table checkpoints rowwise with 2, 3, 4 or 8
+        bits, or "auto" (from expected_resumes); None: exact.
+      retain: newest table checkpoints kept recoverable (default 2).
+      embedding_options: a pmsnap.EmbeddingOptions for everything else (IncrCP
+        thresholds...); the arguments above override its fields.
+      embedding_rows: "auto" (lookups of the table's module if `model` has
+        one, else gradients), "lookups" or "gradients".
       workers: copy/persist worker threads (default 2, 1 on a 2-core machine).
       Other keyword arguments tune the engine and a newly created pool:
       part_bytes, extra_state_capacity, verify_on_open,
@@ -232,7 +431,9 @@ class CheckpointedOptimizer:
                  strategy="adaptive", workers=None, part_bytes=4 << 20,
                  extra_state_capacity=256 << 10, verify_on_open=True, check_free_space=True,
                  reserve_bytes=0, checkfreq_overhead=0.035, start_iteration=0, capture_rng=True,
-                 track_embeddings=False, print_summary=False):
+                 track_embeddings=False, print_summary=False, embeddings=None,
+                 embedding_policy=None, quantize_bits=None, expected_resumes=1.0, retain=None,
+                 embedding_options=None, embedding_rows="auto"):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise _error(_pmsnap.InvalidArgumentError,
                          f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -279,15 +480,35 @@ class CheckpointedOptimizer:
         self._named = _named_parameters(optimizer, model)
         self._engine = None
         self._units = None
+        self._unit_ids = None
         self._closed = False
         self._final_stats = None
         self._pool_latest = None
         self.embedding_tracker = None
+        self._tables = {}
+        self._embedding_options = None
+        self._table_tracker = None
+        if (embeddings is not None or embedding_policy is not None
+                or embedding_options is not None):
+            self._embedding_options = _embedding_options(
+                embedding_policy, embedding_options, quantize_bits, expected_resumes, retain)
+            self._tables = _resolve_tables(embeddings, model, self._named, optimizer,
+                                           embedding_rows)
+        elif quantize_bits is not None or retain is not None:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         "quantize_bits= and retain= are for embedding tables: pass "
+                         "embeddings= or embedding_policy= too")
         if os.path.exists(self.pool):
             info = _pmsnap.read_pool(self.pool)
             _check_pool_names(info, self._named, self.pool)
+            _check_pool_tables(info, self._tables, self.pool)
             if info["latest"] is not None:
                 self._pool_latest = info["latest"]["iteration"]
+        tracked = {t.module_name: dict(model.named_modules())[t.module_name]
+                   for t in self._tables.values() if t.module_name is not None}
+        if tracked:
+            # Our own tracker: its marks are handed to the checkpointer each step.
+            self._table_tracker = EmbeddingTracker(None, modules=tracked)
         if track_embeddings:
             if model is None:
                 raise _error(_pmsnap.InvalidArgumentError, "track_embeddings needs model=")
@@ -336,10 +557,15 @@ class CheckpointedOptimizer:
             self._step_parameters(None)
             self.iteration = step
             self._open_engine()
+            # This epoch writes every table whole: earlier marks are moot.
+            if self._table_tracker is not None:
+                self._table_tracker.clear()
             self._engine.begin_step(step)
             self._engine.end_step(self._pack_extra())
             return loss
         self._check_unchanged()
+        # Before any table's update: its capture takes the rows marked so far.
+        self._mark_tables()
         self._engine.begin_step(step)
         try:
             self._step_parameters(self._engine)
@@ -373,6 +599,7 @@ class CheckpointedOptimizer:
             raise _error(_pmsnap.NotFoundError, f"pool {self.pool} does not exist")
         info = _pmsnap.read_pool(self.pool)
         _check_pool_names(info, self._named, self.pool)
+        _check_pool_tables(info, self._tables, self.pool)
         _create_state_from_manifest(info, self.optimizer, self._named)
         self._open_engine()
         try:
@@ -380,6 +607,8 @@ class CheckpointedOptimizer:
         except _pmsnap.Error:
             self._fail()
             raise
+        if self._table_tracker is not None:
+            self._table_tracker.clear()  # rows of the overwritten state
         blob = _extra.unpack(data)
         self._apply_blob(blob, restore_rng)
         self.iteration = int(iteration)
@@ -399,6 +628,8 @@ class CheckpointedOptimizer:
         self._closed = True
         if self.embedding_tracker is not None:
             self.embedding_tracker.remove()
+        if self._table_tracker is not None:
+            self._table_tracker.remove()
         engine, self._engine = self._engine, None
         if engine is not None:
             try:
@@ -433,6 +664,33 @@ class CheckpointedOptimizer:
                 "epochs_committed": 0, "summary": "pmsnap: pool not opened yet"}
 
     @property
+    def embedding_tables(self):
+        """Names of the parameters checkpointed as embedding tables."""
+        return list(self._tables)
+
+    @property
+    def embedding_options(self):
+        """The pmsnap.EmbeddingOptions in use, or None without tables."""
+        return self._embedding_options
+
+    def last_checkpoint(self, table):
+        """What table `table`'s last committed checkpoint wrote: a dict with
+        epoch, rows_written, bytes_written, full, construction_seconds,
+        extractions, live_chunks. NotFoundError for a name that is not a table."""
+        return self._open_or_raise().last_checkpoint(table)
+
+    def marked_rows(self, table):
+        """Sorted int64 tensor of the rows of `table` marked for its next checkpoint."""
+        return torch.tensor(self._open_or_raise().marked_rows(table), dtype=torch.int64)
+
+    def marks_all_rows(self, table):
+        """Whether every row of `table` is marked each step (its optimizer moves
+        rows without a gradient)."""
+        if table not in self._tables:
+            raise _error(_pmsnap.NotFoundError, f"'{table}' is not an embedding table here")
+        return self._tables[table].mark_all
+
+    @property
     def device_note(self):
         """Why the requested device was replaced (e.g. no GPU), or ""."""
         return self._device_note
@@ -457,15 +715,47 @@ class CheckpointedOptimizer:
                          f"run would checkpoint iteration {step}: call restore() first (or "
                          "pmsnap.restore() and pass start_iteration=), or use a new pool")
 
+    def _open_or_raise(self):
+        if self._engine is None:
+            raise _error(_pmsnap.FailedPreconditionError,
+                         f"CheckpointedOptimizer for {self.pool} is not open (before the first "
+                         "step() or restore(), or after close())")
+        return self._engine
+
     def _open_engine(self):
         units = []
         for name, p in self._named:
-            units.append(_Unit(name, p, _state_tensors(self.optimizer, p)))
-        registrations = [u.registration(self._cuda) for u in units]
-        engine = _pmsnap.Engine(self.pool, registrations, **self._engine_kwargs)
+            units.append(_Unit(name, p, _state_tensors(self.optimizer, p), name in self._tables))
+        registrations = []
+        unit_ids = []
+        for u in units:
+            regs = u.registrations(self._cuda)
+            unit_ids.append(list(range(len(registrations), len(registrations) + len(regs))))
+            registrations.extend(regs)
+        kwargs = dict(self._engine_kwargs)
+        if self._tables:
+            kwargs["encoded_units"] = list(self._tables)
+            kwargs["embedding_options"] = self._embedding_options
+        engine = _pmsnap.Engine(self.pool, registrations, **kwargs)
         # Stats taken before close() need the engine; close() keeps the last.
         self._engine = engine
         self._units = units
+        self._unit_ids = unit_ids
+
+    def _mark_tables(self):
+        """Hands each table's changed rows to its C++ RowTracker."""
+        for name, table in self._tables.items():
+            grad = table.param.grad
+            if table.source == "lookups":
+                # Also without a gradient: the marks wait for the next update.
+                self._engine.take_marks(name, self._table_tracker.row_tracker(table.module_name))
+            if grad is None:
+                continue
+            if table.mark_all:
+                self._engine.mark_all_rows(name)
+            elif table.source == "gradients":
+                rows = _gradient_rows(grad)
+                self._engine.mark_rows(name, rows.data_ptr(), rows.numel(), "int64")
 
     def _fail(self):
         engine, self._engine = self._engine, None
@@ -494,7 +784,8 @@ class CheckpointedOptimizer:
                 hooked = engine is not None and error is None
                 if hooked:
                     try:
-                        engine.before_update(index)
+                        for unit in self._unit_ids[index]:
+                            engine.before_update(unit)
                     except _pmsnap.Error as e:
                         error, hooked = e, False
                 p.grad = grad
@@ -506,7 +797,8 @@ class CheckpointedOptimizer:
                     self._repin_state(index)
                 if hooked:
                     try:
-                        engine.after_update(index)
+                        for unit in self._unit_ids[index]:
+                            engine.after_update(unit)
                     except _pmsnap.Error as e:
                         error = e
         finally:
@@ -587,7 +879,8 @@ class CheckpointedOptimizer:
         return out
 
 
-def restore(pool, model, optimizer, *, restore_rng=True, device="host", verify_on_open=True):
+def restore(pool, model, optimizer, *, restore_rng=True, device="host", verify_on_open=True,
+            **embedding_kwargs):
     """Restores `model`'s parameters and `optimizer`'s state from `pool`.
 
     Returns (iteration, extra_state): the last committed iteration and the
@@ -596,9 +889,12 @@ def restore(pool, model, optimizer, *, restore_rng=True, device="host", verify_o
     with CheckpointedOptimizer(optimizer, pool, model=model,
     start_iteration=iteration). Raises NotFoundError (no pool or no
     checkpoint), ModelMismatchError (naming the parameter), CorruptionError.
+    A pool with embedding tables needs the same embeddings= /
+    embedding_policy= keyword arguments as the CheckpointedOptimizer that
+    wrote it (embedding_kwargs are passed on).
     """
     wrapper = CheckpointedOptimizer(optimizer, pool, model=model, device=device,
-                                    verify_on_open=verify_on_open)
+                                    verify_on_open=verify_on_open, **embedding_kwargs)
     try:
         return wrapper.restore(restore_rng=restore_rng)
     finally:
@@ -614,3 +910,61 @@ def has_checkpoint(pool):
     if not os.path.exists(pool):
         return False
     return _pmsnap.read_pool(os.fspath(pool))["latest"] is not None
+
+
+def _table_source(pool, table):
+    """(engine or None, path) to read table checkpoints from."""
+    if isinstance(pool, CheckpointedOptimizer):
+        if pool._engine is not None:
+            return pool._engine, pool.pool
+        pool = pool.pool
+    path = os.fspath(pool)
+    if not os.path.exists(path):
+        raise _error(_pmsnap.NotFoundError, f"pool {path} does not exist")
+    return None, path
+
+
+def list_checkpoints(pool, table):
+    """Retained checkpoints of embedding table `table`, oldest first.
+
+    `pool` is a pool path (not open elsewhere) or an open CheckpointedOptimizer.
+    Returns [{"epoch", "iteration", "chunks", "chunk_bytes"}]. NotFoundError
+    naming the table if the pool has no such table or no checkpoint of it.
+    """
+    engine, path = _table_source(pool, table)
+    if engine is not None:
+        return engine.list_checkpoints(table)
+    return _pmsnap.list_checkpoints(path, table)
+
+
+def recover_table(pool, table, epoch=None, *, state=False, with_info=False):
+    """Embedding table `table` as of retained checkpoint `epoch` (default: newest).
+
+    Returns a float32 torch tensor shaped like the parameter (dequantized if
+    the checkpoints are quantized), or with state=True a dict {role: tensor}
+    holding the parameter ("param") and its row-shaped optimizer state
+    ("sum", "momentum_buffer", ...). with_info=True returns (result, info)
+    with info = {"epoch", "iteration", "rows"}. `pool` is a pool path or an
+    open CheckpointedOptimizer. NotFoundError naming the table for an unknown
+    table or an epoch that is not retained; CorruptionError naming table and
+    checkpoint for a damaged chunk.
+    """
+    engine, path = _table_source(pool, table)
+    if engine is not None:
+        info, arrays = engine.recover_table(table, epoch)
+        roles = None
+        for unit in pool._units:
+            if unit.name == table:
+                roles = unit.encoded_roles()
+    else:
+        info, arrays = _pmsnap.recover_table(path, table, epoch)
+        units = dict(_pmsnap.read_pool(path)["units"])
+        roles = [(role, tuple(shape)) for role, _, shape in units[table]]
+    if roles is None or len(roles) != len(arrays):
+        raise _error(_pmsnap.InternalError,
+                     f"table '{table}': {len(arrays)} recovered tensors, expected "
+                     f"{len(roles or [])}")
+    tensors = {role: torch.from_numpy(array).reshape(shape)
+               for (role, shape), array in zip(roles, arrays)}
+    result = tensors if state else tensors[_PARAM_ROLE]
+    return (result, dict(info)) if with_info else result

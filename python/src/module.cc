@@ -11,6 +11,14 @@
 //   read_pool    a pool's manifest and commit state, without knowing the model
 //                (restore uses it to create lazily-made optimizer state).
 //   RowTracker   touched-row bit vector for one embedding table.
+//   Policy, EmbeddingOptions
+//                diff::Policy / diff::EmbeddingOptions: an Engine given
+//                `encoded_units` checkpoints those units (embedding tables)
+//                through a diff::EmbeddingCheckpointer; mark_rows / take_marks
+//                feed its RowTrackers, last_checkpoint reports what one wrote.
+//   list_checkpoints, recover_table
+//                diff::ListCheckpoints / RecoverTable on a pool file (or on
+//                an open Engine's pool): any retained checkpoint of a table.
 //   errors       every non-OK Status becomes a pmsnap.Error subclass carrying
 //                the C++ message (errors.h).
 //
@@ -19,6 +27,7 @@
 //
 // Thread-safety: as runtime::Engine: the hooks, flush, close and restore of
 // one Engine belong to one Python thread; stats() may be called from any.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -34,6 +43,7 @@
 
 #include "errors.h"
 #include "pmsnap/conflict/strategies.h"
+#include "pmsnap/diff/embedding_checkpointer.h"
 #include "pmsnap/pmem_layout/manifest.h"
 #include "pmsnap/pmem_layout/pool.h"
 #include "pmsnap/runtime/cuda_device.h"
@@ -78,12 +88,22 @@ std::string DTypeText(DType dtype) {
 using TensorArg = std::tuple<std::string, std::uintptr_t, std::string, std::vector<std::int64_t>>;
 using UnitArg = std::pair<std::string, std::vector<TensorArg>>;
 
-std::vector<runtime::UnitRegistration> ToRegistrations(const std::vector<UnitArg>& units) {
+std::vector<runtime::UnitRegistration> ToRegistrations(const std::vector<UnitArg>& units,
+                                                      const std::vector<std::string>& encoded) {
   std::vector<runtime::UnitRegistration> out;
   out.reserve(units.size());
+  for (const std::string& name : encoded) {
+    bool found = false;
+    for (const auto& unit : units) found = found || unit.first == name;
+    if (!found) {
+      throw StatusError(Status(StatusCode::kInvalidArgument,
+                               "encoded unit '" + name + "' is not among the registered units"));
+    }
+  }
   for (const auto& [name, tensors] : units) {
     runtime::UnitRegistration unit;
     unit.name = name;
+    for (const std::string& e : encoded) unit.encoded = unit.encoded || e == name;
     for (const auto& [role, ptr, dtype, shape] : tensors) {
       runtime::TensorView view;
       view.name = role;
@@ -141,6 +161,7 @@ py::dict StatsToDict(const runtime::Stats& stats, bool per_step) {
   d["epochs_committed"] = stats.epochs_committed;
   d["epochs_abandoned"] = stats.epochs_abandoned;
   d["bytes_written"] = stats.bytes_written;
+  d["encoded_bytes_written"] = stats.encoded_bytes_written;
   d["conflicts"] = stats.conflicts;
   d["in_device_fallbacks"] = stats.in_device_fallbacks;
   d["blocked_seconds"] = stats.blocked_seconds;
@@ -196,7 +217,8 @@ class PyEngine {
            const std::string& strategy, int workers, std::uint64_t part_bytes,
            std::uint64_t extra_state_capacity, std::uint64_t chunk_heap_bytes,
            bool verify_on_open, bool check_free_space, std::uint64_t reserve_bytes,
-           bool print_summary) {
+           bool print_summary, const std::vector<std::string>& encoded_units,
+           const std::optional<diff::EmbeddingOptions>& embedding_options) {
     runtime::EngineOptions options;
     options.pool_path = pool;
     options.pool_options.part_bytes = part_bytes;
@@ -208,7 +230,12 @@ class PyEngine {
     options.policy = MakePolicy(policy, every, checkfreq_overhead);
     options.strategy = MakeStrategy(strategy, reserve_bytes);
     options.print_summary = print_summary;
-    std::vector<runtime::UnitRegistration> registrations = ToRegistrations(units);
+    std::vector<runtime::UnitRegistration> registrations = ToRegistrations(units, encoded_units);
+    if (!encoded_units.empty()) {
+      checkpointer_ = std::make_shared<diff::EmbeddingCheckpointer>(
+          embedding_options.value_or(diff::EmbeddingOptions{}));
+      options.encoder = checkpointer_;
+    }
     py::gil_scoped_release release;
     device_ = ValueOrThrow(runtime::MakeDevice(device, &device_note_));
     options.device = device_.get();
@@ -282,6 +309,91 @@ class PyEngine {
   std::optional<std::uint32_t> FindUnit(const std::string& name) const {
     return engine().FindUnit(name);
   }
+
+  // --- embedding tables (encoded units) ---
+  diff::RowTracker& Tracker(const std::string& table) {
+    engine();  // closed engines refuse
+    diff::RowTracker* tracker = checkpointer_ ? checkpointer_->tracker(table) : nullptr;
+    if (tracker == nullptr) {
+      throw StatusError(Status(StatusCode::kNotFound,
+                               "no embedding table '" + table + "' in pool " +
+                                   engine().pool().path() +
+                                   " (tables are the units registered as encoded)"));
+    }
+    return *tracker;
+  }
+  // Marks `count` row ids (int64/int32 at `ptr`) in `table`'s tracker.
+  void MarkRows(const std::string& table, std::uintptr_t ptr, std::size_t count,
+                const std::string& dtype) {
+    diff::RowTracker& tracker = Tracker(table);
+    if (count == 0) return;
+    if (ptr == 0) {
+      throw StatusError(Status(StatusCode::kInvalidArgument, "row ids have no data pointer"));
+    }
+    Status status;
+    if (dtype == "int64") {
+      py::gil_scoped_release release;
+      status = tracker.Mark(std::span<const std::int64_t>(
+          reinterpret_cast<const std::int64_t*>(ptr), count));
+    } else if (dtype == "int32") {
+      const auto* ids = reinterpret_cast<const std::int32_t*>(ptr);
+      std::vector<std::int64_t> wide(ids, ids + count);
+      py::gil_scoped_release release;
+      status = tracker.Mark(wide);
+    } else {
+      status = Status(StatusCode::kInvalidArgument, "row ids must be int64 or int32, got " + dtype);
+    }
+    ThrowIfError(status);
+  }
+  // Moves the rows `source` (a Python EmbeddingTracker's bit vector) holds
+  // into `table`'s tracker and clears `source`.
+  void TakeMarks(const std::string& table, RowTracker& source) {
+    diff::RowTracker& tracker = Tracker(table);
+    if (source.rows() != tracker.rows()) {
+      throw StatusError(Status(StatusCode::kInvalidArgument,
+                               "embedding table '" + table + "' has " +
+                                   std::to_string(tracker.rows()) + " rows, its tracker " +
+                                   std::to_string(source.rows())));
+    }
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = tracker.Mark(source.Touched());
+    }
+    ThrowIfError(status);
+    source.Clear();
+  }
+  void MarkAllRows(const std::string& table) { Tracker(table).MarkAll(); }
+  std::vector<std::int64_t> MarkedRows(const std::string& table) {
+    std::vector<std::int64_t> out;
+    for (std::uint64_t row : Tracker(table).marked().SetIndices()) {
+      out.push_back(static_cast<std::int64_t>(row));
+    }
+    return out;
+  }
+  py::dict LastCheckpoint(const std::string& table) {
+    Tracker(table);  // unknown tables raise
+    const diff::TableCheckpointStats s = checkpointer_->last_checkpoint(table);
+    py::dict d;
+    d["epoch"] = s.epoch;
+    d["rows_written"] = s.rows_written;
+    d["bytes_written"] = s.bytes_written;
+    d["full"] = s.full;
+    d["construction_seconds"] = s.construction_seconds;
+    d["extractions"] = s.extractions;
+    d["live_chunks"] = s.live_chunks;
+    return d;
+  }
+  std::vector<std::string> Tables() const {
+    std::vector<std::string> out;
+    if (!checkpointer_ || engine_ == nullptr) return out;
+    const layout::Manifest& manifest = engine_->pool().manifest();
+    for (const layout::UnitSpec& unit : manifest.units) {
+      if (unit.flags & layout::kUnitFlagEncoded) out.push_back(unit.name);
+    }
+    return out;
+  }
+  const layout::Pool& pool() const { return engine().pool(); }
   py::dict Stats(bool per_step) const {
     if (engine_ == nullptr && final_stats_.has_value()) return StatsToDict(*final_stats_, per_step);
     return StatsToDict(engine().stats(), per_step);
@@ -306,8 +418,91 @@ class PyEngine {
   std::string device_note_;
   std::optional<runtime::Stats> final_stats_;  // taken at Close
   std::unique_ptr<runtime::Device> device_;
+  std::shared_ptr<diff::EmbeddingCheckpointer> checkpointer_;  // also held by the engine
   std::unique_ptr<runtime::Engine> engine_;
 };
+
+// "full", "one-shot", "incremental", "intermittent", "incrcp" (and
+// diff::PolicyName's spellings) -> Policy.
+diff::Policy ParsePolicy(const std::string& name) {
+  static constexpr std::pair<std::string_view, diff::Policy> kNames[] = {
+      {"full", diff::Policy::kFull},
+      {"one-shot", diff::Policy::kOneShotDifferential},
+      {"oneshot", diff::Policy::kOneShotDifferential},
+      {"one-shot-differential", diff::Policy::kOneShotDifferential},
+      {"differential", diff::Policy::kOneShotDifferential},
+      {"incremental", diff::Policy::kConsecutiveIncremental},
+      {"consecutive", diff::Policy::kConsecutiveIncremental},
+      {"consecutive-incremental", diff::Policy::kConsecutiveIncremental},
+      {"intermittent", diff::Policy::kIntermittentDifferential},
+      {"intermittent-differential", diff::Policy::kIntermittentDifferential},
+      {"check-n-run", diff::Policy::kIntermittentDifferential},
+      {"incrcp", diff::Policy::kIncrCP},
+      {"incrcp-2d", diff::Policy::kIncrCP},
+  };
+  for (const auto& [text, policy] : kNames) {
+    if (text == name) return policy;
+  }
+  throw StatusError(Status(StatusCode::kInvalidArgument,
+                           "unknown embedding policy '" + name +
+                               "' (full, one-shot, incremental, intermittent or incrcp)"));
+}
+
+py::dict CheckpointInfoToDict(const diff::CheckpointInfo& info) {
+  py::dict d;
+  d["epoch"] = info.epoch;
+  d["iteration"] = info.iteration;
+  d["chunks"] = info.chunks;
+  d["chunk_bytes"] = info.chunk_bytes;
+  return d;
+}
+
+// (info dict, [float32 array of rows x elems_per_row per tensor]).
+py::tuple RecoveredToPython(diff::RecoveredTable table) {
+  py::dict info;
+  info["epoch"] = table.epoch;
+  info["iteration"] = table.iteration;
+  info["rows"] = table.rows;
+  py::list arrays;
+  for (std::size_t t = 0; t < table.tensors.size(); ++t) {
+    const auto rows = static_cast<py::ssize_t>(table.rows);
+    const auto elems = static_cast<py::ssize_t>(table.elems_per_row[t]);
+    py::array_t<float> array({rows, elems});
+    std::copy(table.tensors[t].begin(), table.tensors[t].end(), array.mutable_data());
+    arrays.append(array);
+  }
+  return py::make_tuple(info, arrays);
+}
+
+std::unique_ptr<layout::Pool> OpenForReading(const std::string& path) {
+  py::gil_scoped_release release;
+  layout::OpenOptions options;
+  options.verify_data = false;  // chunks are verified as they are read
+  return ValueOrThrow(layout::Pool::Open(path, options));
+}
+
+py::list ListCheckpointsOf(const layout::Pool& pool, const std::string& table) {
+  std::optional<Result<std::vector<diff::CheckpointInfo>>> result;
+  {
+    py::gil_scoped_release release;
+    result.emplace(diff::ListCheckpoints(pool, table));
+  }
+  py::list out;
+  for (const diff::CheckpointInfo& info : ValueOrThrow(std::move(*result))) {
+    out.append(CheckpointInfoToDict(info));
+  }
+  return out;
+}
+
+py::tuple RecoverTableOf(const layout::Pool& pool, const std::string& table,
+                         std::optional<std::uint64_t> epoch) {
+  std::optional<Result<diff::RecoveredTable>> result;
+  {
+    py::gil_scoped_release release;
+    result.emplace(diff::RecoverTable(pool, table, epoch));
+  }
+  return RecoveredToPython(ValueOrThrow(std::move(*result)));
+}
 
 // Manifest and commit state of an existing pool, for code that does not know
 // the model yet (restore creates lazily-made optimizer state from it).
@@ -335,6 +530,11 @@ py::dict ReadPool(const std::string& path, bool verify_data) {
     units.append(py::make_tuple(unit.name, tensors));
   }
   d["units"] = units;
+  py::list encoded;
+  for (const layout::UnitSpec& unit : pool->manifest().units) {
+    if (unit.flags & layout::kUnitFlagEncoded) encoded.append(unit.name);
+  }
+  d["encoded_units"] = encoded;
   d["slots"] = py::make_tuple(SlotToDict(pool->slot_info(0)), SlotToDict(pool->slot_info(1)));
   Result<layout::SnapshotView> latest = pool->Latest();
   if (latest.ok()) {
@@ -401,7 +601,8 @@ PYBIND11_MODULE(_pmsnap, m) {
       .def(py::init<const std::string&, const std::vector<UnitArg>&, const std::string&,
                     const std::string&, std::uint64_t, double, const std::string&, int,
                     std::uint64_t, std::uint64_t, std::uint64_t, bool, bool, std::uint64_t,
-                    bool>(),
+                    bool, const std::vector<std::string>&,
+                    const std::optional<pmsnap::diff::EmbeddingOptions>&>(),
            py::arg("pool"), py::arg("units"), py::kw_only(), py::arg("device") = "host",
            py::arg("policy") = "continuous", py::arg("every") = 1,
            py::arg("checkfreq_overhead") = 0.035, py::arg("strategy") = "adaptive",
@@ -410,7 +611,10 @@ PYBIND11_MODULE(_pmsnap, m) {
            py::arg("chunk_heap_bytes") = 0, py::arg("verify_on_open") = true,
            py::arg("check_free_space") = true, py::arg("reserve_bytes") = 0,
            py::arg("print_summary") = false,
-           "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])].")
+           py::arg("encoded_units") = std::vector<std::string>{},
+           py::arg("embedding_options") = std::nullopt,
+           "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])]; "
+           "`encoded_units` (embedding tables) go through a diff::EmbeddingCheckpointer.")
       .def("begin_step", &PyEngine::BeginStep, py::arg("step"))
       .def("before_update", &PyEngine::BeforeUpdate, py::arg("unit"))
       .def("after_update", &PyEngine::AfterUpdate, py::arg("unit"))
@@ -419,6 +623,26 @@ PYBIND11_MODULE(_pmsnap, m) {
       .def("close", &PyEngine::Close, py::arg("abandon") = false)
       .def("restore", &PyEngine::Restore, "-> (iteration, epoch, extra_state bytes)")
       .def("find_unit", &PyEngine::FindUnit, py::arg("name"))
+      .def("mark_rows", &PyEngine::MarkRows, py::arg("table"), py::arg("ptr"), py::arg("count"),
+           py::arg("dtype"), "Marks row ids (int64/int32 at `ptr`) as changed in `table`.")
+      .def("take_marks", &PyEngine::TakeMarks, py::arg("table"), py::arg("tracker"),
+           "Marks the rows a RowTracker holds in `table` and clears the RowTracker.")
+      .def("mark_all_rows", &PyEngine::MarkAllRows, py::arg("table"))
+      .def("marked_rows", &PyEngine::MarkedRows, py::arg("table"),
+           "Rows of `table` marked since its last checkpoint (sorted).")
+      .def("last_checkpoint", &PyEngine::LastCheckpoint, py::arg("table"),
+           "What `table`'s last committed checkpoint wrote (dict).")
+      .def("list_checkpoints",
+           [](const PyEngine& e, const std::string& table) {
+             return ListCheckpointsOf(e.pool(), table);
+           },
+           py::arg("table"))
+      .def("recover_table",
+           [](const PyEngine& e, const std::string& table, std::optional<std::uint64_t> epoch) {
+             return RecoverTableOf(e.pool(), table, epoch);
+           },
+           py::arg("table"), py::arg("epoch") = std::nullopt)
+      .def_property_readonly("tables", &PyEngine::Tables)
       .def("stats", &PyEngine::Stats, py::arg("per_step") = false)
       .def_property_readonly("closed", &PyEngine::closed)
       .def_property_readonly("unit_count", &PyEngine::unit_count)
@@ -441,6 +665,77 @@ PYBIND11_MODULE(_pmsnap, m) {
       .def_property_readonly("touched_count", &RowTracker::touched_count)
       .def_property_readonly("rows", &RowTracker::rows)
       .def_property_readonly("out_of_range", &RowTracker::out_of_range);
+
+  py::enum_<pmsnap::diff::Policy>(m, "Policy")
+      .value("FULL", pmsnap::diff::Policy::kFull)
+      .value("ONE_SHOT_DIFFERENTIAL", pmsnap::diff::Policy::kOneShotDifferential)
+      .value("CONSECUTIVE_INCREMENTAL", pmsnap::diff::Policy::kConsecutiveIncremental)
+      .value("INTERMITTENT_DIFFERENTIAL", pmsnap::diff::Policy::kIntermittentDifferential)
+      .value("INCRCP", pmsnap::diff::Policy::kIncrCP);
+  m.def("parse_policy", &ParsePolicy, py::arg("name"),
+        "Policy for \"full\", \"one-shot\", \"incremental\", \"intermittent\" or \"incrcp\".");
+  m.def("policy_name",
+        [](pmsnap::diff::Policy p) { return std::string(pmsnap::diff::PolicyName(p)); });
+
+  using pmsnap::diff::EmbeddingOptions;
+  py::class_<EmbeddingOptions>(m, "EmbeddingOptions",
+                               "diff::EmbeddingOptions: policy, retention, quantization, IncrCP.")
+      .def(py::init<>())
+      .def_readwrite("policy", &EmbeddingOptions::policy)
+      .def_readwrite("retain", &EmbeddingOptions::retain)
+      .def_property(
+          "quantize", [](const EmbeddingOptions& o) { return o.quantize.enabled; },
+          [](EmbeddingOptions& o, bool v) { o.quantize.enabled = v; })
+      .def_property(
+          "quantize_bits", [](const EmbeddingOptions& o) { return o.quantize.bits; },
+          [](EmbeddingOptions& o, int bits) {
+            if (bits != 0 && bits != 2 && bits != 3 && bits != 4 && bits != 8) {
+              throw StatusError(pmsnap::Status(pmsnap::StatusCode::kInvalidArgument,
+                                               "quantize_bits must be 2, 3, 4 or 8 (0: from "
+                                               "expected_resumes), got " +
+                                                   std::to_string(bits)));
+            }
+            o.quantize.bits = bits;
+          })
+      .def_property(
+          "expected_resumes", [](const EmbeddingOptions& o) { return o.quantize.expected_resumes; },
+          [](EmbeddingOptions& o, double v) { o.quantize.expected_resumes = v; })
+      .def_property(
+          "duplicate_ratio_threshold",
+          [](const EmbeddingOptions& o) { return o.incrcp.duplicate_ratio_threshold; },
+          [](EmbeddingOptions& o, double v) { o.incrcp.duplicate_ratio_threshold = v; })
+      .def_property(
+          "bloom_bits_per_key",
+          [](const EmbeddingOptions& o) { return o.incrcp.bloom_bits_per_key; },
+          [](EmbeddingOptions& o, std::uint32_t v) { o.incrcp.bloom_bits_per_key = v; })
+      .def_property(
+          "concatenate", [](const EmbeddingOptions& o) { return o.incrcp.concatenate; },
+          [](EmbeddingOptions& o, bool v) { o.incrcp.concatenate = v; })
+      .def_property(
+          "reset_baseline", [](const EmbeddingOptions& o) { return o.incrcp.reset_baseline; },
+          [](EmbeddingOptions& o, bool v) { o.incrcp.reset_baseline = v; })
+      .def("__repr__", [](const EmbeddingOptions& o) {
+        return std::string("EmbeddingOptions(policy=") + pmsnap::diff::PolicyName(o.policy) +
+               ", retain=" + std::to_string(o.retain) +
+               ", quantize=" + (o.quantize.enabled ? "True" : "False") +
+               ", quantize_bits=" + std::to_string(o.quantize.bits) + ")";
+      });
+
+  m.def(
+      "list_checkpoints",
+      [](const std::string& path, const std::string& table) {
+        return ListCheckpointsOf(*OpenForReading(path), table);
+      },
+      py::arg("path"), py::arg("table"),
+      "Retained checkpoints of embedding table `table` in pool `path`, oldest first.");
+  m.def(
+      "recover_table",
+      [](const std::string& path, const std::string& table, std::optional<std::uint64_t> epoch) {
+        return RecoverTableOf(*OpenForReading(path), table, epoch);
+      },
+      py::arg("path"), py::arg("table"), py::arg("epoch") = std::nullopt,
+      "-> (info, [float32 arrays]): `table` (and its row-shaped state) at checkpoint `epoch` "
+      "(default: the newest retained).");
 
   m.def("read_pool", &ReadPool, py::arg("path"), py::arg("verify_data") = false,
         "Manifest, options and commit state of an existing pool.");

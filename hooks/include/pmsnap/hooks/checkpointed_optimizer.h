@@ -19,6 +19,26 @@
 // copies the newest committed epoch from the pool mapping straight into the
 // parameters and state tensors (no deserialization).
 //
+// Embedding tables (EmbeddingTables): parameters named there are checkpointed
+// through a diff::EmbeddingCheckpointer (full, differential, incremental or
+// IncrCP 2-D checkpoints, optionally quantized) into the pool's chunk heap,
+// in the same epochs as the dense units:
+//   * unit "<name>" (encoded): the table plus every optimizer-state tensor of
+//     the same row count (Adagrad's sum, SGD's momentum buffer, Adam's
+//     moments), float32 [rows] or [rows, dim], so each checkpoint writes the
+//     same rows of all of them;
+//   * unit "<name>#dense" (fixed slots): the rest of its optimizer state,
+//     i.e. the one-element int64 "step" tensor (diff/ encodes only float32
+//     rows). Both units are hooked around the table's one update, so every
+//     epoch captures them together and a restore is consistent.
+// Which rows changed comes from RowSource: TrackedEmbedding(Bag) lookups
+// (bound automatically by the module overload of Create) or the gradient.
+// Optimizers that change rows without a gradient (SGD with momentum or
+// weight decay, Adagrad with weight decay, Adam, AdamW, RMSprop: their
+// update moves every row) mark every row of the table each step, so the
+// checkpoints stay exact but differential policies save nothing; SGD
+// (plain) and Adagrad are the optimizers that profit.
+//
 // Exceptions never leave this API: libtorch's c10::Error becomes a Status
 // that keeps libtorch's message.
 //
@@ -37,6 +57,7 @@
 #include <vector>
 
 #include "pmsnap/common/status.h"
+#include "pmsnap/diff/embedding_checkpointer.h"
 #include "pmsnap/hooks/parameter_stepper.h"
 #include "pmsnap/runtime/engine.h"
 
@@ -46,6 +67,26 @@ struct RestoreInfo {
   std::uint64_t iteration = 0;  // steps done by the restored state (resume at +1)
   std::uint64_t epoch = 0;
   std::vector<std::byte> extra_state;  // as passed to Step (see extra_state.h)
+};
+
+// Which rows of an embedding table a step may have changed.
+enum class RowSource : std::uint8_t {
+  // The rows its TrackedEmbedding / TrackedEmbeddingBag module looked up.
+  kLookups,
+  // The rows with a non-zero gradient (a dense gradient's non-zero rows, a
+  // sparse gradient's indices), found by Step before the update; for plain
+  // torch::nn::Embedding(Bag) modules. Costs one pass over the gradient.
+  kGradients,
+};
+
+// Parameters checkpointed as embedding tables (see the file comment).
+struct EmbeddingTables {
+  // Parameter names (as the module names them, e.g. "emb.0.weight"); each
+  // must be a float32 [rows, dim] parameter. Empty: no embedding tables.
+  std::vector<std::string> names;
+  // Policy, retention and quantization, shared by all the tables.
+  diff::EmbeddingOptions options;
+  RowSource rows = RowSource::kLookups;
 };
 
 class CheckpointedOptimizer {
@@ -59,13 +100,35 @@ class CheckpointedOptimizer {
   // changed); kNoSpace if the file system cannot hold a new pool;
   // kInvalidArgument for an unsupported optimizer or parameter
   // (ParameterStepper::Create); the Engine's errors otherwise.
+  // With `embeddings`: the named parameters become embedding-table units
+  // (file comment) checkpointed by a new diff::EmbeddingCheckpointer, and
+  // with RowSource::kLookups every TrackedEmbedding(Bag) of `module` whose
+  // weight is one of them is bound to its table's RowTracker.
+  // kInvalidArgument naming the table for a name that is not a parameter,
+  // a table that is not float32 [rows, dim], a table whose module uses
+  // max_norm (it rewrites rows in the forward pass), a kLookups table
+  // without a tracked module, or options.encoder already set.
   static Result<std::unique_ptr<CheckpointedOptimizer>> Create(const torch::nn::Module& module,
                                                                torch::optim::Optimizer& optimizer,
-                                                               runtime::EngineOptions options);
-  // As above with explicit names (e.g. several modules, or none).
+                                                               runtime::EngineOptions options,
+                                                               EmbeddingTables embeddings = {});
+  // As above with explicit names (e.g. several modules, or none). With
+  // RowSource::kLookups nothing is bound: call TrackEmbeddings(module) or
+  // mark embedding_checkpointer()->tracker(name) before the first Step
+  // (rows changed but not marked are missing from differential checkpoints).
   static Result<std::unique_ptr<CheckpointedOptimizer>> Create(
       const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
-      torch::optim::Optimizer& optimizer, runtime::EngineOptions options);
+      torch::optim::Optimizer& optimizer, runtime::EngineOptions options,
+      EmbeddingTables embeddings = {});
+
+  // Binds every TrackedEmbedding(Bag) in `module` (a submodule named "emb"
+  // whose weight is table "emb.weight", or the module itself for table
+  // "weight") to its table's RowTracker, and returns the tables bound.
+  // Modules whose weight is not a table are left alone. The bindings keep
+  // the checkpointer alive; the destructor unbinds the modules a shared_ptr
+  // owns (every registered submodule; a root module on the stack stays
+  // bound to this checkpointer's trackers, which nothing reads any more).
+  Result<std::vector<std::string>> TrackEmbeddings(torch::nn::Module& module);
 
   // Replaces optimizer.step() for iteration iteration() + 1. `extra_state`
   // (data position, RNG... see extra_state.h) is stored with the epoch that
@@ -92,6 +155,12 @@ class CheckpointedOptimizer {
   runtime::Engine& engine() { return *engine_; }
   runtime::Stats stats() const { return engine_->stats(); }
   const ParameterStepper& stepper() const { return *stepper_; }
+  // The embedding checkpointer (null without EmbeddingTables): its
+  // tracker(name), last_checkpoint(name) and options().
+  diff::EmbeddingCheckpointer* embedding_checkpointer() const { return embeddings_.get(); }
+  // Whether Step marks every row of table slot `name` (its optimizer changes
+  // rows without a gradient); false for unknown names.
+  bool MarksAllRows(const std::string& name) const;
 
   ~CheckpointedOptimizer();
   CheckpointedOptimizer(const CheckpointedOptimizer&) = delete;
@@ -99,13 +168,33 @@ class CheckpointedOptimizer {
 
  private:
   class EngineObserver;
+  static constexpr std::uint32_t kNoUnit = 0xffffffffu;
+  static Result<std::unique_ptr<CheckpointedOptimizer>> CreateImpl(
+      const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+      torch::optim::Optimizer& optimizer, runtime::EngineOptions options,
+      EmbeddingTables embeddings, torch::nn::Module* module);
   CheckpointedOptimizer(std::unique_ptr<ParameterStepper> stepper,
                         std::unique_ptr<runtime::Engine> engine);
 
+  // An embedding table's slot: its units and how its rows get marked.
+  struct TableSlot {
+    std::size_t slot = 0;
+    diff::RowTracker* tracker = nullptr;
+    bool mark_all = false;        // the optimizer moves rows without gradient
+    bool from_gradient = false;   // RowSource::kGradients
+  };
+  Status MarkTableRows();
+
   std::unique_ptr<ParameterStepper> stepper_;
   std::unique_ptr<runtime::Engine> engine_;
+  std::shared_ptr<diff::EmbeddingCheckpointer> embeddings_;
   // slot index -> engine unit id
   std::vector<std::uint32_t> unit_of_slot_;
+  // slot index -> the table's "#dense" unit, or kNoUnit
+  std::vector<std::uint32_t> dense_unit_of_slot_;
+  std::vector<TableSlot> tables_;
+  // Tracked modules bound by TrackEmbeddings (unbound by the destructor).
+  std::vector<std::weak_ptr<torch::nn::Module>> bound_modules_;
   std::uint64_t iteration_ = 0;
   bool stepped_ = false;
 };
@@ -115,6 +204,10 @@ class CheckpointedOptimizer {
 // kNotFound if options.pool_path does not exist or holds no commit.
 Result<RestoreInfo> RestoreFromPool(const torch::nn::Module& module,
                                     torch::optim::Optimizer& optimizer,
-                                    runtime::EngineOptions options);
+                                    runtime::EngineOptions options,
+                                    EmbeddingTables embeddings = {});
+
+// Name of the dense companion unit of embedding table `table`.
+std::string EmbeddingDenseUnitName(const std::string& table);
 
 }  // namespace pmsnap::hooks
