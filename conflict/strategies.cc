@@ -154,7 +154,11 @@ AdaptiveStrategy::AdaptiveStrategy(ConflictOptions options)
     : StrategyBase(options), in_device_(options), parts_(options), split_(options) {}
 
 StrategyChoice AdaptiveStrategy::Decide(const UnitProfile* last, std::uint64_t unit_bytes,
-                                        std::uint64_t usable_device_bytes) {
+                                        std::uint64_t usable_device_bytes,
+                                        bool in_device_copies_pay) {
+  // Where a copy inside the device is no faster than the direct copy (the
+  // host device: both are memcpy), strategies 1, 3 and 4 only add a copy.
+  if (!in_device_copies_pay) return StrategyChoice::kWaitSnapshot;
   // No profile yet (first epoch): an in-device copy if memory allows (it
   // never stalls), else strategy 3, which costs nothing unless a conflict
   // actually happens.
@@ -189,7 +193,10 @@ runtime::ConflictStrategy& AdaptiveStrategy::For(std::uint32_t unit) {
 Status AdaptiveStrategy::OnCaptured(UnitTask& task) {
   const std::uint64_t free = task.device().free_bytes();
   const std::uint64_t usable = free > options_.reserve_bytes ? free - options_.reserve_bytes : 0;
-  const StrategyChoice decision = Decide(LastProfile(task.unit()), task.bytes(), usable);
+  const runtime::Device& device = task.device();
+  const bool pays = 2 * device.EstimateInDeviceCopySeconds(task.bytes()) <=
+                    device.EstimateCopyToHostSeconds(task.bytes());
+  const StrategyChoice decision = Decide(LastProfile(task.unit()), task.bytes(), usable, pays);
   {
     std::lock_guard<std::mutex> lock(decisions_mutex_);
     if (decisions_.size() <= task.unit()) decisions_.resize(task.unit() + 1, StrategyChoice::kWaitSnapshot);

@@ -128,16 +128,20 @@ TEST(AdaptiveDecisionTest, FollowsTheSlidesRule) {
   calm.bytes = 1000;
   calm.copy_seconds = 0.001;
   calm.next_update_gap_seconds = 0.1;
-  EXPECT_EQ(AdaptiveStrategy::Decide(&calm, 1000, 1 << 20), StrategyChoice::kWaitSnapshot);
+  EXPECT_EQ(AdaptiveStrategy::Decide(&calm, 1000, 1 << 20, true), StrategyChoice::kWaitSnapshot);
   UnitProfile busy = calm;
   busy.copy_seconds = 0.5;
-  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 1 << 20), StrategyChoice::kInDeviceCopy);
-  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 10), StrategyChoice::kSplitGroups);
+  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 1 << 20, true), StrategyChoice::kInDeviceCopy);
+  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 10, true), StrategyChoice::kSplitGroups);
   busy.next_update_gap_seconds = -1;
   busy.conflicted = true;
-  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 10), StrategyChoice::kPartsOnConflict);
-  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 1 << 20), StrategyChoice::kInDeviceCopy);
-  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 10), StrategyChoice::kPartsOnConflict);
+  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 10, true), StrategyChoice::kPartsOnConflict);
+  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 1 << 20, true), StrategyChoice::kInDeviceCopy);
+  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 10, true), StrategyChoice::kPartsOnConflict);
+  // Host-like device: in-device copies cost as much as direct ones.
+  busy.conflicted = true;
+  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 1 << 20, false), StrategyChoice::kWaitSnapshot);
+  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 1 << 20, false), StrategyChoice::kWaitSnapshot);
 }
 
 TEST(MakeStrategyTest, KnowsEveryNameAndRejectsOthers) {

@@ -14,6 +14,7 @@ Thread-safety: single-threaded script.
 import argparse
 import random
 import sys
+import time
 
 import numpy
 import torch
@@ -50,6 +51,9 @@ def main():
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--optimizer", default="adam")
     parser.add_argument("--out", required=True)
+    # From this step on, pause 20 ms between steps: the test's SIGKILL then
+    # lands while training goes on instead of racing a run that already ended.
+    parser.add_argument("--slow-after", type=int, default=0)
     args = parser.parse_args()
 
     random.seed(11)
@@ -74,6 +78,8 @@ def main():
         else:
             stepper.step(extra_state={"position": step})
         print(f"step {step}", flush=True)
+        if args.slow_after and step >= args.slow_after:
+            time.sleep(0.02)
     if not args.plain:
         stepper.close()
     torch.save({"params": [p.detach().clone() for p in model.parameters()],

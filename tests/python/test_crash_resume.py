@@ -32,8 +32,8 @@ def run_to_end(args):
 
 def run_and_kill(args, kill_after_step):
     """Starts the trainer and SIGKILLs it once it printed `step kill_after_step`."""
-    child = subprocess.Popen(trainer(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    child = subprocess.Popen(trainer(*args, "--slow-after", str(kill_after_step)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in child.stdout:
             if line.startswith("step ") and int(line.split()[1]) >= kill_after_step:

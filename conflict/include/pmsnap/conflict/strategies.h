@@ -17,7 +17,9 @@
 //                              device's free memory: no conflict expected -> 2;
 //                              conflict and memory -> 1; conflict and short of
 //                              memory -> 4 (split tuned) or 3. Before the first
-//                              profile: 1 if memory allows, else 3.
+//                              profile: 1 if memory allows, else 3. On a device
+//                              whose in-device copies are not faster than its
+//                              direct copies (host): always 2.
 //
 // Device memory: in-device copies never take more than the device's free
 // memory minus `reserve_bytes`; when a copy cannot be had the unit falls back
@@ -120,9 +122,11 @@ class AdaptiveStrategy final : public StrategyBase {
   std::uint64_t fallbacks() const override;
   void OnEpochCommitted(const std::vector<UnitProfile>& profiles) override;
 
-  // The decision rule, from a unit's last profile and the free device memory.
+  // The decision rule, from a unit's last profile, the free device memory
+  // and whether an in-device copy is at least twice as fast as the direct
+  // copy (device estimates); if not, always strategy 2.
   static StrategyChoice Decide(const UnitProfile* last, std::uint64_t unit_bytes,
-                               std::uint64_t usable_device_bytes);
+                               std::uint64_t usable_device_bytes, bool in_device_copies_pay);
 
  private:
   StrategyChoice Decision(std::uint32_t unit) const;
