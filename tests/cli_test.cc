@@ -77,13 +77,7 @@ TEST_F(CliTest, VerifyExitsZeroOnAConsistentPool) {
 }
 
 TEST_F(CliTest, VerifyExitsOneAndNamesTheDamagedUnit) {
-  const int fd = ::open(path_.path().c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  char byte = 0;
-  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(data_offset_ + 10)), 1);
-  byte ^= 1;
-  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(data_offset_ + 10)), 1);
-  ::close(fd);
+  testing::FlipBit(path_.path(), data_offset_ + 10, 0);
   CommandResult r = RunCli("verify " + path_.path());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("DAMAGED"));

@@ -215,13 +215,7 @@ TEST(DiffEngineTest, DamagedChunkIsCorruptionNamingTableAndCheckpoint) {
     }
     ASSERT_NE(victim, 0u);
   }
-  const int fd = ::open(path.path().c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  char byte = 0;
-  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(victim + 128 + 80)), 1);
-  byte ^= 0x10;
-  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(victim + 128 + 80)), 1);
-  ::close(fd);
+  pmsnap::testing::FlipBit(path.path(), victim + 128 + 80, 4);
   auto pool = layout::Pool::Open(path.path());
   ASSERT_TRUE(pool.ok());
   auto table = RecoverTable(**pool, "emb.users", epoch);

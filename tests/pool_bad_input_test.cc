@@ -20,20 +20,11 @@ namespace pmsnap::layout {
 namespace {
 
 using pmsnap::testing::CheckSeededView;
+using pmsnap::testing::FlipBit;
 using pmsnap::testing::MakeManifest;
 using pmsnap::testing::TempPoolPath;
 using pmsnap::testing::WriteSeededEpoch;
 using ::testing::HasSubstr;
-
-void FlipBit(const std::string& path, std::uint64_t offset, int bit = 3) {
-  const int fd = ::open(path.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  unsigned char byte = 0;
-  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(offset)), 1);
-  byte ^= static_cast<unsigned char>(1u << bit);
-  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(offset)), 1);
-  ::close(fd);
-}
 
 class DamagedPoolTest : public ::testing::Test {
  protected:

@@ -1,5 +1,7 @@
 #include "testutil/temp_pool.h"
 
+#include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +13,16 @@ namespace pmsnap::testing {
 std::string PoolDir() {
   const char* dir = std::getenv("PMSNAP_POOL_DIR");
   return (dir != nullptr && *dir != '\0') ? dir : "/dev/shm";
+}
+
+void FlipBit(const std::string& path, std::uint64_t offset, int bit) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << "cannot open " << path;
+  unsigned char byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(offset)), 1) << path << " @" << offset;
+  byte ^= static_cast<unsigned char>(1u << bit);
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(offset)), 1) << path << " @" << offset;
+  ::close(fd);
 }
 
 TempPoolPath::TempPoolPath(const std::string& tag) {

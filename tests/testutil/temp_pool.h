@@ -2,12 +2,17 @@
 // removed when the owner goes out of scope.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace pmsnap::testing {
 
 // The directory pools live in during tests.
 std::string PoolDir();
+
+// Flips one bit of the byte at `offset` of a closed file (fault injection);
+// a gtest failure if the file cannot be read or written there.
+void FlipBit(const std::string& path, std::uint64_t offset, int bit = 3);
 
 // A unique file path for one test; the file (if created) is removed on
 // destruction. Not thread-safe to share; cheap to create per test.
