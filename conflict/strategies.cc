@@ -155,7 +155,7 @@ AdaptiveStrategy::AdaptiveStrategy(ConflictOptions options)
 
 StrategyChoice AdaptiveStrategy::Decide(const UnitProfile* last, std::uint64_t unit_bytes,
                                         std::uint64_t usable_device_bytes,
-                                        bool in_device_copies_pay) {
+                                        bool in_device_copies_pay, std::uint32_t calm_epochs) {
   // Where a copy inside the device is no faster than the direct copy (the
   // host device: both are memcpy), strategies 1, 3 and 4 only add a copy.
   if (!in_device_copies_pay) return StrategyChoice::kWaitSnapshot;
@@ -167,9 +167,14 @@ StrategyChoice AdaptiveStrategy::Decide(const UnitProfile* last, std::uint64_t u
                                              : StrategyChoice::kPartsOnConflict;
   }
   const bool gap_known = last->next_update_gap_seconds >= 0;
-  const bool conflict_expected =
-      last->conflicted ||
-      (gap_known && last->queue_wait_seconds + last->copy_seconds > last->next_update_gap_seconds);
+  // The profile is one epoch's; queue waits depend on what the other units
+  // do. A margin on the prediction, and a few calm epochs before a unit that
+  // conflicted goes back to waiting, keep one quiet epoch from costing a
+  // stall in the next.
+  const double predicted = kPredictionMargin * (last->queue_wait_seconds + last->copy_seconds);
+  const bool conflict_expected = last->conflicted ||
+                                 (gap_known && predicted > last->next_update_gap_seconds) ||
+                                 calm_epochs < kCalmEpochsBeforeWaiting;
   if (!conflict_expected) return StrategyChoice::kWaitSnapshot;
   if (usable_device_bytes >= unit_bytes) return StrategyChoice::kInDeviceCopy;
   return gap_known ? StrategyChoice::kSplitGroups : StrategyChoice::kPartsOnConflict;
@@ -196,10 +201,15 @@ Status AdaptiveStrategy::OnCaptured(UnitTask& task) {
   const runtime::Device& device = task.device();
   const bool pays = 2 * device.EstimateInDeviceCopySeconds(task.bytes()) <=
                     device.EstimateCopyToHostSeconds(task.bytes());
-  const StrategyChoice decision = Decide(LastProfile(task.unit()), task.bytes(), usable, pays);
   {
     std::lock_guard<std::mutex> lock(decisions_mutex_);
-    if (decisions_.size() <= task.unit()) decisions_.resize(task.unit() + 1, StrategyChoice::kWaitSnapshot);
+    const std::uint32_t calm =
+        task.unit() < calm_epochs_.size() ? calm_epochs_[task.unit()] : kNeverConflicted;
+    const StrategyChoice decision =
+        Decide(LastProfile(task.unit()), task.bytes(), usable, pays, calm);
+    if (decisions_.size() <= task.unit()) {
+      decisions_.resize(task.unit() + 1, StrategyChoice::kWaitSnapshot);
+    }
     decisions_[task.unit()] = decision;
   }
   return For(task.unit()).OnCaptured(task);
@@ -222,6 +232,14 @@ std::uint64_t AdaptiveStrategy::fallbacks() const {
 }
 
 void AdaptiveStrategy::OnEpochCommitted(const std::vector<UnitProfile>& profiles) {
+  {
+    std::lock_guard<std::mutex> lock(decisions_mutex_);
+    for (const UnitProfile& profile : profiles) {
+      if (calm_epochs_.size() <= profile.unit) calm_epochs_.resize(profile.unit + 1, kNeverConflicted);
+      std::uint32_t& calm = calm_epochs_[profile.unit];
+      calm = profile.conflicted ? 0 : (calm == kNeverConflicted ? calm : calm + 1);
+    }
+  }
   StrategyBase::OnEpochCommitted(profiles);
   split_.OnEpochCommitted(profiles);
 }

@@ -138,6 +138,9 @@ TEST(AdaptiveDecisionTest, FollowsTheSlidesRule) {
   EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 10, true), StrategyChoice::kPartsOnConflict);
   EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 1 << 20, true), StrategyChoice::kInDeviceCopy);
   EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 10, true), StrategyChoice::kPartsOnConflict);
+  // A unit that conflicted two epochs ago is not trusted to stay calm yet.
+  EXPECT_EQ(AdaptiveStrategy::Decide(&calm, 1000, 1 << 20, true, 2), StrategyChoice::kInDeviceCopy);
+  EXPECT_EQ(AdaptiveStrategy::Decide(&calm, 1000, 1 << 20, true, 3), StrategyChoice::kWaitSnapshot);
   // Host-like device: in-device copies cost as much as direct ones.
   busy.conflicted = true;
   EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 1 << 20, false), StrategyChoice::kWaitSnapshot);

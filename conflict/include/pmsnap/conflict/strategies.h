@@ -125,8 +125,14 @@ class AdaptiveStrategy final : public StrategyBase {
   // The decision rule, from a unit's last profile, the free device memory
   // and whether an in-device copy is at least twice as fast as the direct
   // copy (device estimates); if not, always strategy 2.
+  // `calm_epochs`: committed epochs since the unit last conflicted
+  // (kNeverConflicted if it never did).
   static StrategyChoice Decide(const UnitProfile* last, std::uint64_t unit_bytes,
-                               std::uint64_t usable_device_bytes, bool in_device_copies_pay);
+                               std::uint64_t usable_device_bytes, bool in_device_copies_pay,
+                               std::uint32_t calm_epochs = kNeverConflicted);
+  static constexpr std::uint32_t kNeverConflicted = ~0u;
+  static constexpr std::uint32_t kCalmEpochsBeforeWaiting = 3;
+  static constexpr double kPredictionMargin = 1.25;
 
  private:
   StrategyChoice Decision(std::uint32_t unit) const;
@@ -135,8 +141,9 @@ class AdaptiveStrategy final : public StrategyBase {
   runtime::WaitForSnapshotStrategy wait_;
   PartsOnConflictStrategy parts_;
   SplitGroupsStrategy split_;
-  mutable std::mutex decisions_mutex_;  // guards decisions_
+  mutable std::mutex decisions_mutex_;  // guards decisions_ and calm_epochs_
   std::vector<StrategyChoice> decisions_;
+  std::vector<std::uint32_t> calm_epochs_;
 };
 
 // "1", "2", "3", "4" or "adaptive" (as in flags and benchmark tables).
