@@ -83,7 +83,7 @@ struct Summary {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int intervals = 50;
+  int intervals = 80;
   int batches = 4;
   double scale = 0.5;
   std::string out = PMSNAP_BENCH_RESULTS_DIR;
