@@ -1357,6 +1357,8 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
       std::printf("  [%s/%s] restore %-36s %8.1f ms (open %.1f + restore %.1f)\n", w.name.c_str(),
                   label.c_str(), r.method.c_str(), r.total_ms, r.open_ms, r.restore_ms);
   std::filesystem::remove_all(dir);
+  std::error_code ignored;  // the per-process folder goes once its last workload is done
+  std::filesystem::remove(std::filesystem::path(dir).parent_path(), ignored);
 }
 
 void PrintTable(const Results& res) {

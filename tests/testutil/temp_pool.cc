@@ -35,6 +35,14 @@ TempPoolPath::TempPoolPath(const std::string& tag) {
 TempPoolPath::~TempPoolPath() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+  // Crash tests kill children inside Pool::Create: drop their temporaries.
+  const std::filesystem::path pool(path_);
+  const std::string prefix = pool.filename().string() + ".creating-";
+  for (const auto& entry : std::filesystem::directory_iterator(pool.parent_path(), ignored)) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) {
+      std::filesystem::remove(entry.path(), ignored);
+    }
+  }
 }
 
 }  // namespace pmsnap::testing
