@@ -51,7 +51,11 @@ build
 case "$mode" in
   build) ;;
   demo)
-    exec "$build_dir/tools/pmsnap-demo" "$@"
+    # The training demo needs libtorch; without it, the pool round trip.
+    if [[ -x "$build_dir/tools/demo/pmsnap-demo" ]]; then
+      exec "$build_dir/tools/demo/pmsnap-demo" "$@"
+    fi
+    exec "$build_dir/tools/pmsnap-pool-demo" "$@"
     ;;
   test)
     cd "$build_dir"

@@ -382,6 +382,7 @@ int RunChild(const Options& o) {
   engine.pool_path = o.pool;
   engine.workers = o.workers;
   engine.device = device->get();
+  engine.print_summary = false;  // the demo prints its own stall profile
   if (o.policy == "every1") {
     engine.policy = std::make_shared<pmsnap::runtime::EveryKPolicy>(1);
   } else if (o.policy != "continuous") {
