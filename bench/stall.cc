@@ -273,13 +273,11 @@ std::int64_t CountParameters(const torch::nn::Module& m) {
   return n;
 }
 
-Workload MakeMlp(const Options& o) {
-  Workload w;
-  w.name = "mlp";
-  std::vector<std::int64_t> widths = {o.mlp_in};
-  for (std::int64_t i = 0; i < o.mlp_hidden; ++i) widths.push_back(o.mlp_width);
-  widths.push_back(o.mlp_in);
-  auto net = Mlp(widths, false);
+// Adam (lr 1e-4) over `net`, and a regression step on 4 precomputed random
+// batches of `shape` (inputs and targets alike): the MLP and the
+// transformer train the same way.
+template <typename Net>
+void TrainWithAdamOnRandomBatches(Workload& w, Net net, const std::vector<std::int64_t>& shape) {
   w.module = net.ptr();
   w.make_optimizer = [net]() -> std::unique_ptr<torch::optim::Optimizer> {
     return std::make_unique<torch::optim::Adam>(net->parameters(),
@@ -288,8 +286,8 @@ Workload MakeMlp(const Options& o) {
   w.optimizer = w.make_optimizer();
   std::vector<torch::Tensor> xs, ys;
   for (int b = 0; b < 4; ++b) {
-    xs.push_back(torch::randn({o.mlp_batch, o.mlp_in}));
-    ys.push_back(torch::randn({o.mlp_batch, o.mlp_in}));
+    xs.push_back(torch::randn(shape));
+    ys.push_back(torch::randn(shape));
   }
   auto* opt = w.optimizer.get();
   w.forward_backward = [net, xs, ys, opt](std::uint64_t step) mutable {
@@ -298,6 +296,15 @@ Workload MakeMlp(const Options& o) {
     torch::mse_loss(net->forward(xs[b]), ys[b]).backward();
   };
   w.parameters = CountParameters(*w.module);
+}
+
+Workload MakeMlp(const Options& o) {
+  Workload w;
+  w.name = "mlp";
+  std::vector<std::int64_t> widths = {o.mlp_in};
+  for (std::int64_t i = 0; i < o.mlp_hidden; ++i) widths.push_back(o.mlp_width);
+  widths.push_back(o.mlp_in);
+  TrainWithAdamOnRandomBatches(w, Mlp(widths, false), {o.mlp_batch, o.mlp_in});
   char d[160];
   std::snprintf(d, sizeof(d), "MLP %lld->%lldx%lld->%lld, batch %lld, Adam",
                 static_cast<long long>(o.mlp_in), static_cast<long long>(o.mlp_width),
@@ -331,25 +338,7 @@ TORCH_MODULE(Transformer);
 Workload MakeTransformer(const Options& o) {
   Workload w;
   w.name = "transformer";
-  Transformer net(o);
-  w.module = net.ptr();
-  w.make_optimizer = [net]() -> std::unique_ptr<torch::optim::Optimizer> {
-    return std::make_unique<torch::optim::Adam>(net->parameters(),
-                                                torch::optim::AdamOptions(1e-4));
-  };
-  w.optimizer = w.make_optimizer();
-  std::vector<torch::Tensor> xs, ys;
-  for (int b = 0; b < 4; ++b) {
-    xs.push_back(torch::randn({o.tf_seq, o.tf_batch, o.tf_dim}));
-    ys.push_back(torch::randn({o.tf_seq, o.tf_batch, o.tf_dim}));
-  }
-  auto* opt = w.optimizer.get();
-  w.forward_backward = [net, xs, ys, opt](std::uint64_t step) mutable {
-    opt->zero_grad();
-    const auto b = static_cast<std::size_t>(step % xs.size());
-    torch::mse_loss(net->forward(xs[b]), ys[b]).backward();
-  };
-  w.parameters = CountParameters(*w.module);
+  TrainWithAdamOnRandomBatches(w, Transformer(o), {o.tf_seq, o.tf_batch, o.tf_dim});
   char d[160];
   std::snprintf(d, sizeof(d), "transformer %lld blocks, d=%lld, %lld heads, seq %lld x batch %lld, Adam",
                 static_cast<long long>(o.tf_layers), static_cast<long long>(o.tf_dim),

@@ -31,16 +31,7 @@ void EncodePortable(const float* x, std::uint32_t n, EncodeParams p, float qmax,
 void Loss2Portable(const float* x, std::uint32_t n, EncodeParams a, EncodeParams b, float qmax,
                    float* loss_a, float* loss_b) {
   float lanes_a[16] = {}, lanes_b[16] = {};
-  for (std::uint32_t i = 0; i < n; ++i) {
-    const float qa = EncodeOne(x[i], a, qmax);
-    const float qb = EncodeOne(x[i], b, qmax);
-    const float da = x[i] - (qa * a.scale + a.bias);
-    const float db = x[i] - (qb * b.scale + b.bias);
-    lanes_a[i % 16] += da * da;
-    lanes_b[i % 16] += db * db;
-  }
-  *loss_a = ReduceLanes16(lanes_a);
-  *loss_b = ReduceLanes16(lanes_b);
+  FinishLoss2(x, 0, n, a, b, qmax, lanes_a, lanes_b, loss_a, loss_b);
 }
 
 constexpr Kernels kPortable = {Isa::kPortable, MinMaxPortable, EncodePortable, Loss2Portable,

@@ -139,16 +139,7 @@ PMSNAP_AVX2 void Loss2Avx2(const float* x, std::uint32_t n, EncodeParams a, Enco
   _mm256_store_ps(lanes_a + 8, acc_a_hi);
   _mm256_store_ps(lanes_b, acc_b_lo);
   _mm256_store_ps(lanes_b + 8, acc_b_hi);
-  for (; i < n; ++i) {
-    const float qa = EncodeOne(x[i], a, qmax);
-    const float qb = EncodeOne(x[i], b, qmax);
-    const float da = x[i] - (qa * a.scale + a.bias);
-    const float db = x[i] - (qb * b.scale + b.bias);
-    lanes_a[i % 16] += da * da;
-    lanes_b[i % 16] += db * db;
-  }
-  *loss_a = ReduceLanes16(lanes_a);
-  *loss_b = ReduceLanes16(lanes_b);
+  FinishLoss2(x, i, n, a, b, qmax, lanes_a, lanes_b, loss_a, loss_b);
 }
 
 // ------------------------------------------------------------- AVX-512 ----

@@ -10,7 +10,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,9 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "pmsnap/common/child_process.h"
 #include "testutil/temp_pool.h"
-
-extern char** environ;
 
 namespace {
 
@@ -38,56 +36,11 @@ constexpr std::uint64_t kSteps = 40;
 constexpr int kKillPoints = 24;
 
 // A running trainer with its stdout on a pipe.
-class Trainer {
- public:
-  explicit Trainer(const std::vector<std::string>& args) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    posix_spawn_file_actions_addclose(&actions, fds[1]);
-    std::vector<std::string> argv_strings = {PMSNAP_HOOKS_TRAINER};
-    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& s : argv_strings) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-  }
-  ~Trainer() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-    if (out_) fclose(out_);
-  }
-  bool started() const { return pid_ > 0 && out_ != nullptr; }
-  // Next line of the child's stdout without the newline; false at EOF.
-  bool ReadLine(std::string* line) {
-    char buffer[256];
-    if (!fgets(buffer, sizeof(buffer), out_)) return false;
-    *line = buffer;
-    if (!line->empty() && line->back() == '\n') line->pop_back();
-    return true;
-  }
-  void Kill() { kill(pid_, SIGKILL); }
-  // Exit status, or -signal if killed by one.
-  int Wait() {
-    int status = 0;
-    if (pid_ <= 0) return -1000;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-};
+pmsnap::ChildProcess Trainer(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {PMSNAP_HOOKS_TRAINER};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return pmsnap::ChildProcess(std::move(argv));
+}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -97,7 +50,7 @@ std::string ReadFile(const std::string& path) {
 // Runs a trainer to completion; returns its exit status and its last
 // "restored K" value in *restored.
 int RunToEnd(const std::vector<std::string>& args, std::uint64_t* restored = nullptr) {
-  Trainer trainer(args);
+  pmsnap::ChildProcess trainer = Trainer(args);
   if (!trainer.started()) return -1000;
   std::string line;
   while (trainer.ReadLine(&line)) {
@@ -160,7 +113,7 @@ TEST_F(ResumeTest, KilledAtRandomStepsResumesBitwiseEqualToUninterruptedRun) {
         "--out=" + out,       "--steps=" + std::to_string(kSteps)};
     std::uint64_t last_reported = 0;
     {
-      Trainer victim(args);
+      pmsnap::ChildProcess victim = Trainer(args);
       ASSERT_TRUE(victim.started());
       std::string line;
       while (victim.ReadLine(&line)) {

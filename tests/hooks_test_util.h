@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "pmsnap/hooks/optimizer_state.h"
+
 namespace pmsnap::testing {
 
 inline void UseOneTorchThread() { torch::set_num_threads(1); }
@@ -106,30 +108,11 @@ struct ParamStateView {
 };
 
 inline ParamStateView StateOf(torch::optim::Optimizer& optimizer, const torch::Tensor& p) {
-  namespace o = torch::optim;
+  const pmsnap::hooks::OptimizerStateView state = pmsnap::hooks::ViewOptimizerState(optimizer, p);
   ParamStateView view;
-  auto it = optimizer.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
-  if (it == optimizer.state().end()) return view;
-  auto add = [&](const torch::Tensor& t) {
-    if (t.defined()) view.tensors.push_back(t);
-  };
-  o::OptimizerParamState* state = it->second.get();
-  if (auto* s = dynamic_cast<o::SGDParamState*>(state)) {
-    add(s->momentum_buffer());
-    view.step = -1;
-  } else if (auto* s = dynamic_cast<o::AdamParamState*>(state)) {
-    add(s->exp_avg()), add(s->exp_avg_sq()), add(s->max_exp_avg_sq());
-    view.step = s->step();
-  } else if (auto* s = dynamic_cast<o::AdamWParamState*>(state)) {
-    add(s->exp_avg()), add(s->exp_avg_sq()), add(s->max_exp_avg_sq());
-    view.step = s->step();
-  } else if (auto* s = dynamic_cast<o::AdagradParamState*>(state)) {
-    add(s->sum());
-    view.step = s->step();
-  } else if (auto* s = dynamic_cast<o::RMSpropParamState*>(state)) {
-    add(s->square_avg()), add(s->momentum_buffer()), add(s->grad_avg());
-    view.step = s->step();
-  }
+  if (!state.present) return view;
+  view.tensors = state.tensors;
+  view.step = state.step;
   return view;
 }
 

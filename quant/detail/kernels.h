@@ -91,4 +91,23 @@ inline float EncodeOne(float x, const EncodeParams& p, float qmax) {
   return __builtin_nearbyintf(t);
 }
 
+// Squared errors of elements [from, n) under both candidates, added to the
+// 16 lane partial sums (element i into lane i % 16, the order every kernel
+// set shares), then each reduced: the portable set does all elements here,
+// the AVX2 set its tail after the vector loop.
+inline void FinishLoss2(const float* x, std::uint32_t from, std::uint32_t n, const EncodeParams& a,
+                        const EncodeParams& b, float qmax, float* lanes_a, float* lanes_b,
+                        float* loss_a, float* loss_b) {
+  for (std::uint32_t i = from; i < n; ++i) {
+    const float qa = EncodeOne(x[i], a, qmax);
+    const float qb = EncodeOne(x[i], b, qmax);
+    const float da = x[i] - (qa * a.scale + a.bias);
+    const float db = x[i] - (qb * b.scale + b.bias);
+    lanes_a[i % 16] += da * da;
+    lanes_b[i % 16] += db * db;
+  }
+  *loss_a = ReduceLanes16(lanes_a);
+  *loss_b = ReduceLanes16(lanes_b);
+}
+
 }  // namespace pmsnap::quant::detail

@@ -23,8 +23,6 @@
 // pure function of (seed, iteration), so a resumed run sees the same batches.
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -45,12 +43,11 @@
 #include <thread>
 #include <vector>
 
+#include "pmsnap/common/child_process.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/hooks/extra_state.h"
 #include "pmsnap/hooks/optimizer_state.h"
 #include "pmsnap/runtime/cuda_device.h"
-
-extern char** environ;
 
 namespace {
 
@@ -456,59 +453,14 @@ int RunChild(const Options& o) {
 
 // ---------------------------------------------------------------- parent
 
-// A child process with its stdout on a pipe.
-class Child {
- public:
-  Child(const std::string& role, const Options& o, const std::string& out,
-        const std::string& stats) {
-    std::vector<std::string> args = {"/proc/self/exe", "--role=" + role, "--out=" + out,
-                                     "--stats=" + stats};
-    for (auto& flag : ChildFlags(o)) args.push_back(flag);
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    posix_spawn_file_actions_addclose(&actions, fds[1]);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, "/proc/self/exe", &actions, nullptr, argv.data(), environ) != 0) {
-      pid_ = -1;
-    }
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-  }
-  ~Child() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-    if (out_) fclose(out_);
-  }
-  bool ok() const { return pid_ > 0 && out_; }
-  bool ReadLine(std::string* line) {
-    char buffer[512];
-    if (!fgets(buffer, sizeof(buffer), out_)) return false;
-    *line = buffer;
-    if (!line->empty() && line->back() == '\n') line->pop_back();
-    return true;
-  }
-  void Kill() { kill(pid_, SIGKILL); }
-  int Wait() {
-    int status = 0;
-    if (pid_ <= 0) return -1000;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-};
+// This program again in a child role, its stdout on a pipe.
+pmsnap::ChildProcess SpawnChild(const std::string& role, const Options& o, const std::string& out,
+                                const std::string& stats) {
+  std::vector<std::string> args = {"/proc/self/exe", "--role=" + role, "--out=" + out,
+                                   "--stats=" + stats};
+  for (auto& flag : ChildFlags(o)) args.push_back(flag);
+  return pmsnap::ChildProcess(std::move(args));
+}
 
 // One progress line, redrawn in place on a terminal, every 10% otherwise.
 class Progress {
@@ -576,8 +528,8 @@ int RunWithProgress(const std::string& role, const std::string& label, const Opt
                     const std::string& out, const std::string& stats, std::uint64_t kill_at = 0,
                     std::uint64_t* last_step = nullptr, std::uint64_t* restored = nullptr,
                     std::mt19937_64* rng = nullptr) {
-  Child child(role, o, out, stats);
-  if (!child.ok()) return -1000;
+  pmsnap::ChildProcess child = SpawnChild(role, o, out, stats);
+  if (!child.started()) return -1000;
   std::unique_ptr<Progress> progress;
   std::string line;
   while (child.ReadLine(&line)) {
