@@ -29,7 +29,7 @@ using detail::PoolHeader;
 using detail::PoolRoot;
 using detail::SlotRecordHeader;
 
-constexpr std::uint64_t AlignUpConst(std::uint64_t value, std::uint64_t alignment) {
+constexpr std::uint64_t AlignUp(std::uint64_t value, std::uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 // libpmemobj internals, sized generously: pool header, lanes, heap header.
@@ -54,8 +54,8 @@ constexpr std::uint64_t kAllocationHeaderBytes = 16;  // libpmemobj compact head
 // chunk-heap budget.
 std::uint64_t ChargedBytes(std::uint64_t bytes) {
   const std::uint64_t with_header = bytes + kAllocationHeaderBytes;
-  return with_header <= kSmallChunkMax ? AlignUpConst(with_header, kChunkUnitBytes)
-                                       : AlignUpConst(with_header, kPmemobjChunkBytes);
+  return with_header <= kSmallChunkMax ? AlignUp(with_header, kChunkUnitBytes)
+                                       : AlignUp(with_header, kPmemobjChunkBytes);
 }
 
 std::mutex g_warning_mutex;
@@ -70,10 +70,6 @@ void Warn(std::vector<std::string>* into, const std::string& message) {
   into->push_back(message);
   std::lock_guard<std::mutex> lock(g_warning_mutex);
   if (WarningSinkRef()) WarningSinkRef()(message);
-}
-
-std::uint64_t AlignUp(std::uint64_t value, std::uint64_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
 }
 
 std::uint64_t NowUnixNs() {
@@ -203,6 +199,7 @@ struct Pool::Impl {
   // Chunk heap mirror: chunk id -> info, rebuilt at open.
   mutable std::mutex chunk_mutex;  // guards chunks and the pmemobj chunk list
   std::unordered_map<std::uint64_t, ChunkInfo> chunks;
+  std::string chunk_list_problem;  // set at open if the list walk stopped early
 
   ~Impl() {
     if (pop != nullptr) pmemobj_close(pop);
@@ -556,20 +553,19 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   std::uint64_t offset = impl.root->chunks.head_offset;
   std::uint64_t prev = 0;
   while (offset != 0) {
-    if (!in_bounds(offset, sizeof(ChunkHeader)) || impl.chunks.size() > impl.root->chunks.count) {
-      Warn(&warnings_, where + ": chunk list is damaged at offset " + std::to_string(offset));
-      break;
-    }
-    const ChunkHeader& chunk = *impl.At<ChunkHeader>(offset);
-    if (chunk.magic != detail::kChunkMagic || chunk.prev_offset != prev ||
-        !in_bounds(offset + sizeof(ChunkHeader), chunk.bytes)) {
-      Warn(&warnings_, where + ": chunk list is damaged at offset " + std::to_string(offset));
+    const bool header_fits =
+        in_bounds(offset, sizeof(ChunkHeader)) && impl.chunks.size() <= impl.root->chunks.count;
+    const ChunkHeader* chunk = header_fits ? impl.At<ChunkHeader>(offset) : nullptr;
+    if (chunk == nullptr || chunk->magic != detail::kChunkMagic || chunk->prev_offset != prev ||
+        !in_bounds(offset + sizeof(ChunkHeader), chunk->bytes)) {
+      impl.chunk_list_problem = where + ": chunk list is damaged at offset " + std::to_string(offset);
+      Warn(&warnings_, impl.chunk_list_problem);
       break;
     }
     impl.chunks.emplace(offset,
-                        ChunkInfo{offset, chunk.epoch, chunk.tag, chunk.bytes, chunk.sealed == 1});
+                        ChunkInfo{offset, chunk->epoch, chunk->tag, chunk->bytes, chunk->sealed == 1});
     prev = offset;
-    offset = chunk.next_offset;
+    offset = chunk->next_offset;
   }
   return Status::Ok();
 }
@@ -1034,9 +1030,7 @@ VerifyReport Pool::Verify(bool deep) const {
       if (!payload.ok()) report.chunk_problems.push_back(payload.status().message());
     }
   }
-  for (const std::string& w : warnings_) {
-    if (w.find("chunk list is damaged") != std::string::npos) report.chunk_problems.push_back(w);
-  }
+  if (!impl_->chunk_list_problem.empty()) report.chunk_problems.push_back(impl_->chunk_list_problem);
   return report;
 }
 
