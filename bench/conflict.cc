@@ -33,7 +33,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace pmsnap;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 struct Workload {
   std::string name;
@@ -259,9 +261,12 @@ int main(int argc, char** argv) {
   std::string out = PMSNAP_BENCH_RESULTS_DIR;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--iters") iters = std::max(4, std::atoi(argv[i + 1]));
-    else if (flag == "--scale") scale = std::atof(argv[i + 1]);
-    else if (flag == "--out") out = argv[i + 1];
+    if (flag == "--iters")
+      iters = std::max(4, std::atoi(argv[i + 1]));
+    else if (flag == "--scale")
+      scale = std::atof(argv[i + 1]);
+    else if (flag == "--out")
+      out = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: pmsnap_bench_conflict [--iters N] [--scale S] [--out DIR]\n");
       return 2;
@@ -272,8 +277,11 @@ int main(int argc, char** argv) {
   const std::string pool_dir = env_dir ? env_dir : "/dev/shm";
   const std::vector<std::string> methods = {"1", "2", "3", "4", "adaptive"};
   std::vector<Cell> cells;
-  std::printf("bench/conflict on a SIMULATED device (GPU-like link and memory; no GPU used), "
-              "continuous checkpointing (a checkpoint at every step boundary where the previous one is durable), %d measured iterations per cell after two warm-up commits\n", iters);
+  std::printf(
+      "bench/conflict on a SIMULATED device (GPU-like link and memory; no GPU used), "
+      "continuous checkpointing (a checkpoint at every step boundary where the previous one is "
+      "durable), %d measured iterations per cell after two warm-up commits\n",
+      iters);
   for (const Workload& w : {Mlp(scale), Transformer(scale)}) {
     const std::uint64_t model_bytes = Model(w).bytes;
     std::printf("\n%s: %zu units, %.1f MB with Adam state\n", w.name.c_str(), w.weights.size(),
@@ -281,9 +289,8 @@ int main(int argc, char** argv) {
     std::printf("%-8s %-7s %-10s %12s %10s %9s %12s %9s\n", "GB/s", "memory", "method",
                 "stall ms/it", "iter ms", "commits", "peak extra", "conflicts");
     for (double gbps : {2.0, 12.0, 25.0}) {
-      for (const auto& [memory_name, memory] :
-           std::vector<std::pair<std::string, std::uint64_t>>{{"ample", 2 * model_bytes},
-                                                              {"10%", model_bytes / 10}}) {
+      for (const auto& [memory_name, memory] : std::vector<std::pair<std::string, std::uint64_t>>{
+               {"ample", 2 * model_bytes}, {"10%", model_bytes / 10}}) {
         auto print = [&](Cell cell, const std::string& method) {
           cell.workload = w.name;
           cell.method = method;
@@ -307,8 +314,8 @@ int main(int argc, char** argv) {
   // Targets: adaptive within 10% of the best fixed strategy (or within
   // 0.1 ms/it, below which differences are timer noise) and >= 5x less stall
   // than the model-grained snapshot.
-  std::printf("\n%-12s %-6s %-7s %12s %12s %10s %12s\n", "workload", "GB/s", "memory",
-              "adaptive", "best fixed", "vs best", "vs model");
+  std::printf("\n%-12s %-6s %-7s %12s %12s %10s %12s\n", "workload", "GB/s", "memory", "adaptive",
+              "best fixed", "vs best", "vs model");
   std::ofstream csv(out + "/conflict.csv");
   csv << "workload,bandwidth_gbps,memory,method,stall_ms_per_iter,iteration_ms,commits,"
          "peak_extra_bytes,conflicts,fallbacks\n";
@@ -330,8 +337,8 @@ int main(int argc, char** argv) {
     ++total;
     std::printf("%-12s %-6.0f %-7s %10.2f ms %10.2f ms %9.2fx %11.1fx %s\n",
                 adaptive.workload.c_str(), adaptive.bandwidth, adaptive.memory.c_str(),
-                adaptive.stall_ms_per_iter, best,
-                adaptive.stall_ms_per_iter / std::max(best, 1e-3), vs_model, ok ? "" : "MISSED");
+                adaptive.stall_ms_per_iter, best, adaptive.stall_ms_per_iter / std::max(best, 1e-3),
+                vs_model, ok ? "" : "MISSED");
   }
   csv.close();  // the plot script reads it next
   std::printf("\ntargets met in %d of %d cells; csv: %s/conflict.csv\n", met, total, out.c_str());

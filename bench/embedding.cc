@@ -30,7 +30,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace pmsnap;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // The 26 Criteo Kaggle sparse-feature cardinalities, largest first; tables
 // are capped at `cap` rows so the model fits in memory.
@@ -48,8 +50,8 @@ std::vector<std::uint64_t> Cardinalities(double scale) {
 struct Table {
   std::string name;
   std::uint64_t rows;
-  std::vector<float> weights;      // rows x dim
-  std::vector<float> accumulator;  // rows (Adagrad-like)
+  std::vector<float> weights;              // rows x dim
+  std::vector<float> accumulator;          // rows (Adagrad-like)
   std::vector<std::uint64_t> permutation;  // hot ranks -> row ids
   std::vector<double> cdf;                 // Zipf over ranks
 };
@@ -89,13 +91,18 @@ int main(int argc, char** argv) {
   std::string out = PMSNAP_BENCH_RESULTS_DIR;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--intervals") intervals = std::max(4, std::atoi(argv[i + 1]));
-    else if (flag == "--batches") batches = std::max(1, std::atoi(argv[i + 1]));
-    else if (flag == "--scale") scale = std::atof(argv[i + 1]);
-    else if (flag == "--out") out = argv[i + 1];
+    if (flag == "--intervals")
+      intervals = std::max(4, std::atoi(argv[i + 1]));
+    else if (flag == "--batches")
+      batches = std::max(1, std::atoi(argv[i + 1]));
+    else if (flag == "--scale")
+      scale = std::atof(argv[i + 1]);
+    else if (flag == "--out")
+      out = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: pmsnap_bench_embedding [--intervals N] [--batches B] "
-                           "[--scale S] [--out DIR]\n");
+      std::fprintf(stderr,
+                   "usage: pmsnap_bench_embedding [--intervals N] [--batches B] "
+                   "[--scale S] [--out DIR]\n");
       return 2;
     }
   }
@@ -105,10 +112,11 @@ int main(int argc, char** argv) {
   const std::vector<std::uint64_t> cardinalities = Cardinalities(scale);
   std::uint64_t total_rows = 0;
   for (auto r : cardinalities) total_rows += r;
-  std::printf("bench/embedding: %zu tables, %llu rows x %u dims (%.1f MB with accumulators), "
-              "%d intervals of %d batches x 1024 Zipf(1.05) lookups per table\n",
-              cardinalities.size(), static_cast<unsigned long long>(total_rows), kDim,
-              total_rows * (kDim + 1) * 4 / 1e6, intervals, batches);
+  std::printf(
+      "bench/embedding: %zu tables, %llu rows x %u dims (%.1f MB with accumulators), "
+      "%d intervals of %d batches x 1024 Zipf(1.05) lookups per table\n",
+      cardinalities.size(), static_cast<unsigned long long>(total_rows), kDim,
+      total_rows * (kDim + 1) * 4 / 1e6, intervals, batches);
 
   const std::vector<PolicyRun> runs = {
       {"full", diff::Policy::kFull},
@@ -147,9 +155,13 @@ int main(int argc, char** argv) {
     std::vector<runtime::UnitRegistration> units;
     for (Table& t : tables) {
       units.push_back({t.name,
-                       {{"weight", t.weights.data(), layout::DType::kFloat32,
+                       {{"weight",
+                         t.weights.data(),
+                         layout::DType::kFloat32,
                          {static_cast<std::int64_t>(t.rows), kDim}},
-                        {"accumulator", t.accumulator.data(), layout::DType::kFloat32,
+                        {"accumulator",
+                         t.accumulator.data(),
+                         layout::DType::kFloat32,
                          {static_cast<std::int64_t>(t.rows)}}},
                        true});
     }
@@ -163,7 +175,8 @@ int main(int argc, char** argv) {
     std::filesystem::remove(path);
     runtime::EngineOptions engine_options;
     engine_options.pool_path = path;
-    engine_options.policy = std::make_shared<runtime::EveryKPolicy>(static_cast<std::uint64_t>(batches));
+    engine_options.policy =
+        std::make_shared<runtime::EveryKPolicy>(static_cast<std::uint64_t>(batches));
     engine_options.encoder = checkpointer;
     engine_options.workers = 2;
     engine_options.verify_on_open = false;
@@ -184,7 +197,8 @@ int main(int argc, char** argv) {
     summary.label = run.label;
     std::printf("%-18s", run.label.c_str());
     std::fflush(stdout);
-    std::vector<std::vector<std::int64_t>> batch_ids(tables.size(), std::vector<std::int64_t>(1024));
+    std::vector<std::vector<std::int64_t>> batch_ids(tables.size(),
+                                                     std::vector<std::int64_t>(1024));
     std::uint64_t step = 0;
     for (int interval = 1; interval <= intervals; ++interval) {
       for (int b = 0; b < batches; ++b) {
@@ -208,7 +222,8 @@ int main(int argc, char** argv) {
           for (std::int64_t r : batch_ids[t]) {
             table.accumulator[r] += 0.01f;
             for (std::uint32_t d = 0; d < kDim; ++d) {
-              table.weights[r * kDim + d] -= 0.001f * static_cast<float>(d % 3) / table.accumulator[r];
+              table.weights[r * kDim + d] -=
+                  0.001f * static_cast<float>(d % 3) / table.accumulator[r];
             }
           }
           if (!(*engine)->AfterUpdate(static_cast<std::uint32_t>(t)).ok()) return 1;
@@ -268,8 +283,8 @@ int main(int argc, char** argv) {
   const Summary& full = find("full");
   const Summary& naive = find("incremental");
   const Summary& one_shot = find("one-shot");
-  std::printf("\n%-18s %12s %9s %12s %10s %12s %12s %10s\n", "policy", "MB/interval",
-              "vs full", "capacity MB", "vs 1-shot", "build ms", "recover ms", "vs naive");
+  std::printf("\n%-18s %12s %9s %12s %10s %12s %12s %10s\n", "policy", "MB/interval", "vs full",
+              "capacity MB", "vs 1-shot", "build ms", "recover ms", "vs naive");
   for (const Summary& s : summaries) {
     std::printf("%-18s %12.2f %8.1fx %12.1f %9.2fx %12.1f %12.1f %9.2fx\n", s.label.c_str(),
                 s.mean_bytes / 1e6, full.mean_bytes / s.mean_bytes, s.final_capacity / 1e6,
@@ -281,13 +296,15 @@ int main(int argc, char** argv) {
   const Summary& incrcp = find("incrcp-2d");
   const double bytes_ratio = full.mean_bytes / diff4.mean_bytes;
   const double recovery_ratio = naive.mean_recovery_ms / incrcp.mean_recovery_ms;
-  const double capacity_ratio = static_cast<double>(incrcp.final_capacity) / one_shot.final_capacity;
-  std::printf("\ntargets: differential+4bit writes %.1fx fewer bytes than full (>= 6x: %s); "
-              "2-D list recovers %.2fx faster than naive incremental (>= 4x: %s) with %.2fx the "
-              "capacity of one-shot differential (<= 0.5x: %s)\n",
-              bytes_ratio, bytes_ratio >= 6 ? "met" : "MISSED", recovery_ratio,
-              recovery_ratio >= 4 ? "met" : "MISSED", capacity_ratio,
-              capacity_ratio <= 0.5 ? "met" : "MISSED");
+  const double capacity_ratio =
+      static_cast<double>(incrcp.final_capacity) / one_shot.final_capacity;
+  std::printf(
+      "\ntargets: differential+4bit writes %.1fx fewer bytes than full (>= 6x: %s); "
+      "2-D list recovers %.2fx faster than naive incremental (>= 4x: %s) with %.2fx the "
+      "capacity of one-shot differential (<= 0.5x: %s)\n",
+      bytes_ratio, bytes_ratio >= 6 ? "met" : "MISSED", recovery_ratio,
+      recovery_ratio >= 4 ? "met" : "MISSED", capacity_ratio,
+      capacity_ratio <= 0.5 ? "met" : "MISSED");
 
   std::ofstream csv(out + "/embedding_intervals.csv");
   csv << "policy,interval,bytes,capacity_bytes,construction_ms,full\n";
@@ -306,8 +323,8 @@ int main(int argc, char** argv) {
   rec.close();
   std::printf("csv: %s/embedding_intervals.csv, %s/embedding_recovery.csv\n", out.c_str(),
               out.c_str());
-  const std::string plot = std::string("/usr/bin/python3 ") + PMSNAP_BENCH_SOURCE_DIR +
-                           "/embedding_plot.py " + out;
+  const std::string plot =
+      std::string("/usr/bin/python3 ") + PMSNAP_BENCH_SOURCE_DIR + "/embedding_plot.py " + out;
   if (std::system(plot.c_str()) == 0) std::printf("plot: %s/embedding.png\n", out.c_str());
   return 0;
 }

@@ -49,11 +49,16 @@ Args ParseArgs(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--mib") args.mib = std::stoull(next());
-    else if (a == "--part-kib") args.part_kib = std::stoull(next());
-    else if (a == "--reps") args.reps = std::stoi(next());
-    else if (a == "--dir") args.dir = next();
-    else if (a == "--out") args.out = next();
+    if (a == "--mib")
+      args.mib = std::stoull(next());
+    else if (a == "--part-kib")
+      args.part_kib = std::stoull(next());
+    else if (a == "--reps")
+      args.reps = std::stoi(next());
+    else if (a == "--dir")
+      args.dir = next();
+    else if (a == "--out")
+      args.out = next();
     else {
       std::cerr << "usage: pmsnap_bench_pool_write [--mib N] [--part-kib K] [--reps R] [--dir D] "
                    "[--out CSV]\n";
@@ -95,10 +100,10 @@ int main(int argc, char** argv) {
   const std::uint64_t units = std::max<std::uint64_t>(1, total / kUnitBytes);
   Manifest manifest;
   for (std::uint64_t u = 0; u < units; ++u) {
-    manifest.units.push_back({"unit" + std::to_string(u),
-                              {{"param", pmsnap::layout::DType::kFloat32,
-                                {static_cast<std::int64_t>(kUnitBytes / 4)}}},
-                              0});
+    manifest.units.push_back(
+        {"unit" + std::to_string(u),
+         {{"param", pmsnap::layout::DType::kFloat32, {static_cast<std::int64_t>(kUnitBytes / 4)}}},
+         0});
   }
   const std::uint64_t bytes = units * kUnitBytes;
   std::vector<std::byte> source(bytes);
@@ -159,10 +164,11 @@ int main(int argc, char** argv) {
   write_epoch(2);
   write_plain(2);
 
-  std::printf("pool_write: %.0f MiB in %llu units, parts of %llu KiB, %s (is_pmem=%d), slot %llu B\n",
-              bytes / 1048576.0, static_cast<unsigned long long>(units),
-              static_cast<unsigned long long>(args.part_kib), args.dir.c_str(), is_pmem,
-              static_cast<unsigned long long>(layout.slot_bytes));
+  std::printf(
+      "pool_write: %.0f MiB in %llu units, parts of %llu KiB, %s (is_pmem=%d), slot %llu B\n",
+      bytes / 1048576.0, static_cast<unsigned long long>(units),
+      static_cast<unsigned long long>(args.part_kib), args.dir.c_str(), is_pmem,
+      static_cast<unsigned long long>(layout.slot_bytes));
   std::printf("%-8s %14s %14s %8s\n", "threads", "pool GB/s", "plain GB/s", "ratio");
   std::ofstream csv(args.out);
   csv << "threads,bytes,pool_seconds,plain_seconds,pool_gbps,plain_gbps,ratio\n";

@@ -14,6 +14,8 @@
 // asymmetric 8-bit >= 4.5 GB/s at dim 64; adaptive 4-bit (45 bins) at most
 // 25x slower than asymmetric 4-bit and never a higher mean l2 than PyTorch's
 // optimized_qparams=True at the same bit width.
+#include "pmsnap/quant/quant.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,7 +29,6 @@
 #include <vector>
 
 #include "pmsnap/quant/param_search.h"
-#include "pmsnap/quant/quant.h"
 #include "quant_test_tables.h"
 
 #ifdef PMSNAP_BENCH_WITH_TORCH
@@ -45,8 +46,8 @@ using testing::RowShape;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  std::uint64_t bytes = 64ull << 20;       // fp32 input per fast-method run
-  std::uint64_t error_rows = 20000;        // rows for the error table
+  std::uint64_t bytes = 64ull << 20;  // fp32 input per fast-method run
+  std::uint64_t error_rows = 20000;   // rows for the error table
   int reps = 3;
   bool targets_only = false;  // --targets: only the target figures, interleaved
   std::string out_dir = PMSNAP_BENCH_RESULTS_DIR;
@@ -63,16 +64,26 @@ Args ParseArgs(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (arg == "--mib") a.bytes = std::strtoull(next(), nullptr, 10) << 20;
-    else if (arg == "--error-rows") a.error_rows = std::strtoull(next(), nullptr, 10);
-    else if (arg == "--reps") a.reps = std::atoi(next());
-    else if (arg == "--out-dir") a.out_dir = next();
-    else if (arg == "--quick") { a.bytes = 8ull << 20; a.error_rows = 4000; a.reps = 2; }
-    else if (arg == "--targets") { a.targets_only = true; a.reps = 5; }
-    else {
-      std::fprintf(stderr,
-                   "usage: %s [--mib N] [--error-rows N] [--reps R] [--out-dir DIR] [--quick] [--targets]\n",
-                   argv[0]);
+    if (arg == "--mib")
+      a.bytes = std::strtoull(next(), nullptr, 10) << 20;
+    else if (arg == "--error-rows")
+      a.error_rows = std::strtoull(next(), nullptr, 10);
+    else if (arg == "--reps")
+      a.reps = std::atoi(next());
+    else if (arg == "--out-dir")
+      a.out_dir = next();
+    else if (arg == "--quick") {
+      a.bytes = 8ull << 20;
+      a.error_rows = 4000;
+      a.reps = 2;
+    } else if (arg == "--targets") {
+      a.targets_only = true;
+      a.reps = 5;
+    } else {
+      std::fprintf(
+          stderr,
+          "usage: %s [--mib N] [--error-rows N] [--reps R] [--out-dir DIR] [--quick] [--targets]\n",
+          argv[0]);
       std::exit(2);
     }
   }
@@ -176,7 +187,6 @@ struct ErrorRow {
   double mean_l2;
 };
 
-
 // --targets: the target figures only. Every rep times each contender
 // once, in turn, so a noisy neighbour slows all of them alike; best of reps.
 int RunTargets(const Args& args) {
@@ -234,10 +244,12 @@ int RunTargets(const Args& args) {
         }
       }
       std::map<std::string, double> g;
-      for (const Contender& c : cs) g[c.name] = static_cast<double>(c.t->values.size() * 4) / c.best / 1e9;
-      std::printf("  %-6s dim %3u: asym8 %.2f GB/s, asym4 %.2f, adaptive45-4bit %.4f (%.1fx slower)",
-                  tname.c_str(), dim, g["asym8"], g["asym4"], g["adaptive45_4"],
-                  g["asym4"] / g["adaptive45_4"]);
+      for (const Contender& c : cs)
+        g[c.name] = static_cast<double>(c.t->values.size() * 4) / c.best / 1e9;
+      std::printf(
+          "  %-6s dim %3u: asym8 %.2f GB/s, asym4 %.2f, adaptive45-4bit %.4f (%.1fx slower)",
+          tname.c_str(), dim, g["asym8"], g["asym4"], g["adaptive45_4"],
+          g["asym4"] / g["adaptive45_4"]);
 #ifdef PMSNAP_BENCH_WITH_TORCH
       std::printf("; torch8 %.2f (%.2fx), torch4 %.2f (%.2fx)", g["torch8"],
                   g["asym8"] / g["torch8"], g["torch4"], g["asym4"] / g["torch4"]);
@@ -252,8 +264,9 @@ int RunTargets(const Args& args) {
         auto l2 = q.ok() ? MeanL2Error(et.view(), q->view()) : pmsnap::Result<double>(q.status());
         const double e = l2.ok() ? *l2 : NAN;
         const double te = TorchMeanL2(et, bits, true);
-        std::printf("           %d-bit mean l2: adaptive-45 %.5f vs torch optimized %.5f (%+.2f%%)\n",
-                    bits, e, te, 100.0 * (e / te - 1.0));
+        std::printf(
+            "           %d-bit mean l2: adaptive-45 %.5f vs torch optimized %.5f (%+.2f%%)\n", bits,
+            e, te, 100.0 * (e / te - 1.0));
       }
 #endif
     }
@@ -403,15 +416,19 @@ int main(int argc, char** argv) {
             const OwnedTable sub = Head(table, rows / 16);
             o.max_threads = 1;
             std::vector<std::uint8_t> out(SpecFor(o, dim, sub.rows).payload_bytes());
-            record("adaptive_auto", IsaName(DetectIsa()), bits, sub, TimeBest(args.reps, [&] {
-                     if (!QuantizeInto(sub.view(), o, out).ok()) std::abort();
-                   }), note);
+            record("adaptive_auto", IsaName(DetectIsa()), bits, sub,
+                   TimeBest(args.reps,
+                            [&] {
+                              if (!QuantizeInto(sub.view(), o, out).ok()) std::abort();
+                            }),
+                   note);
           }
         }
 #ifdef PMSNAP_BENCH_WITH_TORCH
         if (bits == 8) add("torch_byte_prepack", TorchMeanL2(et, 8, false), "fp32");
         if (bits == 4 || bits == 2) {
-          add(bits == 4 ? "torch_4bit_prepack" : "torch_2bit_prepack", TorchMeanL2(et, bits, false));
+          add(bits == 4 ? "torch_4bit_prepack" : "torch_2bit_prepack",
+              TorchMeanL2(et, bits, false));
           add(bits == 4 ? "torch_4bit_prepack_optimized" : "torch_2bit_prepack_optimized",
               TorchMeanL2(et, bits, true), "fp16 nbins=200 ratio=0.16");
         }
@@ -437,8 +454,10 @@ int main(int argc, char** argv) {
       for (const std::string& m : order) {
         std::printf("  %-30s", m.c_str());
         for (int bits : {2, 3, 4, 8}) {
-          if (table[m].count(bits)) std::printf(" %10.5f", table[m][bits]);
-          else std::printf(" %10s", "-");
+          if (table[m].count(bits))
+            std::printf(" %10.5f", table[m][bits]);
+          else
+            std::printf(" %10s", "-");
         }
         std::printf("\n");
       }
@@ -449,14 +468,16 @@ int main(int argc, char** argv) {
   auto gbps = [&](const std::string& tname, std::uint32_t dim, const std::string& method,
                   const std::string& impl, int bits) {
     for (const ThroughputRow& r : tput) {
-      if (r.table == tname && r.dim == dim && r.method == method && r.impl == impl && r.bits == bits)
+      if (r.table == tname && r.dim == dim && r.method == method && r.impl == impl &&
+          r.bits == bits)
         return r.gbps;
     }
     return static_cast<double>(NAN);
   };
   auto err = [&](const std::string& tname, std::uint32_t dim, const std::string& method, int bits) {
     for (const ErrorRow& r : errors) {
-      if (r.table == tname && r.dim == dim && r.method == method && r.bits == bits) return r.mean_l2;
+      if (r.table == tname && r.dim == dim && r.method == method && r.bits == bits)
+        return r.mean_l2;
     }
     return static_cast<double>(NAN);
   };
@@ -482,10 +503,11 @@ int main(int argc, char** argv) {
           const double ours = err(tname, dim, "adaptive_b45_r1.0", bits);
           const double theirs = err(tname, dim, tm, bits);
           const double same = err(tname, dim, "adaptive_b200_r0.16", bits);
-          std::printf("           %d-bit mean l2: adaptive-45 %.5f vs torch optimized %.5f (%s);"
-                      " ours at torch's 200 bins/0.16: %.5f (%s)\n",
-                      bits, ours, theirs, ours <= theirs ? "meets" : "MISSES", same,
-                      same <= theirs ? "<= torch" : "> torch");
+          std::printf(
+              "           %d-bit mean l2: adaptive-45 %.5f vs torch optimized %.5f (%s);"
+              " ours at torch's 200 bins/0.16: %.5f (%s)\n",
+              bits, ours, theirs, ours <= theirs ? "meets" : "MISSES", same,
+              same <= theirs ? "<= torch" : "> torch");
         }
       }
     }

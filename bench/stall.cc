@@ -67,7 +67,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace pmsnap;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 constexpr double kOverheadBudget = 0.035;  // the 3.5%
 
@@ -82,24 +84,23 @@ struct Options {
   // Transformer encoder stack, Adam.
   std::int64_t tf_dim = 512, tf_layers = 4, tf_heads = 8, tf_seq = 64, tf_batch = 8;
   // DLRM-like, Adagrad.
-  std::int64_t dlrm_tables = 8, dlrm_rows = 100000, dlrm_dim = 32, dlrm_batch = 256,
-               dlrm_bag = 8;
+  std::int64_t dlrm_tables = 8, dlrm_rows = 100000, dlrm_dim = 32, dlrm_batch = 256, dlrm_bag = 8;
   int iters = 4;    // measured iterations per trial (at least)
   int warmup = 1;   // unmeasured iterations per trial (first touch of pools/buffers)
   int repeats = 2;  // rounds; methods interleaved within a round
   // Iteration-count budget per trial for small models: iterations are scaled
   // up so a trial lasts about this long.
   double trial_seconds = 1.5;
-  std::uint64_t k = 4;                   // interval of torch-save-kK
+  std::uint64_t k = 4;                     // interval of torch-save-kK
   std::vector<std::uint64_t> sweep = {2};  // extra pmsnap-adaptive-kK trials
-  int threads = 1;                       // torch intra-op threads (training)
-  int workers = 1;                       // checkpoint worker threads (all methods)
-  std::uint64_t part_mib = 4;            // pmsnap part size
+  int threads = 1;                         // torch intra-op threads (training)
+  int workers = 1;                         // checkpoint worker threads (all methods)
+  std::uint64_t part_mib = 4;              // pmsnap part size
   double sim_gbps = 12.0;
-  double sim_memory_fraction = 0.25;     // simulated device memory / checkpoint bytes
+  double sim_memory_fraction = 0.25;  // simulated device memory / checkpoint bytes
   std::string out = PMSNAP_BENCH_RESULTS_DIR;
-  std::string tag = "stall";             // output file prefix
-  std::string dir;                       // pools and files; default $PMSNAP_POOL_DIR or /dev/shm
+  std::string tag = "stall";  // output file prefix
+  std::string dir;            // pools and files; default $PMSNAP_POOL_DIR or /dev/shm
   bool plot = true;
 };
 
@@ -232,8 +233,8 @@ struct DlrmImpl : torch::nn::Module {
               torch::nn::EmbeddingBagOptions(o.dlrm_rows, o.dlrm_dim).mode(torch::kSum))));
     }
     const std::int64_t features = o.dlrm_tables + 1;
-    top = register_module("top", Mlp({o.dlrm_dim + features * (features - 1) / 2, 256, 64, 1},
-                                     false));
+    top = register_module("top",
+                          Mlp({o.dlrm_dim + features * (features - 1) / 2, 256, 64, 1}, false));
     auto index = torch::triu_indices(features, features, 1);
     pair_rows = index[0];
     pair_cols = index[1];
@@ -280,8 +281,7 @@ template <typename Net>
 void TrainWithAdamOnRandomBatches(Workload& w, Net net, const std::vector<std::int64_t>& shape) {
   w.module = net.ptr();
   w.make_optimizer = [net]() -> std::unique_ptr<torch::optim::Optimizer> {
-    return std::make_unique<torch::optim::Adam>(net->parameters(),
-                                                torch::optim::AdamOptions(1e-4));
+    return std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-4));
   };
   w.optimizer = w.make_optimizer();
   std::vector<torch::Tensor> xs, ys;
@@ -317,12 +317,12 @@ Workload MakeMlp(const Options& o) {
 struct TransformerImpl : torch::nn::Module {
   TransformerImpl(const Options& o) {
     for (std::int64_t l = 0; l < o.tf_layers; ++l) {
-      layers.push_back(register_module(
-          "block" + std::to_string(l),
-          torch::nn::TransformerEncoderLayer(torch::nn::TransformerEncoderLayerOptions(
-                                                 o.tf_dim, o.tf_heads)
-                                                 .dim_feedforward(4 * o.tf_dim)
-                                                 .dropout(0.0))));
+      layers.push_back(
+          register_module("block" + std::to_string(l),
+                          torch::nn::TransformerEncoderLayer(
+                              torch::nn::TransformerEncoderLayerOptions(o.tf_dim, o.tf_heads)
+                                  .dim_feedforward(4 * o.tf_dim)
+                                  .dropout(0.0))));
     }
     head = register_module("head", torch::nn::Linear(o.tf_dim, o.tf_dim));
   }
@@ -340,7 +340,8 @@ Workload MakeTransformer(const Options& o) {
   w.name = "transformer";
   TrainWithAdamOnRandomBatches(w, Transformer(o), {o.tf_seq, o.tf_batch, o.tf_dim});
   char d[160];
-  std::snprintf(d, sizeof(d), "transformer %lld blocks, d=%lld, %lld heads, seq %lld x batch %lld, Adam",
+  std::snprintf(d, sizeof(d),
+                "transformer %lld blocks, d=%lld, %lld heads, seq %lld x batch %lld, Adam",
                 static_cast<long long>(o.tf_layers), static_cast<long long>(o.tf_dim),
                 static_cast<long long>(o.tf_heads), static_cast<long long>(o.tf_seq),
                 static_cast<long long>(o.tf_batch));
@@ -383,8 +384,9 @@ Workload MakeDlrm(const Options& o) {
       for (std::int64_t i = 0; i < o.dlrm_batch * o.dlrm_bag; ++i) {
         const auto rank = static_cast<std::uint64_t>(
             std::lower_bound(cdf.begin(), cdf.end(), uniform(rng)) - cdf.begin());
-        p[i] = static_cast<std::int64_t>((rank * 2654435761ull + static_cast<std::uint64_t>(t) * 97) %
-                                         static_cast<std::uint64_t>(o.dlrm_rows));
+        p[i] =
+            static_cast<std::int64_t>((rank * 2654435761ull + static_cast<std::uint64_t>(t) * 97) %
+                                      static_cast<std::uint64_t>(o.dlrm_rows));
       }
       batch.ids.push_back(ids);
     }
@@ -668,8 +670,8 @@ class CheckFreq final : public Method {
     in.device_free_bytes = 0;
     in.have_profile = true;
     bool gpu = false;
-    k_ = std::max<std::uint64_t>(1, runtime::CheckFreqPolicy::ComputeInterval(in, kOverheadBudget,
-                                                                                &gpu));
+    k_ = std::max<std::uint64_t>(
+        1, runtime::CheckFreqPolicy::ComputeInterval(in, kOverheadBudget, &gpu));
   }
   void Persister() {
     std::unique_lock lock(mutex_);
@@ -906,12 +908,11 @@ class Pmsnap final : public Method {
     for (const auto& u : last_.units)
       for (int i = 1; i <= 4; ++i) counts[i] += u.strategy_counts[i];
     char b[160];
-    std::snprintf(b, sizeof(b), "choices s1/s2/s3/s4 %llu/%llu/%llu/%llu, fallbacks %llu",
-                  static_cast<unsigned long long>(counts[1]),
-                  static_cast<unsigned long long>(counts[2]),
-                  static_cast<unsigned long long>(counts[3]),
-                  static_cast<unsigned long long>(counts[4]),
-                  static_cast<unsigned long long>(last_.in_device_fallbacks));
+    std::snprintf(
+        b, sizeof(b), "choices s1/s2/s3/s4 %llu/%llu/%llu/%llu, fallbacks %llu",
+        static_cast<unsigned long long>(counts[1]), static_cast<unsigned long long>(counts[2]),
+        static_cast<unsigned long long>(counts[3]), static_cast<unsigned long long>(counts[4]),
+        static_cast<unsigned long long>(last_.in_device_fallbacks));
     return b;
   }
 
@@ -925,10 +926,10 @@ class Pmsnap final : public Method {
 
 struct MethodSpec {
   std::string name;
-  int family = 1;             // the method number
-  std::string strategy;       // pmsnap
-  bool continuous = false;    // pmsnap
-  std::uint64_t k = 1;        // 0: CheckFreq Algorithm 1
+  int family = 1;           // the method number
+  std::string strategy;     // pmsnap
+  bool continuous = false;  // pmsnap
+  std::uint64_t k = 1;      // 0: CheckFreq Algorithm 1
 };
 
 std::vector<MethodSpec> AllMethods(const Options& o) {
@@ -1083,7 +1084,8 @@ struct RestoreRow {
 
 // ---------------------------------------------------------------- output
 
-void WriteCsv(const Options& o, const std::vector<Row>& rows, const std::vector<RestoreRow>& restores,
+void WriteCsv(const Options& o, const std::vector<Row>& rows,
+              const std::vector<RestoreRow>& restores,
               const std::vector<std::string>& trial_lines) {
   std::filesystem::create_directories(o.out);
   std::ofstream csv(o.out + "/" + o.tag + ".csv");
@@ -1093,8 +1095,8 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows, const std::vector<
          "conflicts,cost_per_checkpoint_ms,k_under_3.5pct,rounds,note\n";
   for (const auto& r : rows) {
     const double n = 1e3;
-    csv << r.workload << "," << r.device << "," << r.method << "," << r.family << ","
-        << r.median_ms << "," << r.p99_ms << "," << r.mean_ms << "," << r.overhead_pct << ","
+    csv << r.workload << "," << r.device << "," << r.method << "," << r.family << "," << r.median_ms
+        << "," << r.p99_ms << "," << r.mean_ms << "," << r.overhead_pct << ","
         << r.stall_per_iter.total() * n << "," << r.stall_per_iter.conflict * n << ","
         << r.stall_per_iter.boundary * n << "," << r.stall_per_iter.copy * n << ","
         << r.stall_per_iter.save * n << "," << r.stall_per_iter.hook * n << ","
@@ -1131,9 +1133,8 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
   if (device_name == "simulated") {
     char b[64];
     std::snprintf(b, sizeof(b), "simulated:%g:%llu", o.sim_gbps,
-                  static_cast<unsigned long long>(
-                      std::max(1.0, o.sim_memory_fraction * static_cast<double>(state_bytes) /
-                                        (1 << 20))));
+                  static_cast<unsigned long long>(std::max(
+                      1.0, o.sim_memory_fraction * static_cast<double>(state_bytes) / (1 << 20))));
     spec = b;
   }
   std::string note;
@@ -1144,8 +1145,8 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
   }
   std::unique_ptr<runtime::Device> device = std::move(made).value();
   const std::string label = device_name == "simulated" ? "simulated" : "host";
-  const std::string dir = o.dir + "/pmsnap-bench-stall-" + std::to_string(getpid()) + "/" + w.name +
-                          "-" + label;
+  const std::string dir =
+      o.dir + "/pmsnap-bench-stall-" + std::to_string(getpid()) + "/" + w.name + "-" + label;
   std::filesystem::create_directories(dir);
 
   // Time one iteration to size trials of small models.
@@ -1157,12 +1158,12 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
   const double it = Since(t) / 2;
   const int iterations =
       std::max(o.iters, static_cast<int>(std::min(200.0, o.trial_seconds / std::max(it, 1e-4))));
-  std::printf("\n== %s on %s%s: %lld parameters, %.1f MB checkpoint state, ~%.1f ms/iteration, "
-              "%d measured iterations x %d round(s)\n",
-              w.name.c_str(), device->name().c_str(),
-              device_name == "simulated" ? " [SIMULATED device]" : "",
-              static_cast<long long>(w.parameters), static_cast<double>(state_bytes) / 1e6,
-              it * 1e3, iterations, o.repeats);
+  std::printf(
+      "\n== %s on %s%s: %lld parameters, %.1f MB checkpoint state, ~%.1f ms/iteration, "
+      "%d measured iterations x %d round(s)\n",
+      w.name.c_str(), device->name().c_str(),
+      device_name == "simulated" ? " [SIMULATED device]" : "", static_cast<long long>(w.parameters),
+      static_cast<double>(state_bytes) / 1e6, it * 1e3, iterations, o.repeats);
   std::fflush(stdout);
 
   Context c{o, w, *device, label, dir, iterations};
@@ -1177,12 +1178,13 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
       Trial trial = RunTrial(c, m, keep);
       const double mean = Mean(trial.iteration_seconds);
       if (trial.ok) {
-        std::printf("  [%s/%s] round %d/%d %-22s median %8.1f ms  mean %8.1f ms  stall %7.2f ms/it"
-                    "  %3llu ckpt  %s\n",
-                    w.name.c_str(), label.c_str(), r + 1, o.repeats, m.name.c_str(),
-                    Median(trial.iteration_seconds) * 1e3, mean * 1e3,
-                    trial.counters.stall.total() / iterations * 1e3,
-                    static_cast<unsigned long long>(trial.counters.commits), trial.note.c_str());
+        std::printf(
+            "  [%s/%s] round %d/%d %-22s median %8.1f ms  mean %8.1f ms  stall %7.2f ms/it"
+            "  %3llu ckpt  %s\n",
+            w.name.c_str(), label.c_str(), r + 1, o.repeats, m.name.c_str(),
+            Median(trial.iteration_seconds) * 1e3, mean * 1e3,
+            trial.counters.stall.total() / iterations * 1e3,
+            static_cast<unsigned long long>(trial.counters.commits), trial.note.c_str());
         for (std::size_t i = 0; i < trial.iteration_seconds.size(); ++i) {
           char line[256];
           std::snprintf(line, sizeof(line), "%s,%s,%s,%d,%zu,%.6f", w.name.c_str(), label.c_str(),
@@ -1233,8 +1235,7 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
       if (t.counters.commits > 0) {
         per_ckpt.push_back(t.counters.stall.total() / static_cast<double>(t.counters.commits));
         ipc.push_back(n / static_cast<double>(t.counters.commits));
-        if (base > 0)
-          cost.push_back((mean - base) * n / static_cast<double>(t.counters.commits));
+        if (base > 0) cost.push_back((mean - base) * n / static_cast<double>(t.counters.commits));
       }
       row.note = t.note;
     }
@@ -1308,39 +1309,44 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
         restore_s.push_back(done);
       }
       if (open_s.empty()) continue;
-      RestoreRow rr{w.name, label, verify ? "pmsnap-verify" : "pmsnap-noverify",
-                    Median(open_s) * 1e3, Median(restore_s) * 1e3, 0, bytes};
+      RestoreRow rr{w.name,
+                    label,
+                    verify ? "pmsnap-verify" : "pmsnap-noverify",
+                    Median(open_s) * 1e3,
+                    Median(restore_s) * 1e3,
+                    0,
+                    bytes};
       rr.total_ms = rr.open_ms + rr.restore_ms;
       results->restores.push_back(rr);
     }
   }
   if (std::filesystem::exists(file)) try {
-    std::vector<double> load_s;
-    std::vector<torch::Tensor> staging;
-    for (int r = 0; r < restore_rounds; ++r) {
-      auto fresh = w.make_optimizer();
-      const auto t0 = Clock::now();
-      LoadFull(*w.module, *fresh, file);
-      if (device->kind() != runtime::DeviceKind::kHost) {
-        // The loaded state still has to cross the link into device memory.
-        std::vector<torch::Tensor> live;
-        for (const auto& p : w.module->parameters()) {
-          live.push_back(p);
-          for (const auto& t : hooks::ViewOptimizerState(*fresh, p).tensors) live.push_back(t);
+      std::vector<double> load_s;
+      std::vector<torch::Tensor> staging;
+      for (int r = 0; r < restore_rounds; ++r) {
+        auto fresh = w.make_optimizer();
+        const auto t0 = Clock::now();
+        LoadFull(*w.module, *fresh, file);
+        if (device->kind() != runtime::DeviceKind::kHost) {
+          // The loaded state still has to cross the link into device memory.
+          std::vector<torch::Tensor> live;
+          for (const auto& p : w.module->parameters()) {
+            live.push_back(p);
+            for (const auto& t : hooks::ViewOptimizerState(*fresh, p).tensors) live.push_back(t);
+          }
+          if (staging.empty()) staging = Staging(live);
+          for (std::size_t i = 0; i < live.size(); ++i)
+            (void)device->CopyFromHost(
+                staging[i].data_ptr(), live[i].data_ptr(),
+                static_cast<std::size_t>(live[i].numel() * live[i].element_size()));
         }
-        if (staging.empty()) staging = Staging(live);
-        for (std::size_t i = 0; i < live.size(); ++i)
-          (void)device->CopyFromHost(staging[i].data_ptr(), live[i].data_ptr(),
-                                     static_cast<std::size_t>(live[i].numel() * live[i].element_size()));
+        load_s.push_back(Since(t0));
       }
-      load_s.push_back(Since(t0));
+      results->restores.push_back({w.name, label, "torch-load", 0, Median(load_s) * 1e3,
+                                   Median(load_s) * 1e3, FileBytes(file)});
+    } catch (const std::exception& e) {
+      std::printf("  torch::load: %s\n", e.what());
     }
-    results->restores.push_back(
-        {w.name, label, "torch-load", 0, Median(load_s) * 1e3,
-         Median(load_s) * 1e3, FileBytes(file)});
-  } catch (const std::exception& e) {
-    std::printf("  torch::load: %s\n", e.what());
-  }
   for (const auto& r : results->restores)
     if (r.workload == w.name && r.device == label)
       std::printf("  [%s/%s] restore %-36s %8.1f ms (open %.1f + restore %.1f)\n", w.name.c_str(),
@@ -1351,10 +1357,9 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
 }
 
 void PrintTable(const Results& res) {
-  std::printf(
-      "\n%-11s %-9s %-22s %8s %8s %8s %8s | %8s %7s %7s %7s %7s %7s | %7s %6s %7s %6s\n",
-      "workload", "device", "method", "med ms", "p99 ms", "mean ms", "ovh %", "stall/it",
-      "confl", "bound", "copy", "save", "hook", "ckpt/min", "it/ckpt", "MB/it", "k<3.5%");
+  std::printf("\n%-11s %-9s %-22s %8s %8s %8s %8s | %8s %7s %7s %7s %7s %7s | %7s %6s %7s %6s\n",
+              "workload", "device", "method", "med ms", "p99 ms", "mean ms", "ovh %", "stall/it",
+              "confl", "bound", "copy", "save", "hook", "ckpt/min", "it/ckpt", "MB/it", "k<3.5%");
   for (const auto& r : res.rows) {
     if (r.rounds_ok == 0) {
       std::printf("%-11s %-9s %-22s FAILED: %s\n", r.workload.c_str(), r.device.c_str(),
@@ -1371,8 +1376,9 @@ void PrintTable(const Results& res) {
         r.stall_per_iter.hook * n, r.commits_per_min, r.iterations_per_commit,
         r.bytes_per_iter / 1e6, r.k35 ? std::to_string(r.k35).c_str() : "-");
   }
-  std::printf("(stall columns: ms per measured iteration on the training thread; k<3.5%%: "
-              "estimated longest-frequency interval keeping overhead under 3.5%%)\n");
+  std::printf(
+      "(stall columns: ms per measured iteration on the training thread; k<3.5%%: "
+      "estimated longest-frequency interval keeping overhead under 3.5%%)\n");
   std::printf("\n%-11s %-9s %-36s %9s %9s %9s %9s\n", "workload", "device", "restore", "open ms",
               "copy ms", "total ms", "MB");
   for (const auto& r : res.restores)
@@ -1391,29 +1397,31 @@ const Row* Find(const Results& res, const std::string& w, const std::string& d,
 void PrintTargets(const Results& res) {
   std::printf("\ntargets\n");
   if (const Row* a = Find(res, "mlp", "host", "pmsnap-adaptive-k1")) {
-    std::printf("  pmsnap adaptive every iteration, MLP, host: overhead %+.1f%% (target <= 3.5%%): %s\n",
-                a->overhead_pct, a->overhead_pct <= 3.5 ? "MET" : "MISSED");
+    std::printf(
+        "  pmsnap adaptive every iteration, MLP, host: overhead %+.1f%% (target <= 3.5%%): %s\n",
+        a->overhead_pct, a->overhead_pct <= 3.5 ? "MET" : "MISSED");
   }
   for (const auto& r : res.rows) {
     if (r.method != "pmsnap-adaptive-k1") continue;
     const Row* cf = Find(res, r.workload, r.device, "checkfreq-k1");
     if (!cf) continue;
     const double ratio = cf->stall_per_iter.total() / std::max(r.stall_per_iter.total(), 1e-9);
-    std::printf("  %s/%s: stall %.2f ms/it vs checkfreq-k1 %.2f ms/it: %.1fx less (target >= 5x): %s\n",
-                r.workload.c_str(), r.device.c_str(), r.stall_per_iter.total() * 1e3,
-                cf->stall_per_iter.total() * 1e3, ratio, ratio >= 5 ? "MET" : "MISSED");
+    std::printf(
+        "  %s/%s: stall %.2f ms/it vs checkfreq-k1 %.2f ms/it: %.1fx less (target >= 5x): %s\n",
+        r.workload.c_str(), r.device.c_str(), r.stall_per_iter.total() * 1e3,
+        cf->stall_per_iter.total() * 1e3, ratio, ratio >= 5 ? "MET" : "MISSED");
   }
   for (const auto& p : res.restores) {
     if (p.method != "pmsnap-verify") continue;
     for (const auto& t : res.restores) {
-      if (t.workload != p.workload || t.device != p.device || t.method != "torch-load")
-        continue;
+      if (t.workload != p.workload || t.device != p.device || t.method != "torch-load") continue;
       const double total = t.total_ms / std::max(p.total_ms, 1e-9);
       const double copy = t.total_ms / std::max(p.restore_ms, 1e-9);
-      std::printf("  %s/%s: restore %.1f ms (open+verify+copy; copy alone %.1f ms) vs torch::load "
-                  "%.1f ms: %.1fx faster (copy alone %.1fx) (target >= 3x): %s\n",
-                  p.workload.c_str(), p.device.c_str(), p.total_ms, p.restore_ms, t.total_ms,
-                  total, copy, total >= 3 ? "MET" : "MISSED");
+      std::printf(
+          "  %s/%s: restore %.1f ms (open+verify+copy; copy alone %.1f ms) vs torch::load "
+          "%.1f ms: %.1fx faster (copy alone %.1fx) (target >= 3x): %s\n",
+          p.workload.c_str(), p.device.c_str(), p.total_ms, p.restore_ms, t.total_ms, total, copy,
+          total >= 3 ? "MET" : "MISSED");
     }
   }
 }
@@ -1453,10 +1461,11 @@ int main(int argc, char** argv) {
   torch::set_num_threads(o.threads);
   torch::manual_seed(1);
   const auto start = Clock::now();
-  std::printf("pmsnap_bench_stall: %u hardware threads, torch intra-op threads %d, %d checkpoint "
-              "worker(s) per method, pmsnap parts %llu MiB, files and pools in %s\n",
-              std::thread::hardware_concurrency(), o.threads, o.workers,
-              static_cast<unsigned long long>(o.part_mib), o.dir.c_str());
+  std::printf(
+      "pmsnap_bench_stall: %u hardware threads, torch intra-op threads %d, %d checkpoint "
+      "worker(s) per method, pmsnap parts %llu MiB, files and pools in %s\n",
+      std::thread::hardware_concurrency(), o.threads, o.workers,
+      static_cast<unsigned long long>(o.part_mib), o.dir.c_str());
   Results results;
   try {
     for (const auto& name : o.workloads) {
@@ -1492,7 +1501,8 @@ int main(int argc, char** argv) {
   if (o.plot) {
     const std::string cmd = std::string("/usr/bin/python3 ") + PMSNAP_BENCH_SOURCE_DIR +
                             "/stall_plot.py " + o.out + " " + o.tag;
-    if (std::system(cmd.c_str()) == 0) std::printf("plot: %s/%s.png\n", o.out.c_str(), o.tag.c_str());
+    if (std::system(cmd.c_str()) == 0)
+      std::printf("plot: %s/%s.png\n", o.out.c_str(), o.tag.c_str());
   }
   return 0;
 }

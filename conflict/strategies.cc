@@ -4,7 +4,6 @@
 
 namespace pmsnap::conflict {
 
-
 StrategyChoice StrategyBase::choice(std::uint32_t unit) const {
   std::lock_guard<std::mutex> lock(choices_mutex_);
   return unit < choices_.size() ? choices_[unit] : StrategyChoice::kWaitSnapshot;
@@ -187,10 +186,14 @@ StrategyChoice AdaptiveStrategy::Decision(std::uint32_t unit) const {
 
 runtime::ConflictStrategy& AdaptiveStrategy::For(std::uint32_t unit) {
   switch (Decision(unit)) {
-    case StrategyChoice::kInDeviceCopy: return in_device_;
-    case StrategyChoice::kPartsOnConflict: return parts_;
-    case StrategyChoice::kSplitGroups: return split_;
-    case StrategyChoice::kWaitSnapshot: break;
+    case StrategyChoice::kInDeviceCopy:
+      return in_device_;
+    case StrategyChoice::kPartsOnConflict:
+      return parts_;
+    case StrategyChoice::kSplitGroups:
+      return split_;
+    case StrategyChoice::kWaitSnapshot:
+      break;
   }
   return wait_;
 }
@@ -219,10 +222,14 @@ Status AdaptiveStrategy::Resolve(UnitTask& task) { return For(task.unit()).Resol
 
 StrategyChoice AdaptiveStrategy::choice(std::uint32_t unit) const {
   switch (Decision(unit)) {
-    case StrategyChoice::kInDeviceCopy: return in_device_.choice(unit);
-    case StrategyChoice::kPartsOnConflict: return parts_.choice(unit);
-    case StrategyChoice::kSplitGroups: return split_.choice(unit);
-    case StrategyChoice::kWaitSnapshot: break;
+    case StrategyChoice::kInDeviceCopy:
+      return in_device_.choice(unit);
+    case StrategyChoice::kPartsOnConflict:
+      return parts_.choice(unit);
+    case StrategyChoice::kSplitGroups:
+      return split_.choice(unit);
+    case StrategyChoice::kWaitSnapshot:
+      break;
   }
   return StrategyChoice::kWaitSnapshot;
 }
@@ -235,7 +242,8 @@ void AdaptiveStrategy::OnEpochCommitted(const std::vector<UnitProfile>& profiles
   {
     std::lock_guard<std::mutex> lock(decisions_mutex_);
     for (const UnitProfile& profile : profiles) {
-      if (calm_epochs_.size() <= profile.unit) calm_epochs_.resize(profile.unit + 1, kNeverConflicted);
+      if (calm_epochs_.size() <= profile.unit)
+        calm_epochs_.resize(profile.unit + 1, kNeverConflicted);
       std::uint32_t& calm = calm_epochs_[profile.unit];
       calm = profile.conflicted ? 0 : (calm == kNeverConflicted ? calm : calm + 1);
     }

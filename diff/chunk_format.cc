@@ -83,8 +83,7 @@ Status AppendBlock(Writer& w, bool quantized, const quant::QuantSpec& spec, std:
   } else {
     quant::QuantSpec s = spec;
     s.rows = rows;
-    const std::vector<std::uint8_t> serialized =
-        quant::Serialize(quant::QuantizedView{s, records});
+    const std::vector<std::uint8_t> serialized = quant::Serialize(quant::QuantizedView{s, records});
     w.Put<std::uint64_t>(serialized.size());
     w.Put<std::uint64_t>(1);
     w.PutBytes(serialized.data(), serialized.size());
@@ -155,9 +154,10 @@ Result<std::vector<std::byte>> BuildDataChunk(std::uint64_t epoch,
   for (const TensorInput& t : tensors) {
     const bool quantize = options.quantize && t.elems_per_row >= 2 && !keys.empty();
     if (!quantize) {
-      PMSNAP_RETURN_IF_ERROR(AppendBlock(
-          w, false, {}, t.elems_per_row,
-          {reinterpret_cast<const std::uint8_t*>(t.rows.data()), t.rows.size_bytes()}, keys.size()));
+      PMSNAP_RETURN_IF_ERROR(
+          AppendBlock(w, false, {}, t.elems_per_row,
+                      {reinterpret_cast<const std::uint8_t*>(t.rows.data()), t.rows.size_bytes()},
+                      keys.size()));
       continue;
     }
     quant::TableView view{table, t.rows.data(), keys.size(), t.elems_per_row, 0};
@@ -220,7 +220,8 @@ Result<DataChunkView> ParseDataChunk(std::span<const std::byte> bytes, const std
   }
   for (std::uint16_t t = 0; t < header.tensor_count; ++t) {
     std::uint64_t block_bytes = 0, kind = 0;
-    if (bytes.size() - pos < 16) return Status(StatusCode::kCorruption, what + ": tensor block truncated");
+    if (bytes.size() - pos < 16)
+      return Status(StatusCode::kCorruption, what + ": tensor block truncated");
     std::memcpy(&block_bytes, base + pos, 8);
     std::memcpy(&kind, base + pos + 8, 8);
     pos += 16;
@@ -235,13 +236,14 @@ Result<DataChunkView> ParseDataChunk(std::span<const std::byte> bytes, const std
         return Status(StatusCode::kCorruption,
                       what + ": tensor " + std::to_string(t) + " size does not match its rows");
       }
-      block.elems_per_row = header.rows == 0 ? 0 : static_cast<std::uint32_t>(block_bytes / header.rows / 4);
+      block.elems_per_row =
+          header.rows == 0 ? 0 : static_cast<std::uint32_t>(block_bytes / header.rows / 4);
       block.raw = {reinterpret_cast<const float*>(base + pos), block_bytes / 4};
     } else {
       auto parsed = quant::Parse({reinterpret_cast<const std::uint8_t*>(base + pos), block_bytes});
       if (!parsed.ok()) {
-        return Status(parsed.status().code(), what + ": tensor " + std::to_string(t) + ": " +
-                                                  parsed.status().message());
+        return Status(parsed.status().code(),
+                      what + ": tensor " + std::to_string(t) + ": " + parsed.status().message());
       }
       if (parsed->spec.rows != header.rows) {
         return Status(StatusCode::kCorruption, what + ": quantized rows differ from the keys");
@@ -311,7 +313,8 @@ Result<TableIndex> ParseIndex(std::span<const std::byte> bytes, const std::strin
     return r.status();
   }
   if (version != kVersion) {
-    return Status(StatusCode::kUnsupportedVersion, what + ": index version " + std::to_string(version));
+    return Status(StatusCode::kUnsupportedVersion,
+                  what + ": index version " + std::to_string(version));
   }
   std::uint64_t n = 0;
   if (!r.Get(&index.policy) || !r.Get(&index.epoch) || !r.Get(&index.baseline_epoch) ||

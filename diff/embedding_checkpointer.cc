@@ -35,7 +35,9 @@ std::uint64_t Tag(std::uint32_t unit, std::uint64_t kind) {
 std::uint32_t TagUnit(std::uint64_t tag) { return static_cast<std::uint32_t>(tag >> 8); }
 std::uint64_t TagKind(std::uint64_t tag) { return tag & 0xff; }
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string What(const std::string& table, std::uint64_t epoch) {
   return "table '" + table + "' checkpoint " + std::to_string(epoch);
@@ -50,8 +52,9 @@ std::vector<layout::ChunkInfo> IndexChunks(const layout::Pool& pool, std::uint32
       out.push_back(c);
     }
   }
-  std::sort(out.begin(), out.end(),
-            [](const layout::ChunkInfo& a, const layout::ChunkInfo& b) { return a.epoch > b.epoch; });
+  std::sort(out.begin(), out.end(), [](const layout::ChunkInfo& a, const layout::ChunkInfo& b) {
+    return a.epoch > b.epoch;
+  });
   return out;
 }
 
@@ -71,12 +74,13 @@ class ChunkReader {
     auto it = verified_.find(ref.heap_id);
     if (it == verified_.end()) {
       auto bytes = pool_.ReadChunk(ref.heap_id);
-      if (!bytes.ok()) return Status(bytes.status().code(), what_ + ": " + bytes.status().message());
+      if (!bytes.ok())
+        return Status(bytes.status().code(), what_ + ": " + bytes.status().message());
       it = verified_.emplace(ref.heap_id, *bytes).first;
     }
     if (ref.offset > it->second.size() || ref.length > it->second.size() - ref.offset) {
-      return Status(StatusCode::kCorruption,
-                    what_ + ": chunk reference outside its heap chunk " + std::to_string(ref.heap_id));
+      return Status(StatusCode::kCorruption, what_ + ": chunk reference outside its heap chunk " +
+                                                 std::to_string(ref.heap_id));
     }
     bytes_read_ += ref.length;
     return detail::ParseDataChunk(it->second.subspan(ref.offset, ref.length), what_);
@@ -107,10 +111,10 @@ Result<TableShape> ShapeOf(const layout::UnitSpec& unit) {
     }
     const auto rows = static_cast<std::uint64_t>(t.shape[0]);
     if (shape.rows != 0 && rows != shape.rows) {
-      return Status(StatusCode::kInvalidArgument,
-                    "embedding table '" + unit.name + "' tensor '" + t.name + "' has " +
-                        std::to_string(rows) + " rows, the first tensor " +
-                        std::to_string(shape.rows));
+      return Status(StatusCode::kInvalidArgument, "embedding table '" + unit.name + "' tensor '" +
+                                                      t.name + "' has " + std::to_string(rows) +
+                                                      " rows, the first tensor " +
+                                                      std::to_string(shape.rows));
     }
     shape.rows = rows;
     shape.elems_per_row.push_back(t.shape.size() == 2 ? static_cast<std::uint32_t>(t.shape[1]) : 1);
@@ -140,8 +144,8 @@ Status Rebuild(ChunkReader& reader, const std::vector<ChunkRef>& refs, const Tab
       const std::uint32_t elems = shape.elems_per_row[t];
       for (std::size_t r = 0; r < view.keys.size();) {
         if (view.keys[r] >= shape.rows) {
-          return Status(StatusCode::kCorruption, "row id " + std::to_string(view.keys[r]) +
-                                                     " outside the table");
+          return Status(StatusCode::kCorruption,
+                        "row id " + std::to_string(view.keys[r]) + " outside the table");
         }
         // Raw rows with consecutive ids (a baseline, dense runs) copy as one block.
         std::size_t end = r + 1;
@@ -175,20 +179,31 @@ const RetainedCheckpoint* FindRetained(const TableIndex& index, std::uint64_t ep
 
 const char* PolicyName(Policy policy) {
   switch (policy) {
-    case Policy::kFull: return "full";
-    case Policy::kOneShotDifferential: return "one-shot-differential";
-    case Policy::kConsecutiveIncremental: return "consecutive-incremental";
-    case Policy::kIntermittentDifferential: return "intermittent-differential";
-    case Policy::kIncrCP: return "incrcp-2d";
+    case Policy::kFull:
+      return "full";
+    case Policy::kOneShotDifferential:
+      return "one-shot-differential";
+    case Policy::kConsecutiveIncremental:
+      return "consecutive-incremental";
+    case Policy::kIntermittentDifferential:
+      return "intermittent-differential";
+    case Policy::kIncrCP:
+      return "incrcp-2d";
   }
   return "unknown";
 }
 
 struct EmbeddingCheckpointer::Table {
   Table(std::uint32_t u, std::string n, TableShape s, std::vector<runtime::TensorView> t)
-      : unit(u), name(std::move(n)), shape(std::move(s)), tensors(std::move(t)),
-        tracker(name, shape.rows), cumulative(shape.rows), interval(shape.rows),
-        carry_over(shape.rows), pending_cumulative(shape.rows) {}
+      : unit(u),
+        name(std::move(n)),
+        shape(std::move(s)),
+        tensors(std::move(t)),
+        tracker(name, shape.rows),
+        cumulative(shape.rows),
+        interval(shape.rows),
+        carry_over(shape.rows),
+        pending_cumulative(shape.rows) {}
 
   std::uint32_t unit;
   std::string name;
@@ -287,7 +302,8 @@ Status EmbeddingCheckpointer::Attach(layout::Pool& pool,
       if (differential && !table->index.retained.empty() &&
           table->index.retained.back().refs.size() == 2) {
         ChunkReader reader(pool, What(table->name, table->index.epoch));
-        PMSNAP_ASSIGN_OR_RETURN(DataChunkView diff, reader.Read(table->index.retained.back().refs[1]));
+        PMSNAP_ASSIGN_OR_RETURN(DataChunkView diff,
+                                reader.Read(table->index.retained.back().refs[1]));
         for (std::uint64_t key : diff.keys) table->cumulative.Set(key);
       }
     }
@@ -338,8 +354,9 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
     if (images.empty()) return refs;
     std::uint64_t total = 0;
     for (const auto& image : images) total += image.size();
-    PMSNAP_ASSIGN_OR_RETURN(layout::ChunkInfo chunk,
-                            pool.AllocChunk(total, epoch, Tag(unit, bundle ? kKindBundle : kKindData)));
+    PMSNAP_ASSIGN_OR_RETURN(
+        layout::ChunkInfo chunk,
+        pool.AllocChunk(total, epoch, Tag(unit, bundle ? kKindBundle : kKindData)));
     PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, pool.ChunkPayload(chunk.id));
     std::uint64_t offset = 0;
     for (const auto& image : images) {
@@ -414,17 +431,20 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
   } else if (options_.policy == Policy::kConsecutiveIncremental) {
     PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, data_chunk(interval_rows, 0));
     PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({image}, false));
-    checkpoint.refs = next.retained.empty() ? std::vector<ChunkRef>{next.baseline}
-                                            : next.retained.back().refs;
+    checkpoint.refs =
+        next.retained.empty() ? std::vector<ChunkRef>{next.baseline} : next.retained.back().refs;
     checkpoint.refs.push_back(refs[0]);
   } else {  // kIncrCP
     const IncrCPOptions& incr = options_.incrcp;
     PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> k_image,
                             data_chunk(interval_rows, incr.bloom_bits_per_key));
     PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> k_refs, write({k_image}, false));
-    ListNode k_node{k_refs[0], epoch, 0,
+    ListNode k_node{k_refs[0],
+                    epoch,
+                    0,
                     interval_rows.empty() ? 0 : interval_rows.front(),
-                    interval_rows.empty() ? 0 : interval_rows.back(), interval_rows.size()};
+                    interval_rows.empty() ? 0 : interval_rows.back(),
+                    interval_rows.size()};
     // Extraction: duplicates of the new chunk's keys leave the Row 0 chunks
     // they were in for a chunk in the new Row 1 (with row_epoch = epoch).
     ChunkReader reader(pool, what);
@@ -441,7 +461,8 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
       PMSNAP_ASSIGN_OR_RETURN(DataChunkView old, reader.Read(node.ref));
       const double needed = incr.duplicate_ratio_threshold * static_cast<double>(node.count);
       std::uint64_t hits = 0;  // stage 2: Bloom filter hit ratio
-      for (std::uint64_t key : interval_rows) hits += detail::BloomMayContain(old.bloom, key) ? 1 : 0;
+      for (std::uint64_t key : interval_rows)
+        hits += detail::BloomMayContain(old.bloom, key) ? 1 : 0;
       if (static_cast<double>(hits) < needed || hits == 0) {
         kept.push_back(node);
         continue;
@@ -450,7 +471,8 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
       std::size_t j = 0;
       for (std::size_t i = 0; i < old.keys.size(); ++i) {
         while (j < interval_rows.size() && interval_rows[j] < old.keys[i]) ++j;
-        (j < interval_rows.size() && interval_rows[j] == old.keys[i] ? duplicates : keep).push_back(i);
+        (j < interval_rows.size() && interval_rows[j] == old.keys[i] ? duplicates : keep)
+            .push_back(i);
       }
       if (static_cast<double>(duplicates.size()) < needed || duplicates.empty()) {
         kept.push_back(node);
@@ -461,13 +483,18 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
         PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image,
                                 detail::SliceDataChunk(old, keep, incr.bloom_bits_per_key));
         row0_images.push_back(std::move(image));
-        row0_nodes.push_back({{}, node.column, 0, old.keys[keep.front()], old.keys[keep.back()],
-                              keep.size()});
+        row0_nodes.push_back(
+            {{}, node.column, 0, old.keys[keep.front()], old.keys[keep.back()], keep.size()});
       }
-      PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, detail::SliceDataChunk(old, duplicates, 0));
+      PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image,
+                              detail::SliceDataChunk(old, duplicates, 0));
       row1_images.push_back(std::move(image));
-      row1_nodes.push_back({{}, node.column, epoch, old.keys[duplicates.front()],
-                            old.keys[duplicates.back()], duplicates.size()});
+      row1_nodes.push_back({{},
+                            node.column,
+                            epoch,
+                            old.keys[duplicates.front()],
+                            old.keys[duplicates.back()],
+                            duplicates.size()});
     }
     if (reader.bytes_read() > 0) {
       next.read_bytes_per_second = reader.bytes_read() / std::max(Since(read_start), 1e-6);
@@ -652,7 +679,8 @@ Result<RecoveredTable> RecoverTable(const layout::Pool& pool, const std::string&
                                     std::optional<std::uint64_t> epoch) {
   PMSNAP_ASSIGN_OR_RETURN(auto found, FindTable(pool, table));
   PMSNAP_ASSIGN_OR_RETURN(TableIndex index, NewestIndex(pool, found.first, table));
-  const std::uint64_t wanted = epoch.value_or(index.retained.empty() ? 0 : index.retained.back().epoch);
+  const std::uint64_t wanted =
+      epoch.value_or(index.retained.empty() ? 0 : index.retained.back().epoch);
   const std::string what = What(table, wanted);
   const RetainedCheckpoint* checkpoint = FindRetained(index, wanted);
   if (checkpoint == nullptr) {

@@ -41,9 +41,9 @@ std::vector<std::uint64_t> BitVector::SetIndices() const {
 Status RowTracker::Mark(std::span<const std::int64_t> ids) {
   for (std::int64_t id : ids) {
     if (id < 0 || static_cast<std::uint64_t>(id) >= marked_.size()) {
-      return Status(StatusCode::kInvalidArgument,
-                    "table '" + table_ + "': row id " + std::to_string(id) + " out of range [0, " +
-                        std::to_string(marked_.size()) + ")");
+      return Status(StatusCode::kInvalidArgument, "table '" + table_ + "': row id " +
+                                                      std::to_string(id) + " out of range [0, " +
+                                                      std::to_string(marked_.size()) + ")");
     }
   }
   for (std::int64_t id : ids) marked_.Set(static_cast<std::uint64_t>(id));

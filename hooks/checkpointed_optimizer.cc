@@ -194,8 +194,7 @@ Result<std::vector<std::string>> CheckpointedOptimizer::TrackEmbeddings(torch::n
       PMSNAP_RETURN_IF_ERROR(marker->Bind(embeddings_, slot.name));
       bound.push_back(slot.name);
       std::weak_ptr<torch::nn::Module> weak =
-          m == &module ? module.weak_from_this()
-                       : module.named_modules("", false)[prefix];
+          m == &module ? module.weak_from_this() : module.named_modules("", false)[prefix];
       bound_modules_.push_back(std::move(weak));
     }
   }
@@ -226,10 +225,10 @@ Status CheckpointedOptimizer::MarkTableRows() {
       status = table.tracker->Mark(std::span<const std::int64_t>(
           rows.data_ptr<std::int64_t>(), static_cast<std::size_t>(rows.numel())));
     } catch (const c10::Error& error) {
-      status = Status(StatusCode::kInvalidArgument,
-                      "embedding table '" + table.tracker->table() +
-                          "': reading its gradient's rows: libtorch: " +
-                          error.what_without_backtrace());
+      status =
+          Status(StatusCode::kInvalidArgument,
+                 "embedding table '" + table.tracker->table() +
+                     "': reading its gradient's rows: libtorch: " + error.what_without_backtrace());
     }
     if (!status.ok()) {
       // The checkpoints stay exact with every row marked.
@@ -266,8 +265,8 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
 
 Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl(
     const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
-    torch::optim::Optimizer& optimizer, runtime::EngineOptions options,
-    EmbeddingTables embeddings, torch::nn::Module* module) {
+    torch::optim::Optimizer& optimizer, runtime::EngineOptions options, EmbeddingTables embeddings,
+    torch::nn::Module* module) {
   PMSNAP_ASSIGN_OR_RETURN(std::unique_ptr<ParameterStepper> stepper,
                           ParameterStepper::Create(optimizer, named_parameters));
   const std::vector<ParameterSlot>& slots = stepper->slots();
@@ -298,8 +297,10 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
       }
       if (it->param.scalar_type() != c10::ScalarType::Float || it->param.dim() != 2) {
         return Status(StatusCode::kInvalidArgument,
-                      "embedding table '" + name + "' must be a float32 [rows, dim] parameter, "
-                      "got " + std::string(c10::toString(it->param.scalar_type())) + " of " +
+                      "embedding table '" + name +
+                          "' must be a float32 [rows, dim] parameter, "
+                          "got " +
+                          std::string(c10::toString(it->param.scalar_type())) + " of " +
                           std::to_string(it->param.dim()) + " dimensions");
       }
       is_table[index] = true;
@@ -355,9 +356,9 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
       unit.tensors.push_back(std::move(param));
       for (const auto& [role, tensor] : slot.state) {
         const bool by_row = is_table[i] && IsRowTensor(tensor, slot.param.size(0));
-        PMSNAP_ASSIGN_OR_RETURN(runtime::TensorView view,
-                                ViewOf(by_row || !is_table[i] ? unit.name : dense.name, role,
-                                       tensor));
+        PMSNAP_ASSIGN_OR_RETURN(
+            runtime::TensorView view,
+            ViewOf(by_row || !is_table[i] ? unit.name : dense.name, role, tensor));
         (by_row || !is_table[i] ? unit : dense).tensors.push_back(std::move(view));
       }
       units.push_back(std::move(unit));
@@ -416,8 +417,7 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
   }
   if (module != nullptr && embeddings.rows == RowSource::kLookups &&
       checkpointed->embeddings_ != nullptr) {
-    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::string> bound,
-                            checkpointed->TrackEmbeddings(*module));
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::string> bound, checkpointed->TrackEmbeddings(*module));
     (void)bound;  // every table has a tracked module (checked above)
   }
   return checkpointed;

@@ -9,8 +9,7 @@
 
 namespace pmsnap::hooks {
 
-RowMarker::RowMarker(std::int64_t rows, std::optional<std::int64_t> padding_idx,
-                     bool marks_padding)
+RowMarker::RowMarker(std::int64_t rows, std::optional<std::int64_t> padding_idx, bool marks_padding)
     : padding_(-1), own_("", static_cast<std::uint64_t>(rows < 0 ? 0 : rows)), target_(&own_) {
   if (padding_idx && !marks_padding) {
     // libtorch accepts a negative padding_idx counted from the end.
@@ -30,8 +29,8 @@ Status RowMarker::Mark(const torch::Tensor& ids) {
     flat = flat.contiguous();
   } catch (const c10::Error& error) {
     return Status(StatusCode::kInvalidArgument,
-                  "embedding table '" + target_->table() + "': reading lookup ids: libtorch: " +
-                      error.what_without_backtrace());
+                  "embedding table '" + target_->table() +
+                      "': reading lookup ids: libtorch: " + error.what_without_backtrace());
   }
   return target_->Mark(std::span<const std::int64_t>(flat.data_ptr<std::int64_t>(),
                                                      static_cast<std::size_t>(flat.numel())));

@@ -59,7 +59,8 @@ class ByteReader {
   }
   bool Fail(const std::string& why) {
     if (error_.empty()) {
-      error_ = "manifest of " + std::string(what_) + " at byte " + std::to_string(pos_) + ": " + why;
+      error_ =
+          "manifest of " + std::string(what_) + " at byte " + std::to_string(pos_) + ": " + why;
     }
     return false;
   }
@@ -70,7 +71,8 @@ class ByteReader {
   bool Need(std::size_t bytes, const char* field) {
     if (in_.size() - pos_ < bytes) {
       return Fail(std::string("truncated while reading ") + field + " (need " +
-                  std::to_string(bytes) + " bytes, " + std::to_string(in_.size() - pos_) + " left)");
+                  std::to_string(bytes) + " bytes, " + std::to_string(in_.size() - pos_) +
+                  " left)");
     }
     return true;
   }
@@ -124,16 +126,26 @@ std::size_t DTypeSize(DType dtype) {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kInt64: return "int64";
-    case DType::kInt32: return "int32";
-    case DType::kInt16: return "int16";
-    case DType::kInt8: return "int8";
-    case DType::kUInt8: return "uint8";
-    case DType::kBool: return "bool";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kInt64:
+      return "int64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt16:
+      return "int16";
+    case DType::kInt8:
+      return "int8";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kBool:
+      return "bool";
   }
   return "unknown";
 }
@@ -171,23 +183,23 @@ Status Manifest::Validate() const {
       return {StatusCode::kInvalidArgument, where + ": duplicate unit name"};
     }
     if (unit.tensors.empty() || unit.tensors.size() > kMaxTensorsPerUnit) {
-      return {StatusCode::kInvalidArgument, where + ": needs 1.." +
-                                                std::to_string(kMaxTensorsPerUnit) + " tensors"};
+      return {StatusCode::kInvalidArgument,
+              where + ": needs 1.." + std::to_string(kMaxTensorsPerUnit) + " tensors"};
     }
     std::set<std::string_view> tensor_names;
     for (const TensorSpec& t : unit.tensors) {
       const std::string twhere = where + " tensor '" + t.name + "'";
       if (t.name.empty() || t.name.size() > kMaxNameBytes || !tensor_names.insert(t.name).second) {
-        return {StatusCode::kInvalidArgument, twhere + ": tensor names must be unique and non-empty"};
+        return {StatusCode::kInvalidArgument,
+                twhere + ": tensor names must be unique and non-empty"};
       }
       if (DTypeSize(t.dtype) == 0) {
         return {StatusCode::kInvalidArgument,
                 twhere + ": unknown dtype code " + std::to_string(static_cast<int>(t.dtype))};
       }
       if (t.shape.size() > kMaxRank) {
-        return {StatusCode::kInvalidArgument,
-                twhere + ": rank " + std::to_string(t.shape.size()) + " exceeds " +
-                    std::to_string(kMaxRank)};
+        return {StatusCode::kInvalidArgument, twhere + ": rank " + std::to_string(t.shape.size()) +
+                                                  " exceeds " + std::to_string(kMaxRank)};
       }
       for (std::int64_t d : t.shape) {
         if (d < 0) {

@@ -1,9 +1,9 @@
 #include "pmsnap/pmem_layout/pool.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <libpmem.h>
 #include <libpmemobj.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -161,9 +161,12 @@ void SetWarningSink(WarningSink sink) {
 
 const char* SlotStateName(SlotState state) {
   switch (state) {
-    case SlotState::kEmpty: return "EMPTY";
-    case SlotState::kWriting: return "WRITING";
-    case SlotState::kComplete: return "COMPLETE";
+    case SlotState::kEmpty:
+      return "EMPTY";
+    case SlotState::kWriting:
+      return "WRITING";
+    case SlotState::kComplete:
+      return "COMPLETE";
   }
   return "INVALID";
 }
@@ -229,14 +232,12 @@ Pool::~Pool() = default;
 Result<std::uint64_t> Pool::RequiredBytes(const Manifest& manifest, const PoolOptions& options) {
   PMSNAP_RETURN_IF_ERROR(manifest.Validate());
   if (options.part_bytes < 4096 || options.part_bytes % kTensorAlignment != 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "part_bytes " + std::to_string(options.part_bytes) +
-                      " must be at least 4096 and a multiple of " + std::to_string(kTensorAlignment));
+    return Status(StatusCode::kInvalidArgument, "part_bytes " + std::to_string(options.part_bytes) +
+                                                    " must be at least 4096 and a multiple of " +
+                                                    std::to_string(kTensorAlignment));
   }
   const SlotLayout layout = ComputeLayout(manifest, options.part_bytes);
-  auto allocation = [](std::uint64_t bytes) {
-    return AlignUp(bytes + 64, kPmemobjChunkBytes);
-  };
+  auto allocation = [](std::uint64_t bytes) { return AlignUp(bytes + 64, kPmemobjChunkBytes); };
   std::uint64_t heap = allocation(sizeof(PoolRoot)) + allocation(manifest.Serialize().size());
   heap += 2 * allocation(layout.slot_bytes + detail::kSlotDataAlignment);
   heap += 2 * allocation(RecordBytes(layout.parts.size(), options.extra_state_capacity));
@@ -269,10 +270,10 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
     if (::statvfs(parent.c_str(), &fs) == 0) {
       const std::uint64_t free_bytes = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
       if (free_bytes < required) {
-        return Status(StatusCode::kNoSpace,
-                      "cannot create pool '" + path + "': needs " + std::to_string(required) +
-                          " bytes, only " + std::to_string(free_bytes) + " free on " +
-                          parent.string());
+        return Status(StatusCode::kNoSpace, "cannot create pool '" + path + "': needs " +
+                                                std::to_string(required) + " bytes, only " +
+                                                std::to_string(free_bytes) + " free on " +
+                                                parent.string());
       }
     }
   }
@@ -286,9 +287,10 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   PMEMobjpool* pop = pmemobj_create(temp_path.c_str(), kPoolLayoutName, required, 0644);
   if (pop == nullptr) {
     const int err = errno;
-    return Status(err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kIOError,
-                  PmdkError(("cannot create pool '" + path + "' (" + std::to_string(required) +
-                             " bytes)").c_str()));
+    return Status(
+        err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kIOError,
+        PmdkError(("cannot create pool '" + path + "' (" + std::to_string(required) + " bytes)")
+                      .c_str()));
   }
   auto fail = [&](Status status) {
     pmemobj_close(pop);
@@ -296,7 +298,8 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
     return status;
   };
   PMEMoid root_oid = pmemobj_root(pop, sizeof(PoolRoot));
-  if (OID_IS_NULL(root_oid)) return fail({StatusCode::kIOError, PmdkError("cannot make pool root")});
+  if (OID_IS_NULL(root_oid))
+    return fail({StatusCode::kIOError, PmdkError("cannot make pool root")});
   auto* root = static_cast<PoolRoot*>(pmemobj_direct(root_oid));
   auto* base = reinterpret_cast<std::byte*>(pop);
 
@@ -347,7 +350,8 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   std::filesystem::rename(temp_path, path, ec);
   if (ec) {
     std::filesystem::remove(temp_path, ec);
-    return Status(StatusCode::kIOError, "cannot rename new pool to '" + path + "': " + ec.message());
+    return Status(StatusCode::kIOError,
+                  "cannot rename new pool to '" + path + "': " + ec.message());
   }
   const int dir_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY);
   if (dir_fd >= 0) {
@@ -394,17 +398,17 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
     }
     const ssize_t got = ::pread(fd, signature, sizeof(signature), 0);
     ::close(fd);
-    if (got != static_cast<ssize_t>(sizeof(signature)) || std::memcmp(signature, "PMEMOBJ", 7) != 0) {
+    if (got != static_cast<ssize_t>(sizeof(signature)) ||
+        std::memcmp(signature, "PMEMOBJ", 7) != 0) {
       return Status(StatusCode::kNotAPool, "'" + path +
                                                "' is not a pmsnap pool (no PMDK object-pool "
                                                "signature at offset 0)");
     }
   }
   if (static_cast<std::uint64_t>(st.st_size) < kPmemobjMinPool) {
-    return Status(StatusCode::kCorruption, "pool '" + path + "' is truncated: " +
-                                               std::to_string(st.st_size) +
-                                               " bytes, a pool has at least " +
-                                               std::to_string(kPmemobjMinPool));
+    return Status(StatusCode::kCorruption,
+                  "pool '" + path + "' is truncated: " + std::to_string(st.st_size) +
+                      " bytes, a pool has at least " + std::to_string(kPmemobjMinPool));
   }
 
   std::unique_ptr<Pool> pool(new Pool());
@@ -431,9 +435,9 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
   if (expected != nullptr && expected->Signature() != pool->signature()) {
     std::string difference = pool->manifest_.FirstDifference(*expected);
     if (difference.empty()) difference = "signatures differ";
-    return Status(StatusCode::kModelMismatch,
-                  "pool '" + path + "' was made for another model: pool has " + difference +
-                      " (pool vs this model)");
+    return Status(StatusCode::kModelMismatch, "pool '" + path +
+                                                  "' was made for another model: pool has " +
+                                                  difference + " (pool vs this model)");
   }
   return pool;
 }
@@ -448,8 +452,9 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   small_chunks.units_per_block = kChunkRunUnits;
   small_chunks.header_type = POBJ_HEADER_COMPACT;
   if (pmemobj_ctl_set(impl.pop, "heap.alloc_class.new.desc", &small_chunks) != 0) {
-    return Status(StatusCode::kIOError,
-                  PmdkError(("pool '" + path_ + "': cannot register the chunk allocation class").c_str()));
+    return Status(
+        StatusCode::kIOError,
+        PmdkError(("pool '" + path_ + "': cannot register the chunk allocation class").c_str()));
   }
   impl.small_chunk_class = small_chunks.class_id;
   const std::string where = "pool '" + path_ + "'";
@@ -500,7 +505,8 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   if (Checksum64(manifest_bytes, header.manifest_bytes) != header.manifest_checksum) {
     return corruption("manifest checksum mismatch (the manifest was damaged)");
   }
-  PMSNAP_ASSIGN_OR_RETURN(manifest_, Manifest::Parse({manifest_bytes, header.manifest_bytes}, where));
+  PMSNAP_ASSIGN_OR_RETURN(manifest_,
+                          Manifest::Parse({manifest_bytes, header.manifest_bytes}, where));
   if (manifest_.Signature() != header.model_signature) {
     return corruption("manifest does not match the model signature in the header");
   }
@@ -558,12 +564,13 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
     const ChunkHeader* chunk = header_fits ? impl.At<ChunkHeader>(offset) : nullptr;
     if (chunk == nullptr || chunk->magic != detail::kChunkMagic || chunk->prev_offset != prev ||
         !in_bounds(offset + sizeof(ChunkHeader), chunk->bytes)) {
-      impl.chunk_list_problem = where + ": chunk list is damaged at offset " + std::to_string(offset);
+      impl.chunk_list_problem =
+          where + ": chunk list is damaged at offset " + std::to_string(offset);
       Warn(&warnings_, impl.chunk_list_problem);
       break;
     }
-    impl.chunks.emplace(offset,
-                        ChunkInfo{offset, chunk->epoch, chunk->tag, chunk->bytes, chunk->sealed == 1});
+    impl.chunks.emplace(
+        offset, ChunkInfo{offset, chunk->epoch, chunk->tag, chunk->bytes, chunk->sealed == 1});
     prev = offset;
     offset = chunk->next_offset;
   }
@@ -689,8 +696,9 @@ Result<std::uint64_t> Pool::BeginEpoch(std::uint64_t iteration) {
   const std::uint64_t epoch = impl.last_committed ? *impl.last_committed + 1 : 1;
   const int slot = static_cast<int>(epoch % 2);
   SlotRecordHeader& record = impl.record(slot);
-  record.commit_word.store(detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kWriting)),
-                           std::memory_order_release);
+  record.commit_word.store(
+      detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kWriting)),
+      std::memory_order_release);
   pmemobj_persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
   record.iteration = iteration;
   for (std::size_t p = 0; p < layout_.parts.size(); ++p) {
@@ -777,11 +785,11 @@ Status Pool::Commit(std::span<const std::byte> extra_state) {
     return Status(StatusCode::kFailedPrecondition, "pool '" + path_ + "': no epoch to commit");
   }
   if (extra_state.size() > options_.extra_state_capacity) {
-    return Status(StatusCode::kCapacityExceeded,
-                  "pool '" + path_ + "': extra state of " + std::to_string(extra_state.size()) +
-                      " bytes exceeds the configured capacity of " +
-                      std::to_string(options_.extra_state_capacity) +
-                      " bytes (PoolOptions::extra_state_capacity)");
+    return Status(StatusCode::kCapacityExceeded, "pool '" + path_ + "': extra state of " +
+                                                     std::to_string(extra_state.size()) +
+                                                     " bytes exceeds the configured capacity of " +
+                                                     std::to_string(options_.extra_state_capacity) +
+                                                     " bytes (PoolOptions::extra_state_capacity)");
   }
   for (std::uint32_t p = 0; p < layout_.parts.size(); ++p) {
     if (impl.written[p].load(std::memory_order_relaxed) == 0) {
@@ -797,17 +805,20 @@ Status Pool::Commit(std::span<const std::byte> extra_state) {
   const int slot = static_cast<int>(epoch % 2);
   SlotRecordHeader& record = impl.record(slot);
   if (!extra_state.empty()) {
-    pmemobj_memcpy_persist(impl.pop, impl.extra_state(slot), extra_state.data(), extra_state.size());
+    pmemobj_memcpy_persist(impl.pop, impl.extra_state(slot), extra_state.data(),
+                           extra_state.size());
   }
   record.commit_time_unix_ns = NowUnixNs();
   record.extra_bytes = extra_state.size();
   record.extra_checksum = Checksum64(extra_state.data(), extra_state.size());
   record.parts_checksum = Checksum64(impl.part_checksums(slot), 8 * layout_.parts.size());
   record.record_checksum = RecordChecksum(epoch, record);
-  pmemobj_persist(impl.pop, &record.iteration, sizeof(SlotRecordHeader) - sizeof(record.commit_word));
+  pmemobj_persist(impl.pop, &record.iteration,
+                  sizeof(SlotRecordHeader) - sizeof(record.commit_word));
   // The commit point: one 8-byte atomic store, then persist.
-  record.commit_word.store(detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kComplete)),
-                           std::memory_order_release);
+  record.commit_word.store(
+      detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kComplete)),
+      std::memory_order_release);
   pmemobj_persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
   impl.last_committed = epoch;
   impl.open_epoch.reset();
@@ -837,10 +848,10 @@ Result<ChunkInfo> Pool::AllocChunk(std::uint64_t bytes, std::uint64_t epoch, std
   const std::uint64_t used = impl.root->chunks.used_bytes;
   const std::uint64_t capacity = options_.chunk_heap_bytes;
   if (used > capacity || needed > capacity - used) {
-    return Status(StatusCode::kNoSpace,
-                  "pool '" + path_ + "': chunk heap full: chunk needs " + std::to_string(needed) +
-                      " bytes, " + std::to_string(capacity - std::min(used, capacity)) +
-                      " of " + std::to_string(capacity) + " free");
+    return Status(StatusCode::kNoSpace, "pool '" + path_ + "': chunk heap full: chunk needs " +
+                                            std::to_string(needed) + " bytes, " +
+                                            std::to_string(capacity - std::min(used, capacity)) +
+                                            " of " + std::to_string(capacity) + " free");
   }
   std::uint64_t offset = 0;
   Status status = RunTransaction(impl.pop, "allocating a chunk", [&]() -> int {
@@ -850,7 +861,8 @@ Result<ChunkInfo> Pool::AllocChunk(std::uint64_t bytes, std::uint64_t epoch, std
     // libpmemobj serves as huge allocations (its default run classes would
     // otherwise take mid-size requests into runs of their own).
     const bool small = sizeof(ChunkHeader) + bytes + kAllocationHeaderBytes <= kSmallChunkMax;
-    const std::uint64_t size = small ? sizeof(ChunkHeader) + bytes : needed - kAllocationHeaderBytes;
+    const std::uint64_t size =
+        small ? sizeof(ChunkHeader) + bytes : needed - kAllocationHeaderBytes;
     const std::uint64_t flags = small ? POBJ_CLASS_ID(impl.small_chunk_class) : 0;
     PMEMoid oid = pmemobj_tx_xalloc(size, 0, flags | POBJ_XALLOC_NO_ABORT);
     if (OID_IS_NULL(oid)) return ENOMEM;
@@ -928,9 +940,9 @@ Result<std::span<const std::byte>> Pool::ReadChunk(std::uint64_t chunk_id) const
     }
   }
   const auto& chunk = *impl.At<ChunkHeader>(chunk_id);
-  const std::string where = "pool '" + path_ + "': chunk " + std::to_string(chunk_id) +
-                            " (epoch " + std::to_string(chunk.epoch) + ", tag " +
-                            std::to_string(chunk.tag) + ")";
+  const std::string where = "pool '" + path_ + "': chunk " + std::to_string(chunk_id) + " (epoch " +
+                            std::to_string(chunk.epoch) + ", tag " + std::to_string(chunk.tag) +
+                            ")";
   if (ChunkHeaderChecksum(chunk) != chunk.header_checksum) {
     return Status(StatusCode::kCorruption, where + ": chunk header checksum mismatch");
   }
@@ -1030,7 +1042,8 @@ VerifyReport Pool::Verify(bool deep) const {
       if (!payload.ok()) report.chunk_problems.push_back(payload.status().message());
     }
   }
-  if (!impl_->chunk_list_problem.empty()) report.chunk_problems.push_back(impl_->chunk_list_problem);
+  if (!impl_->chunk_list_problem.empty())
+    report.chunk_problems.push_back(impl_->chunk_list_problem);
   return report;
 }
 

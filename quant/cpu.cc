@@ -44,10 +44,14 @@ bool IsaSupported(Isa isa) {
 
 const char* IsaName(Isa isa) {
   switch (isa) {
-    case Isa::kAuto: return "auto";
-    case Isa::kPortable: return "portable";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
+    case Isa::kAuto:
+      return "auto";
+    case Isa::kPortable:
+      return "portable";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }

@@ -78,9 +78,9 @@ Status SerializeInto(const QuantizedView& view, std::span<std::uint8_t> out) {
                       std::to_string(s.payload_bytes()));
   }
   if (out.size() != SerializedSize(s)) {
-    return Status(StatusCode::kInvalidArgument,
-                  "output holds " + std::to_string(out.size()) + " bytes, serialized form needs " +
-                      std::to_string(SerializedSize(s)));
+    return Status(StatusCode::kInvalidArgument, "output holds " + std::to_string(out.size()) +
+                                                    " bytes, serialized form needs " +
+                                                    std::to_string(SerializedSize(s)));
   }
   std::uint8_t* h = out.data();
   std::memset(h, 0, kSerializedHeaderBytes);
@@ -125,7 +125,8 @@ Result<QuantizedView> Parse(std::span<const std::uint8_t> bytes) {
   if (version > kSerializedFormatVersion) {
     return Status(StatusCode::kUnsupportedVersion,
                   "quantized table format version " + std::to_string(version) +
-                      " is newer than this reader (" + std::to_string(kSerializedFormatVersion) + ")");
+                      " is newer than this reader (" + std::to_string(kSerializedFormatVersion) +
+                      ")");
   }
   if (stored_crc != crc) {
     return Corrupt("header checksum mismatch (stored " + std::to_string(stored_crc) +

@@ -34,8 +34,8 @@ void Loss2Portable(const float* x, std::uint32_t n, EncodeParams a, EncodeParams
   FinishLoss2(x, 0, n, a, b, qmax, lanes_a, lanes_b, loss_a, loss_b);
 }
 
-constexpr Kernels kPortable = {Isa::kPortable, MinMaxPortable, EncodePortable, Loss2Portable,
-                                 nullptr, nullptr};
+constexpr Kernels kPortable = {Isa::kPortable, MinMaxPortable, EncodePortable,
+                               Loss2Portable,  nullptr,        nullptr};
 
 }  // namespace
 

@@ -7,11 +7,11 @@
 // same IEEE operations per element, round-to-nearest-even conversions, and the
 // loss summed in 16 fixed lanes.
 // Thread-safety: pure functions.
-#include "detail/half.h"
-#include "detail/kernels.h"
-
 #include <cmath>
 #include <cstring>
+
+#include "detail/half.h"
+#include "detail/kernels.h"
 
 #if defined(__x86_64__)
 // GCC 12's AVX-512 headers seed results with _mm512_undefined_ps(), which
@@ -91,9 +91,12 @@ PMSNAP_AVX2 void EncodeAvx2(const float* x, std::uint32_t n, EncodeParams p, flo
   std::uint32_t i = 0;
   for (; i + 32 <= n; i += 32) {
     const __m256i q0 = _mm256_cvtps_epi32(EncodeVec256(_mm256_loadu_ps(x + i), bias, inv, vqmax));
-    const __m256i q1 = _mm256_cvtps_epi32(EncodeVec256(_mm256_loadu_ps(x + i + 8), bias, inv, vqmax));
-    const __m256i q2 = _mm256_cvtps_epi32(EncodeVec256(_mm256_loadu_ps(x + i + 16), bias, inv, vqmax));
-    const __m256i q3 = _mm256_cvtps_epi32(EncodeVec256(_mm256_loadu_ps(x + i + 24), bias, inv, vqmax));
+    const __m256i q1 =
+        _mm256_cvtps_epi32(EncodeVec256(_mm256_loadu_ps(x + i + 8), bias, inv, vqmax));
+    const __m256i q2 =
+        _mm256_cvtps_epi32(EncodeVec256(_mm256_loadu_ps(x + i + 16), bias, inv, vqmax));
+    const __m256i q3 =
+        _mm256_cvtps_epi32(EncodeVec256(_mm256_loadu_ps(x + i + 24), bias, inv, vqmax));
     // packs interleave 128-bit halves; the permute restores element order.
     const __m256i w01 = _mm256_packus_epi32(q0, q1);
     const __m256i w23 = _mm256_packus_epi32(q2, q3);
@@ -120,13 +123,17 @@ PMSNAP_AVX2 void Loss2Avx2(const float* x, std::uint32_t n, EncodeParams a, Enco
   for (; i + 16 <= n; i += 16) {
     const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
     __m256 d;
-    d = _mm256_sub_ps(v0, _mm256_add_ps(_mm256_mul_ps(EncodeVec256(v0, bias_a, inv_a, vqmax), scale_a), bias_a));
+    d = _mm256_sub_ps(
+        v0, _mm256_add_ps(_mm256_mul_ps(EncodeVec256(v0, bias_a, inv_a, vqmax), scale_a), bias_a));
     acc_a_lo = _mm256_add_ps(acc_a_lo, _mm256_mul_ps(d, d));
-    d = _mm256_sub_ps(v1, _mm256_add_ps(_mm256_mul_ps(EncodeVec256(v1, bias_a, inv_a, vqmax), scale_a), bias_a));
+    d = _mm256_sub_ps(
+        v1, _mm256_add_ps(_mm256_mul_ps(EncodeVec256(v1, bias_a, inv_a, vqmax), scale_a), bias_a));
     acc_a_hi = _mm256_add_ps(acc_a_hi, _mm256_mul_ps(d, d));
-    d = _mm256_sub_ps(v0, _mm256_add_ps(_mm256_mul_ps(EncodeVec256(v0, bias_b, inv_b, vqmax), scale_b), bias_b));
+    d = _mm256_sub_ps(
+        v0, _mm256_add_ps(_mm256_mul_ps(EncodeVec256(v0, bias_b, inv_b, vqmax), scale_b), bias_b));
     acc_b_lo = _mm256_add_ps(acc_b_lo, _mm256_mul_ps(d, d));
-    d = _mm256_sub_ps(v1, _mm256_add_ps(_mm256_mul_ps(EncodeVec256(v1, bias_b, inv_b, vqmax), scale_b), bias_b));
+    d = _mm256_sub_ps(
+        v1, _mm256_add_ps(_mm256_mul_ps(EncodeVec256(v1, bias_b, inv_b, vqmax), scale_b), bias_b));
     acc_b_hi = _mm256_add_ps(acc_b_hi, _mm256_mul_ps(d, d));
   }
   if (i == n) {
@@ -144,8 +151,7 @@ PMSNAP_AVX2 void Loss2Avx2(const float* x, std::uint32_t n, EncodeParams a, Enco
 
 // ------------------------------------------------------------- AVX-512 ----
 
-PMSNAP_AVX512 bool MinMaxAvx512(const float* x, std::uint32_t n, float* min_out,
-                                float* max_out) {
+PMSNAP_AVX512 bool MinMaxAvx512(const float* x, std::uint32_t n, float* min_out, float* max_out) {
   __m512 vlo = _mm512_set1_ps(x[0]), vhi = vlo;
   __m512 vpoison = _mm512_setzero_ps();
   std::uint32_t i = 0;
@@ -237,16 +243,17 @@ struct ParamsVec {
 // MakeUniformParams' fp16 asymmetric branch, lane by lane.
 PMSNAP_AVX512 inline ParamsVec Fp16ParamsVec(__m256 lo, __m256 hi, __m256 qmax) {
   hi = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(hi, lo, _CMP_LT_OQ), hi, lo);
-  __mmask8 bad = static_cast<__mmask8>(
-      _mm256_cmp_ps_mask(hi, _mm256_set1_ps(65504.0f), _CMP_GT_OQ) |
-      _mm256_cmp_ps_mask(lo, _mm256_set1_ps(-65504.0f), _CMP_LT_OQ));
+  __mmask8 bad =
+      static_cast<__mmask8>(_mm256_cmp_ps_mask(hi, _mm256_set1_ps(65504.0f), _CMP_GT_OQ) |
+                            _mm256_cmp_ps_mask(lo, _mm256_set1_ps(-65504.0f), _CMP_LT_OQ));
   const __m128i bias_h = _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEG_INF);
   const __m256 bias = _mm256_cvtph_ps(bias_h);
   const __m256 range = _mm256_sub_ps(hi, bias);
   const __mmask8 live = _mm256_cmp_ps_mask(range, _mm256_setzero_ps(), _CMP_GT_OQ);
   const __m128i scale_h = _mm256_cvtps_ph(_mm256_div_ps(range, qmax), _MM_FROUND_TO_POS_INF);
   const __m128i inf = _mm_set1_epi16(0x7c00);
-  bad = static_cast<__mmask8>(bad | (live & _mm_cmpeq_epi16_mask(_mm_and_si128(scale_h, inf), inf)));
+  bad =
+      static_cast<__mmask8>(bad | (live & _mm_cmpeq_epi16_mask(_mm_and_si128(scale_h, inf), inf)));
   const __m256 scale = _mm256_maskz_mov_ps(live, _mm256_cvtph_ps(scale_h));
   const __m256 inv = _mm256_maskz_div_ps(live, _mm256_set1_ps(1.0f), scale);
   return {bias, inv, scale, bad};
@@ -308,8 +315,8 @@ PMSNAP_AVX512 bool AdaptiveFp16Avx512(const float* const* rows, int count, std::
         const __m256 cur_loss = _mm256_mask_blend_ps(raise, lb, la);
         cl = _mm256_mask_blend_ps(static_cast<__mmask8>(active & raise), cl, raised);
         ch = _mm256_mask_blend_ps(static_cast<__mmask8>(active & ~raise), ch, lowered);
-        const __mmask8 better = static_cast<__mmask8>(
-            active & _mm256_cmp_ps_mask(cur_loss, best_loss, _CMP_LT_OQ));
+        const __mmask8 better =
+            static_cast<__mmask8>(active & _mm256_cmp_ps_mask(cur_loss, best_loss, _CMP_LT_OQ));
         auto pick = [&](__m256 v) PMSNAP_AVX512 {
           return _mm256_mask_blend_ps(raise, _mm256_movehdup_ps(v), _mm256_moveldup_ps(v));
         };
@@ -325,11 +332,13 @@ PMSNAP_AVX512 bool AdaptiveFp16Avx512(const float* const* rows, int count, std::
     const __m256 thr = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(plan.min_bins)), step);
     if (!walk(vlo0, vhi0, step, thr, plan.min_bins, plan.num_bins)) return false;
     __m256 refine_lo = _mm256_sub_ps(best_lo, step);
-    refine_lo = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(refine_lo, vlo0, _CMP_LT_OQ), refine_lo, vlo0);
+    refine_lo =
+        _mm256_mask_blend_ps(_mm256_cmp_ps_mask(refine_lo, vlo0, _CMP_LT_OQ), refine_lo, vlo0);
     __m256 refine_hi = _mm256_add_ps(best_hi, step);
-    refine_hi = _mm256_mask_blend_ps(_mm256_cmp_ps_mask(refine_hi, vhi0, _CMP_GT_OQ), refine_hi, vhi0);
-    if (!walk(refine_lo, refine_hi, _mm256_mul_ps(step, _mm256_set1_ps(0.25f)),
-              _mm256_setzero_ps(), 0, plan.refine_iterations)) {
+    refine_hi =
+        _mm256_mask_blend_ps(_mm256_cmp_ps_mask(refine_hi, vhi0, _CMP_GT_OQ), refine_hi, vhi0);
+    if (!walk(refine_lo, refine_hi, _mm256_mul_ps(step, _mm256_set1_ps(0.25f)), _mm256_setzero_ps(),
+              0, plan.refine_iterations)) {
       return false;
     }
   }
@@ -371,8 +380,8 @@ PMSNAP_AVX512 std::uint64_t Asym8Fp32RowsAvx512(const float* x, std::uint64_t st
 }
 
 constexpr Kernels kAvx2 = {Isa::kAvx2, MinMaxAvx2, EncodeAvx2, Loss2Avx2, nullptr, nullptr};
-constexpr Kernels kAvx512 = {Isa::kAvx512, MinMaxAvx512, EncodeAvx512, Loss2Avx512,
-                              AdaptiveFp16Avx512, Asym8Fp32RowsAvx512};
+constexpr Kernels kAvx512 = {Isa::kAvx512, MinMaxAvx512,       EncodeAvx512,
+                             Loss2Avx512,  AdaptiveFp16Avx512, Asym8Fp32RowsAvx512};
 
 }  // namespace
 

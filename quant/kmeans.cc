@@ -83,7 +83,8 @@ RowError KMeansRow(const RowContext& ctx, const float* x, std::uint8_t* out_row,
   for (std::uint32_t i = 0; i < n; ++i) {
     // Nearest centroid: the first one at or above x, or its lower neighbour.
     const float v = x[i];
-    std::uint32_t hi = static_cast<std::uint32_t>(std::lower_bound(codebook, codebook + k, v) - codebook);
+    std::uint32_t hi =
+        static_cast<std::uint32_t>(std::lower_bound(codebook, codebook + k, v) - codebook);
     std::uint32_t code;
     if (hi == k) {
       code = k - 1;

@@ -51,9 +51,8 @@ std::vector<std::uint64_t> SampleRows(std::uint64_t rows, double fraction, std::
   if (rows == 0) return {};
   // The small relative slack keeps 1e-5 * 1e7 from rounding up to 101.
   const double wanted = std::ceil(fraction * static_cast<double>(rows) * (1 - 1e-12));
-  std::uint64_t n = std::max<std::uint64_t>(min_rows, wanted >= static_cast<double>(rows)
-                                                          ? rows
-                                                          : static_cast<std::uint64_t>(wanted));
+  std::uint64_t n = std::max<std::uint64_t>(
+      min_rows, wanted >= static_cast<double>(rows) ? rows : static_cast<std::uint64_t>(wanted));
   n = std::clamp<std::uint64_t>(n, 1, rows);
   std::vector<std::uint64_t> picked;
   picked.reserve(n);
@@ -65,10 +64,10 @@ std::vector<std::uint64_t> SampleRows(std::uint64_t rows, double fraction, std::
   // covers the whole table and is sorted and distinct by construction.
   std::uint64_t state = seed;
   for (std::uint64_t s = 0; s < n; ++s) {
-    const std::uint64_t begin = static_cast<std::uint64_t>(
-        static_cast<unsigned __int128>(s) * rows / n);
-    const std::uint64_t end = static_cast<std::uint64_t>(
-        static_cast<unsigned __int128>(s + 1) * rows / n);
+    const std::uint64_t begin =
+        static_cast<std::uint64_t>(static_cast<unsigned __int128>(s) * rows / n);
+    const std::uint64_t end =
+        static_cast<std::uint64_t>(static_cast<unsigned __int128>(s + 1) * rows / n);
     picked.push_back(begin + SplitMix64(state) % (end - begin));
   }
   return picked;

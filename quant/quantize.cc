@@ -23,26 +23,34 @@ namespace pmsnap::quant {
 
 const char* MethodName(Method method) {
   switch (method) {
-    case Method::kSymmetric: return "symmetric";
-    case Method::kAsymmetric: return "asymmetric";
-    case Method::kAdaptive: return "adaptive";
-    case Method::kKMeans: return "kmeans";
+    case Method::kSymmetric:
+      return "symmetric";
+    case Method::kAsymmetric:
+      return "asymmetric";
+    case Method::kAdaptive:
+      return "adaptive";
+    case Method::kKMeans:
+      return "kmeans";
   }
   return "unknown";
 }
 
 const char* ScaleTypeName(ScaleType type) {
   switch (type) {
-    case ScaleType::kFp16: return "fp16";
-    case ScaleType::kFp32: return "fp32";
+    case ScaleType::kFp16:
+      return "fp16";
+    case ScaleType::kFp32:
+      return "fp32";
   }
   return "unknown";
 }
 
 const char* LayoutName(Layout layout) {
   switch (layout) {
-    case Layout::kPmsnap: return "pmsnap";
-    case Layout::kTorchFused: return "torch_fused";
+    case Layout::kPmsnap:
+      return "pmsnap";
+    case Layout::kTorchFused:
+      return "torch_fused";
   }
   return "unknown";
 }
@@ -52,10 +60,13 @@ std::uint64_t QuantSpec::code_bytes() const { return detail::CodeBytesFor(dim, b
 std::uint64_t QuantSpec::param_bytes() const {
   const std::uint64_t one = scale_type == ScaleType::kFp16 ? 2 : 4;
   switch (method) {
-    case Method::kSymmetric: return one;
+    case Method::kSymmetric:
+      return one;
     case Method::kAsymmetric:
-    case Method::kAdaptive: return 2 * one;
-    case Method::kKMeans: return one << bits;
+    case Method::kAdaptive:
+      return 2 * one;
+    case Method::kKMeans:
+      return one << bits;
   }
   return 0;
 }
@@ -155,8 +166,7 @@ RowContext MakeRowContext(const QuantOptions& options, std::uint32_t dim) {
     const AdaptiveSchedule sched = ScheduleFor(options.adaptive);
     ctx.plan = SearchPlan{ctx.qmax, sched.num_bins, sched.min_bins, sched.refine_iterations};
     ctx.fast_adaptive = ctx.kernels->adaptive_fp16 != nullptr &&
-                        options.scale_type == ScaleType::kFp16 &&
-                        options.layout == Layout::kPmsnap;
+                        options.scale_type == ScaleType::kFp16 && options.layout == Layout::kPmsnap;
   }
   return ctx;
 }
@@ -284,8 +294,8 @@ void StoreParams(const RowContext& ctx, const UniformParams& p, std::uint8_t* ds
 // step on each side (clipped to [min, max]), for RefineIterations() steps,
 // still keeping the best range seen. The step grid of num_bins is coarse near
 // the optimum; this recovers what a finer grid would find (PyTorch's 200
-// bins) for about a quarter of a 45-bin search's cost. The AVX-512 fast path (kernels_x86.cc) follows
-// this definition operation for operation.
+// bins) for about a quarter of a 45-bin search's cost. The AVX-512 fast path (kernels_x86.cc)
+// follows this definition operation for operation.
 RowError AdaptiveSearch(const RowContext& ctx, const float* x, float lo0, float hi0,
                         UniformParams* best) {
   RowError err = MakeUniformParams(ctx, lo0, hi0, best);
@@ -301,12 +311,14 @@ RowError AdaptiveSearch(const RowContext& ctx, const float* x, float lo0, float 
   UniformParams raise_lo, lower_hi;
   // One greedy walk from [lo, hi]: each iteration removes one `step`; the
   // bound guards against rounding drift.
-  auto walk = [&](float cur_lo, float cur_hi, float walk_step, float threshold,
-                  std::uint32_t iter, std::uint32_t end) -> RowError {
+  auto walk = [&](float cur_lo, float cur_hi, float walk_step, float threshold, std::uint32_t iter,
+                  std::uint32_t end) -> RowError {
     for (; iter < end && cur_lo + threshold < cur_hi; ++iter) {
       RowError e;
-      if ((e = MakeUniformParams(ctx, cur_lo + walk_step, cur_hi, &raise_lo)) != RowError::kOk) return e;
-      if ((e = MakeUniformParams(ctx, cur_lo, cur_hi - walk_step, &lower_hi)) != RowError::kOk) return e;
+      if ((e = MakeUniformParams(ctx, cur_lo + walk_step, cur_hi, &raise_lo)) != RowError::kOk)
+        return e;
+      if ((e = MakeUniformParams(ctx, cur_lo, cur_hi - walk_step, &lower_hi)) != RowError::kOk)
+        return e;
       float loss_raise, loss_lower;
       k.loss2(x, ctx.dim, raise_lo.enc, lower_hi.enc, ctx.qmax, &loss_raise, &loss_lower);
       float cur_loss;
@@ -347,9 +359,8 @@ RowError QuantizeRow(const RowContext& ctx, const float* x, std::uint8_t* out_ro
   float lo, hi;
   if (!ctx.kernels->min_max(x, ctx.dim, &lo, &hi)) return RowError::kNonFinite;
   UniformParams params;
-  RowError err = ctx.options.method == Method::kAdaptive
-                     ? AdaptiveSearch(ctx, x, lo, hi, &params)
-                     : MakeUniformParams(ctx, lo, hi, &params);
+  RowError err = ctx.options.method == Method::kAdaptive ? AdaptiveSearch(ctx, x, lo, hi, &params)
+                                                         : MakeUniformParams(ctx, lo, hi, &params);
   if (err != RowError::kOk) return err;
   const int bits = ctx.options.bits;
   if (bits == 8) {
@@ -434,8 +445,9 @@ void ForRowRanges(std::uint64_t rows, int max_threads, std::uint64_t grain, cons
     return;
   }
   auto run = [&] {
-    tbb::parallel_for(tbb::blocked_range<std::uint64_t>(0, rows, grain),
-                      [&](const tbb::blocked_range<std::uint64_t>& r) { body(r.begin(), r.end()); });
+    tbb::parallel_for(
+        tbb::blocked_range<std::uint64_t>(0, rows, grain),
+        [&](const tbb::blocked_range<std::uint64_t>& r) { body(r.begin(), r.end()); });
   };
   if (max_threads > 1) {
     tbb::task_arena arena(max_threads);
@@ -517,17 +529,17 @@ Status QuantizeInto(const TableView& table, const QuantOptions& options,
                  std::vector<float> sorted;
                  std::vector<double> prefix;
                  if (ctx.fused_asym8) {
-                   const std::uint64_t done = ctx.kernels->asym8_fp32_rows(
-                       table.row(begin), table.stride(), end - begin, table.dim,
-                       out.data() + begin * row_bytes);
+                   const std::uint64_t done =
+                       ctx.kernels->asym8_fp32_rows(table.row(begin), table.stride(), end - begin,
+                                                    table.dim, out.data() + begin * row_bytes);
                    begin += done;  // a row it stopped at goes through QuantizeRow
                  }
                  for (std::uint64_t r = begin; r < end; ++r) {
                    // Rows past a known failure cannot change the report.
                    if (r > first_bad.load(std::memory_order_relaxed)) break;
                    if (ctx.fast_adaptive && r % detail::kSearchRows == 0) {
-                     const int count = static_cast<int>(
-                         std::min<std::uint64_t>(detail::kSearchRows, end - r));
+                     const int count =
+                         static_cast<int>(std::min<std::uint64_t>(detail::kSearchRows, end - r));
                      const float* x[detail::kSearchRows];
                      std::uint8_t* dsts[detail::kSearchRows];
                      for (int i = 0; i < count; ++i) {
@@ -594,8 +606,8 @@ Status CheckView(const QuantizedView& q) {
 }
 
 Status CorruptRow(std::uint64_t row) {
-  return Status(StatusCode::kCorruption,
-                "quantized row " + std::to_string(row) + " has a non-finite scale, bias or centroid");
+  return Status(StatusCode::kCorruption, "quantized row " + std::to_string(row) +
+                                             " has a non-finite scale, bias or centroid");
 }
 
 }  // namespace
@@ -640,8 +652,8 @@ Result<double> MeanL2Error(const TableView& original, const QuantizedView& quant
   PMSNAP_RETURN_IF_ERROR(CheckView(quantized));
   PMSNAP_RETURN_IF_ERROR(ValidateTable(original));
   if (original.rows != quantized.spec.rows || original.dim != quantized.spec.dim) {
-    return Invalid("table '" + TableName(original) + "' is " + std::to_string(original.rows) +
-                   "x" + std::to_string(original.dim) + " but the quantized table is " +
+    return Invalid("table '" + TableName(original) + "' is " + std::to_string(original.rows) + "x" +
+                   std::to_string(original.dim) + " but the quantized table is " +
                    std::to_string(quantized.spec.rows) + "x" + std::to_string(quantized.spec.dim));
   }
   if (original.rows == 0) return 0.0;

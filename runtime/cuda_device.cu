@@ -17,9 +17,8 @@ namespace {
 
 Status CudaStatus(cudaError_t error, const char* call) {
   if (error == cudaSuccess) return Status::Ok();
-  return Status(StatusCode::kIOError,
-                std::string(call) + " failed: " + cudaGetErrorName(error) + " (" +
-                    cudaGetErrorString(error) + ")");
+  return Status(StatusCode::kIOError, std::string(call) + " failed: " + cudaGetErrorName(error) +
+                                          " (" + cudaGetErrorString(error) + ")");
 }
 
 #define PMSNAP_CUDA_RETURN_IF_ERROR(call) PMSNAP_RETURN_IF_ERROR(CudaStatus((call), #call))
@@ -166,9 +165,9 @@ Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
                   std::string("CUDA is unavailable: ") + cudaGetErrorString(error));
   }
   if (ordinal < 0 || ordinal >= count) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "CUDA device " + std::to_string(ordinal) + " requested, " +
-                      std::to_string(count) + " present");
+    return Status(StatusCode::kFailedPrecondition, "CUDA device " + std::to_string(ordinal) +
+                                                       " requested, " + std::to_string(count) +
+                                                       " present");
   }
   cudaDeviceProp props{};
   PMSNAP_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, ordinal));

@@ -60,8 +60,8 @@ Result<void*> HostMemoryDevice::Allocate(std::size_t bytes) {
   void* ptr = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (ptr == nullptr) {
     allocated_.fetch_sub(bytes, std::memory_order_relaxed);
-    return Status(StatusCode::kNoSpace, name() + ": host allocation of " + std::to_string(bytes) +
-                                            " bytes failed");
+    return Status(StatusCode::kNoSpace,
+                  name() + ": host allocation of " + std::to_string(bytes) + " bytes failed");
   }
   return ptr;
 }

@@ -36,7 +36,8 @@ Result<std::unique_ptr<Device>> MakeDevice(const std::string& spec, std::string*
     PMSNAP_ASSIGN_OR_RETURN(options.copy_bandwidth_gbps, number(1, options.copy_bandwidth_gbps));
     PMSNAP_ASSIGN_OR_RETURN(const double mib, number(2, options.memory_bytes / 1048576.0));
     if (options.copy_bandwidth_gbps <= 0) {
-      return Status(StatusCode::kInvalidArgument, "device spec '" + spec + "': bandwidth must be > 0");
+      return Status(StatusCode::kInvalidArgument,
+                    "device spec '" + spec + "': bandwidth must be > 0");
     }
     options.memory_bytes = static_cast<std::uint64_t>(mib * 1048576.0);
     return std::unique_ptr<Device>(std::make_unique<SimulatedDevice>(options));
@@ -50,9 +51,9 @@ Result<std::unique_ptr<Device>> MakeDevice(const std::string& spec, std::string*
     }
     return std::unique_ptr<Device>(std::make_unique<HostDevice>());
   }
-  return Status(StatusCode::kInvalidArgument,
-                "unknown device spec '" + spec +
-                    "' (expected host, simulated[:GBPS[:MEM_MIB]] or cuda[:N])");
+  return Status(
+      StatusCode::kInvalidArgument,
+      "unknown device spec '" + spec + "' (expected host, simulated[:GBPS[:MEM_MIB]] or cuda[:N])");
 }
 
 }  // namespace pmsnap::runtime

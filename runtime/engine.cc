@@ -1,7 +1,5 @@
 #include "pmsnap/runtime/engine.h"
 
-#include "pmsnap/runtime/cuda_device.h"
-
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
@@ -13,6 +11,8 @@
 #include <iostream>
 #include <mutex>
 #include <unordered_map>
+
+#include "pmsnap/runtime/cuda_device.h"
 
 namespace pmsnap::runtime {
 namespace {
@@ -41,16 +41,16 @@ struct Epoch {
   std::uint64_t epoch = 0;
   std::uint64_t iteration = 0;
   Clock::time_point started;
-  std::vector<std::unique_ptr<UnitTask>> tasks;         // null until captured
+  std::vector<std::unique_ptr<UnitTask>> tasks;  // null until captured
   std::vector<Clock::time_point> captured_at;
   std::unique_ptr<std::atomic<std::uint32_t>[]> persist_remaining;  // parts per unit
   std::unique_ptr<std::atomic<std::int64_t>[]> first_claim_ns;      // since `started`, -1 none
-  std::vector<double> next_update_gap;                   // training thread
-  std::vector<bool> conflicted;                          // training thread
+  std::vector<double> next_update_gap;                              // training thread
+  std::vector<bool> conflicted;                                     // training thread
   // Units not yet persisted, plus one released by EndStep.
   std::atomic<std::uint32_t> remaining{0};
-  std::uint32_t captured_count = 0;  // training thread
-  bool step_ended = false;           // training thread
+  std::uint32_t captured_count = 0;    // training thread
+  bool step_ended = false;             // training thread
   std::vector<std::byte> extra_state;  // written by EndStep before the release
   std::atomic<bool> failed{false};
   std::atomic<bool> committed{false};
@@ -163,8 +163,8 @@ struct Engine::Impl {
         copy = SecondsSince(start);
       } else {
         auto dst = pool->PartDestination(part.pool_part);
-        status = dst.ok() ? device->CopyToHost(dst->data(), task.source(p), part.bytes)
-                          : dst.status();
+        status =
+            dst.ok() ? device->CopyToHost(dst->data(), task.source(p), part.bytes) : dst.status();
         copy = SecondsSince(start);
       }
     }
@@ -254,7 +254,8 @@ struct Engine::Impl {
         profile.unit = u;
         profile.bytes = task->bytes();
         const std::int64_t claim = epoch.first_claim_ns[u].load(std::memory_order_relaxed);
-        const double captured = std::chrono::duration<double>(epoch.captured_at[u] - epoch.started).count();
+        const double captured =
+            std::chrono::duration<double>(epoch.captured_at[u] - epoch.started).count();
         profile.queue_wait_seconds = claim < 0 ? 0 : std::max(0.0, claim * 1e-9 - captured);
         profile.copy_seconds = task->copy_seconds.load();
         profile.persist_seconds = task->persist_seconds.load();
@@ -289,9 +290,9 @@ struct Engine::Impl {
 
   Status CheckUnit(std::uint32_t unit) const {
     if (unit >= units.size()) {
-      return Status(StatusCode::kInvalidArgument, "unit " + std::to_string(unit) +
-                                                      " out of range (" +
-                                                      std::to_string(units.size()) + " registered)");
+      return Status(StatusCode::kInvalidArgument,
+                    "unit " + std::to_string(unit) + " out of range (" +
+                        std::to_string(units.size()) + " registered)");
     }
     return Status::Ok();
   }
@@ -311,8 +312,8 @@ struct Engine::Impl {
                        pool->manifest().units[u].bytes(), kEncodedPart});
     }
     parts.reserve(unit_layout.part_count);
-    for (std::uint32_t p = unit_layout.first_part; p < unit_layout.first_part + unit_layout.part_count;
-         ++p) {
+    for (std::uint32_t p = unit_layout.first_part;
+         p < unit_layout.first_part + unit_layout.part_count; ++p) {
       const layout::PartLayout& part = layout.parts[p];
       const auto* base = static_cast<const std::byte*>(units[u].tensors[part.tensor].data);
       parts.push_back({base + part.offset_in_tensor, part.bytes, p});
@@ -440,7 +441,8 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
     impl->device = options.device;
   }
   impl->policy = options.policy ? options.policy : std::make_shared<ContinuousPolicy>();
-  impl->strategy = options.strategy ? options.strategy : std::make_shared<WaitForSnapshotStrategy>();
+  impl->strategy =
+      options.strategy ? options.strategy : std::make_shared<WaitForSnapshotStrategy>();
 
   std::error_code ec;
   layout::OpenOptions open_options;
@@ -488,7 +490,8 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
     impl->stats.units.push_back(us);
   }
   impl->policy_inputs.model_bytes = impl->model_bytes;
-  impl->policy_inputs.in_device_seconds = impl->device->EstimateInDeviceCopySeconds(impl->model_bytes);
+  impl->policy_inputs.in_device_seconds =
+      impl->device->EstimateInDeviceCopySeconds(impl->model_bytes);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -497,9 +500,9 @@ Status Engine::BeginStep(std::uint64_t step) {
   if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
   PMSNAP_RETURN_IF_ERROR(impl.TakeError());
   if (impl.in_step) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "BeginStep(" + std::to_string(step) + ") before EndStep of step " +
-                      std::to_string(impl.step));
+    return Status(StatusCode::kFailedPrecondition, "BeginStep(" + std::to_string(step) +
+                                                       ") before EndStep of step " +
+                                                       std::to_string(impl.step));
   }
   const auto start = Clock::now();
   if (impl.started_training) {
@@ -567,7 +570,8 @@ Status Engine::BeforeUpdate(std::uint32_t unit) {
     // the value the epoch is still copying.
     if (task != nullptr && !(impl.capturing && !epoch.step_ended)) {
       if (epoch.next_update_gap[unit] < 0) {
-        epoch.next_update_gap[unit] = std::chrono::duration<double>(start - epoch.captured_at[unit]).count();
+        epoch.next_update_gap[unit] =
+            std::chrono::duration<double>(start - epoch.captured_at[unit]).count();
       }
       if (!task->snapshotted()) {
         epoch.conflicted[unit] = true;
@@ -614,7 +618,8 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
   const auto start = Clock::now();
   Status result = Status::Ok();
   if (impl.saw_update_in_step) {
-    impl.policy_inputs.update_seconds = std::chrono::duration<double>(start - impl.first_update_in_step).count();
+    impl.policy_inputs.update_seconds =
+        std::chrono::duration<double>(start - impl.first_update_in_step).count();
   }
   if (impl.capturing && impl.current) {
     Epoch& epoch = *impl.current;

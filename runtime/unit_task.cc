@@ -28,9 +28,8 @@ bool UnitTask::TryClaim(std::uint32_t p) {
   auto expected = static_cast<std::uint8_t>(PartState::kPending);
   // Acquire: the claimer sees the source a strategy redirected (release in
   // RedirectAndRelease).
-  return states_[p].compare_exchange_strong(expected,
-                                            static_cast<std::uint8_t>(PartState::kCopying),
-                                            std::memory_order_acq_rel);
+  return states_[p].compare_exchange_strong(
+      expected, static_cast<std::uint8_t>(PartState::kCopying), std::memory_order_acq_rel);
 }
 
 void UnitTask::RedirectAndRelease(std::uint32_t p, const std::byte* copy) {
@@ -75,7 +74,8 @@ void UnitTask::CopyInDeviceAsync(std::vector<std::uint32_t> parts, std::byte* bu
   auto job = [this, parts = std::move(parts), buffer] {
     std::uint64_t offset = 0;
     for (std::uint32_t p : parts) {
-      Status status = device_->CopyInDevice(buffer + offset, parts_[p].live_source, parts_[p].bytes);
+      Status status =
+          device_->CopyInDevice(buffer + offset, parts_[p].live_source, parts_[p].bytes);
       if (!status.ok()) {
         std::lock_guard<std::mutex> lock(device_error_mutex_);
         if (device_error_.ok()) device_error_ = status;

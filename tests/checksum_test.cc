@@ -1,5 +1,7 @@
 // The per-ISA XXH3 kernels (and the fused copy+hash bulk path) give exactly
 // the checksums of Debian's libxxhash, so pools stay readable everywhere.
+#include "pmsnap/pmem_layout/checksum.h"
+
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "detail/xxh3_kernels.h"
-#include "pmsnap/pmem_layout/checksum.h"
 
 namespace pmsnap::layout {
 namespace {
@@ -41,8 +42,9 @@ std::vector<unsigned char> RandomBytes(std::size_t n, std::uint64_t seed) {
 }
 
 std::vector<std::size_t> InterestingLengths() {
-  std::vector<std::size_t> lengths = {0, 1, 63, 64, 65, 128, 239, 240, 241, 255, 256, 257,
-                                      1023, 1024, 1025, 1087, 1088, 4096, 65536 + 7, 1 << 20};
+  std::vector<std::size_t> lengths = {0,    1,    63,   64,   65,        128,    239,
+                                      240,  241,  255,  256,  257,       1023,   1024,
+                                      1025, 1087, 1088, 4096, 65536 + 7, 1 << 20};
   std::mt19937_64 rng(7);
   for (int i = 0; i < 60; ++i) lengths.push_back(rng() % 20000);
   return lengths;

@@ -99,8 +99,8 @@ TEST_P(StrategyCorrectnessTest, EveryCommittedEpochEqualsTheModelAtRest) {
   }
   if (c.strategy == "adaptive") {
     const std::uint64_t in_device = Count(stats, StrategyChoice::kInDeviceCopy);
-    const std::uint64_t split = Count(stats, StrategyChoice::kSplitGroups) +
-                                Count(stats, StrategyChoice::kPartsOnConflict);
+    const std::uint64_t split =
+        Count(stats, StrategyChoice::kSplitGroups) + Count(stats, StrategyChoice::kPartsOnConflict);
     if (ample) {
       EXPECT_GT(in_device, 0u) << "conflicts seen and memory free: strategy 1 expected";
     } else {
@@ -110,18 +110,19 @@ TEST_P(StrategyCorrectnessTest, EveryCommittedEpochEqualsTheModelAtRest) {
   EXPECT_LE(stats.peak_device_extra_bytes, c.device_memory);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllStrategies, StrategyCorrectnessTest,
-    ::testing::Values(Case{"1", 64u << 20}, Case{"2", 64u << 20}, Case{"3", 64u << 20},
-                      Case{"4", 64u << 20}, Case{"adaptive", 64u << 20},
-                      // Memory pressure: less than the largest unit (~240 KB).
-                      Case{"1", 100u << 10}, Case{"3", 100u << 10}, Case{"4", 100u << 10},
-                      Case{"adaptive", 100u << 10}),
-    [](const auto& info) {
-      return (info.param.strategy == "adaptive" ? std::string("adaptive")
-                                                : "strategy" + info.param.strategy) +
-             (info.param.device_memory >= (8u << 20) ? "_ample" : "_pressure");
-    });
+INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyCorrectnessTest,
+                         ::testing::Values(Case{"1", 64u << 20}, Case{"2", 64u << 20},
+                                           Case{"3", 64u << 20}, Case{"4", 64u << 20},
+                                           Case{"adaptive", 64u << 20},
+                                           // Memory pressure: less than the largest unit (~240 KB).
+                                           Case{"1", 100u << 10}, Case{"3", 100u << 10},
+                                           Case{"4", 100u << 10}, Case{"adaptive", 100u << 10}),
+                         [](const auto& info) {
+                           return (info.param.strategy == "adaptive"
+                                       ? std::string("adaptive")
+                                       : "strategy" + info.param.strategy) +
+                                  (info.param.device_memory >= (8u << 20) ? "_ample" : "_pressure");
+                         });
 
 TEST(AdaptiveDecisionTest, FollowsTheSlidesRule) {
   UnitProfile calm;

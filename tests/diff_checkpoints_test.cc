@@ -79,7 +79,7 @@ TEST_P(PolicyTest, EveryRetainedCheckpointRecoversItsIteration) {
   options.quantize.enabled = GetParam().quantize;
   options.quantize.bits = 8;
   options.incrcp.duplicate_ratio_threshold = 0.0;  // extract whenever duplicates exist
-  options.incrcp.reset_baseline = false;  // timing-driven: tested on its own below
+  options.incrcp.reset_baseline = false;           // timing-driven: tested on its own below
   auto checkpointer = std::make_shared<EmbeddingCheckpointer>(options);
   EmbeddingToy toy(kRows, kDim);
   {
@@ -92,8 +92,10 @@ TEST_P(PolicyTest, EveryRetainedCheckpointRecoversItsIteration) {
     EXPECT_EQ(checkpoints->back().iteration, 14u);
     // 8-bit asymmetric: within half a step of a row's range / 255.
     const double tolerance = GetParam().quantize ? 0.002 : 0.0;
-    for (const CheckpointInfo& c : *checkpoints) ExpectTableAt((*engine)->pool(), c.epoch, tolerance);
-    EXPECT_EQ(RecoverTable((*engine)->pool(), "emb.users", 1).status().code(), StatusCode::kNotFound);
+    for (const CheckpointInfo& c : *checkpoints)
+      ExpectTableAt((*engine)->pool(), c.epoch, tolerance);
+    EXPECT_EQ(RecoverTable((*engine)->pool(), "emb.users", 1).status().code(),
+              StatusCode::kNotFound);
     if (GetParam().policy != Policy::kFull) {
       EXPECT_FALSE(checkpointer->last_checkpoint("emb.users").full);
       EXPECT_LT(checkpointer->last_checkpoint("emb.users").rows_written, kRows);
@@ -111,22 +113,21 @@ TEST_P(PolicyTest, EveryRetainedCheckpointRecoversItsIteration) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllPolicies, PolicyTest,
-    ::testing::Values(PolicyCase{Policy::kFull, false},
-                      PolicyCase{Policy::kOneShotDifferential, false},
-                      PolicyCase{Policy::kConsecutiveIncremental, false},
-                      PolicyCase{Policy::kIntermittentDifferential, false},
-                      PolicyCase{Policy::kIncrCP, false},
-                      PolicyCase{Policy::kOneShotDifferential, true},
-                      PolicyCase{Policy::kIncrCP, true}),
-    [](const auto& info) {
-      std::string name = PolicyName(info.param.policy);
-      for (char& c : name) {
-        if (c == '-') c = '_';
-      }
-      return name + (info.param.quantize ? "_quantized" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(AllPolicies, PolicyTest,
+                         ::testing::Values(PolicyCase{Policy::kFull, false},
+                                           PolicyCase{Policy::kOneShotDifferential, false},
+                                           PolicyCase{Policy::kConsecutiveIncremental, false},
+                                           PolicyCase{Policy::kIntermittentDifferential, false},
+                                           PolicyCase{Policy::kIncrCP, false},
+                                           PolicyCase{Policy::kOneShotDifferential, true},
+                                           PolicyCase{Policy::kIncrCP, true}),
+                         [](const auto& info) {
+                           std::string name = PolicyName(info.param.policy);
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name + (info.param.quantize ? "_quantized" : "");
+                         });
 
 TEST(DiffEngineTest, RestoreResumesTrainingAndLaterCheckpointsStayExact) {
   TempPoolPath path("diff-restore");
@@ -220,7 +221,8 @@ TEST(DiffEngineTest, DamagedChunkIsCorruptionNamingTableAndCheckpoint) {
   ASSERT_TRUE(pool.ok());
   auto table = RecoverTable(**pool, "emb.users", epoch);
   EXPECT_EQ(table.status().code(), StatusCode::kCorruption);
-  EXPECT_THAT(table.status().message(), HasSubstr("table 'emb.users' checkpoint " + std::to_string(epoch)));
+  EXPECT_THAT(table.status().message(),
+              HasSubstr("table 'emb.users' checkpoint " + std::to_string(epoch)));
 }
 
 TEST(DiffEngineTest, IntermittentPolicyTakesANewBaselineWhenDifferentialsGrow) {
@@ -247,7 +249,7 @@ TEST(PolicyRuleTest, IntermittentFollowsCheckNRunsPredictor) {
   const double small[] = {0.05, 0.08, 0.1};
   EXPECT_FALSE(detail::IntermittentTakesFull(small));  // F_c 1.23 > I_c 0.4
   const double grown[] = {0.4, 0.6, 0.7};
-  EXPECT_TRUE(detail::IntermittentTakesFull(grown));   // F_c 2.7 <= I_c 2.8
+  EXPECT_TRUE(detail::IntermittentTakesFull(grown));  // F_c 2.7 <= I_c 2.8
   EXPECT_FALSE(detail::IntermittentTakesFull({}));
 }
 

@@ -79,8 +79,8 @@ TEST_P(DiffCrashTest, EveryRetainedCheckpointSurvivesRandomKills) {
     ::kill(child, SIGKILL);
     int status = 0;
     ASSERT_EQ(::waitpid(child, &status, 0), child);
-    ASSERT_TRUE(WIFSIGNALED(status)) << "child exited by itself with " << WEXITSTATUS(status)
-                                     << " in trial " << trial;
+    ASSERT_TRUE(WIFSIGNALED(status))
+        << "child exited by itself with " << WEXITSTATUS(status) << " in trial " << trial;
     layout::SetWarningSink(nullptr);
     auto pool = layout::Pool::Open(path.path());
     if (!pool.ok() && (pool.status().code() == StatusCode::kNotFound ||

@@ -243,9 +243,8 @@ TEST_P(EmbeddingPolicyTest, SmallCheckpointsRecoverEveryIterationAndRestoreBitwi
     ASSERT_TRUE(model->tracked->rows().bound());
     diff::RowTracker* tracker = checkpointer->tracker(kTable);
     ASSERT_EQ(model->tracked->rows().tracker(), tracker);
-    const std::uint64_t table_bytes =
-        static_cast<std::uint64_t>(kRows * kDim * sizeof(float)) *
-        TableTensors(model, *optimizer).size();
+    const std::uint64_t table_bytes = static_cast<std::uint64_t>(kRows * kDim * sizeof(float)) *
+                                      TableTensors(model, *optimizer).size();
     int differential = 0;
     for (std::uint64_t step = 1; step <= kSteps; ++step) {
       ForwardBackward(model, *optimizer, step);
@@ -348,8 +347,8 @@ TEST_F(EmbeddingTest, QuantizedCheckpointsRestoreWithinTheQuantizerBound) {
   }
   Dlrm restored = MakeDlrm(77);
   auto restored_optimizer = AdagradCase().make(restored->parameters());
-  auto opt = CheckpointedOptimizer::Create(*restored, *restored_optimizer, EveryStep(pool.path()),
-                                           tables);
+  auto opt =
+      CheckpointedOptimizer::Create(*restored, *restored_optimizer, EveryStep(pool.path()), tables);
   ASSERT_TRUE(opt.ok()) << opt.status().ToString();
   auto info = (*opt)->Restore();
   ASSERT_TRUE(info.ok()) << info.status().ToString();
@@ -359,8 +358,7 @@ TEST_F(EmbeddingTest, QuantizedCheckpointsRestoreWithinTheQuantizerBound) {
   torch::Tensor original = model->bag->weight.detach();
   torch::Tensor back = restored->bag->weight.detach();
   torch::Tensor range = std::get<0>(original.max(1)) - std::get<0>(original.min(1));
-  torch::Tensor bound = range / 255.0 * 0.5 * 1.01 +
-                        original.abs().amax(1) * 1e-3 + 1e-6;
+  torch::Tensor bound = range / 255.0 * 0.5 * 1.01 + original.abs().amax(1) * 1e-3 + 1e-6;
   torch::Tensor error = (back - original).abs().amax(1);
   EXPECT_TRUE(error.le(bound).all().item<bool>())
       << "max error " << error.max().item<float>() << " bound " << bound.min().item<float>();

@@ -1,8 +1,9 @@
 // Manifest encoding, validation, signatures and layout.
+#include "pmsnap/pmem_layout/manifest.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "pmsnap/pmem_layout/manifest.h"
 #include "testutil/pool_fixtures.h"
 
 namespace pmsnap::layout {

@@ -106,8 +106,8 @@ TEST(PoolCrashTest, RandomSigkillAlwaysRecoversALaterOrEqualCommittedEpochBitExa
     ::kill(child, SIGKILL);
     int wstatus = 0;
     ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
-    ASSERT_TRUE(WIFSIGNALED(wstatus)) << "writer exited by itself with code "
-                                      << WEXITSTATUS(wstatus) << " in trial " << trial;
+    ASSERT_TRUE(WIFSIGNALED(wstatus))
+        << "writer exited by itself with code " << WEXITSTATUS(wstatus) << " in trial " << trial;
     std::uint64_t reported = 0;
     bool progressed = false;
     while (::read(fds[0], &reported, sizeof(reported)) == sizeof(reported)) {

@@ -143,7 +143,9 @@ TEST(PoolTest, LargeTensorsAreCutIntoPartsWrittenFromSeveralThreads) {
         if (static_cast<int>(i % 2) != worker) continue;
         const PartLayout& part = layout.parts[i];
         const auto& src = sources[part.unit * 3 + part.tensor];
-        if (!(*pool)->WritePart(static_cast<std::uint32_t>(i), src.data() + part.offset_in_tensor).ok())
+        if (!(*pool)
+                 ->WritePart(static_cast<std::uint32_t>(i), src.data() + part.offset_in_tensor)
+                 .ok())
           failures++;
       }
     });

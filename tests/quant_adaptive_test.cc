@@ -24,8 +24,8 @@ double RowL2(const float* x, const float* y, std::uint32_t dim) {
   return std::sqrt(sq);
 }
 
-class AdaptiveTest
-    : public ::testing::TestWithParam<std::tuple<int, ScaleType, Layout, RowShape>> {};
+class AdaptiveTest : public ::testing::TestWithParam<std::tuple<int, ScaleType, Layout, RowShape>> {
+};
 
 TEST_P(AdaptiveTest, NeverWorseThanAsymmetricOnAnyRow) {
   const auto [bits, scale_type, layout, shape] = GetParam();
@@ -56,17 +56,19 @@ TEST_P(AdaptiveTest, NeverWorseThanAsymmetricOnAnyRow) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Pmsnap, AdaptiveTest,
-    ::testing::Combine(::testing::Values(2, 3, 4, 8),
-                       ::testing::Values(ScaleType::kFp16, ScaleType::kFp32),
-                       ::testing::Values(Layout::kPmsnap),
-                       ::testing::Values(RowShape::kNormal, RowShape::kHeavyTailed)));
-INSTANTIATE_TEST_SUITE_P(
-    TorchFused, AdaptiveTest,
-    ::testing::Values(std::make_tuple(2, ScaleType::kFp16, Layout::kTorchFused, RowShape::kHeavyTailed),
-                      std::make_tuple(4, ScaleType::kFp16, Layout::kTorchFused, RowShape::kHeavyTailed),
-                      std::make_tuple(8, ScaleType::kFp32, Layout::kTorchFused, RowShape::kHeavyTailed)));
+INSTANTIATE_TEST_SUITE_P(Pmsnap, AdaptiveTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4, 8),
+                                            ::testing::Values(ScaleType::kFp16, ScaleType::kFp32),
+                                            ::testing::Values(Layout::kPmsnap),
+                                            ::testing::Values(RowShape::kNormal,
+                                                              RowShape::kHeavyTailed)));
+INSTANTIATE_TEST_SUITE_P(TorchFused, AdaptiveTest,
+                         ::testing::Values(std::make_tuple(2, ScaleType::kFp16, Layout::kTorchFused,
+                                                           RowShape::kHeavyTailed),
+                                           std::make_tuple(4, ScaleType::kFp16, Layout::kTorchFused,
+                                                           RowShape::kHeavyTailed),
+                                           std::make_tuple(8, ScaleType::kFp32, Layout::kTorchFused,
+                                                           RowShape::kHeavyTailed)));
 
 TEST(AdaptiveSearchTest, ClipsAnOutlierAtTwoBits) {
   // 63 elements in [-0.1, 0.1] and one at 5: the plain 2-bit grid spends all

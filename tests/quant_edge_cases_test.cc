@@ -78,7 +78,8 @@ TEST(EdgeCaseTest, ThreeBitRowsOfEveryLengthPackTightly) {
       for (std::uint32_t i = 0; i < dim; ++i) {
         const auto code = static_cast<std::uint32_t>(row[i]);
         for (int b = 0; b < 3; ++b) {
-          if (code & (1u << b)) expected[(3 * i + b) / 8] |= static_cast<std::uint8_t>(1u << ((3 * i + b) % 8));
+          if (code & (1u << b))
+            expected[(3 * i + b) / 8] |= static_cast<std::uint8_t>(1u << ((3 * i + b) % 8));
         }
       }
       EXPECT_EQ(std::vector<std::uint8_t>(q->payload.begin(), q->payload.begin() + expected.size()),

@@ -36,8 +36,8 @@ std::string Message(const std::vector<std::uint8_t>& bytes) {
 }
 
 TEST(FormatTest, RoundTripIsSelfDescribing) {
-  for (Method method : {Method::kSymmetric, Method::kAsymmetric, Method::kAdaptive,
-                        Method::kKMeans}) {
+  for (Method method :
+       {Method::kSymmetric, Method::kAsymmetric, Method::kAdaptive, Method::kKMeans}) {
     for (int bits : {2, 3, 4, 8}) {
       const auto table = testing::MakeTable(testing::RowShape::kHeavyTailed, 33, 19, 5);
       QuantOptions options;

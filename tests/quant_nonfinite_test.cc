@@ -32,8 +32,8 @@ TEST(NonFiniteTest, ErrorNamesTableRowAndColumn) {
         auto q = Quantize(table.view(), options);
         ASSERT_FALSE(q.ok());
         EXPECT_EQ(q.status().code(), StatusCode::kInvalidArgument);
-        const std::string expected = "table 'user_emb' row 17 column " + std::to_string(column) +
-                                     " holds " + bad.name;
+        const std::string expected =
+            "table 'user_emb' row 17 column " + std::to_string(column) + " holds " + bad.name;
         EXPECT_NE(q.status().message().find(expected), std::string::npos)
             << MethodName(method) << ": " << q.status().message();
       }

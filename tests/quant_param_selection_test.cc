@@ -96,7 +96,7 @@ TEST(ParamSearchTest, SampleIsUniformSortedDistinctAndDeterministic) {
     EXPECT_GE(a[i], i * 100000);
     EXPECT_LT(a[i], (i + 1) * 100000);
   }
-  EXPECT_EQ(SampleRows(1000, 1e-5, 4096, 1).size(), 1000u);  // small table: all rows
+  EXPECT_EQ(SampleRows(1000, 1e-5, 4096, 1).size(), 1000u);   // small table: all rows
   EXPECT_EQ(SampleRows(1'000'000, 1e-5, 64, 1).size(), 64u);  // minimum wins
   EXPECT_TRUE(SampleRows(0, 0.5, 1, 1).empty());
 }

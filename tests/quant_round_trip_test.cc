@@ -41,20 +41,20 @@ TEST_P(RoundTripTest, EveryElementWithinHalfAStep) {
       const float tolerance = 0.5f * step * (1.0f + 1e-5f) + 4e-7f * magnitude;
       for (std::uint32_t c = 0; c < dim; ++c) {
         ASSERT_LE(std::fabs(back[r * dim + c] - x[c]), tolerance)
-            << MethodName(method) << " " << bits << "-bit " << ScaleTypeName(scale_type)
-            << " row " << r << " col " << c << " x=" << x[c] << " back=" << back[r * dim + c]
+            << MethodName(method) << " " << bits << "-bit " << ScaleTypeName(scale_type) << " row "
+            << r << " col " << c << " x=" << x[c] << " back=" << back[r * dim + c]
             << " step=" << step;
       }
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllUniform, RoundTripTest,
-    ::testing::Combine(::testing::Values(Method::kSymmetric, Method::kAsymmetric),
-                       ::testing::Values(2, 3, 4, 8),
-                       ::testing::Values(ScaleType::kFp16, ScaleType::kFp32),
-                       ::testing::Values(1u, 5u, 64u, 100u, 128u)));
+INSTANTIATE_TEST_SUITE_P(AllUniform, RoundTripTest,
+                         ::testing::Combine(::testing::Values(Method::kSymmetric,
+                                                              Method::kAsymmetric),
+                                            ::testing::Values(2, 3, 4, 8),
+                                            ::testing::Values(ScaleType::kFp16, ScaleType::kFp32),
+                                            ::testing::Values(1u, 5u, 64u, 100u, 128u)));
 
 TEST(RoundTripTest, RowBytesArePackedTightly) {
   for (int bits : {2, 3, 4, 8}) {

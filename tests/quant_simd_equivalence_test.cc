@@ -79,7 +79,8 @@ TEST_P(SimdEquivalenceTest, AdaptiveFastPathIdenticalToPortable) {
         const float magnitude = std::pow(10.0f, static_cast<float>(r % 14) - 9.0f);
         for (std::uint32_t c = 0; c < dim; ++c) table.row(r)[c] *= magnitude;
         if (r % 14 == 13) {
-          for (std::uint32_t c = 0; c < dim; ++c) table.row(r)[c] = std::fmin(table.row(r)[c], 65504.0f);
+          for (std::uint32_t c = 0; c < dim; ++c)
+            table.row(r)[c] = std::fmin(table.row(r)[c], 65504.0f);
         }
         if (r % 9 == 5) std::fill_n(table.row(r), dim, -0.75f);
       }

@@ -58,8 +58,9 @@ inline float StoredScale(const QuantizedView& q, std::uint64_t r) {
   std::memcpy(&h, p, 2);
   // binary16 -> float, written out so the tests do not share library code.
   const std::uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  float v = exp == 0 ? static_cast<float>(mant) * 5.9604644775390625e-8f
-                     : std::ldexp(1.0f + static_cast<float>(mant) / 1024.0f, static_cast<int>(exp) - 15);
+  float v = exp == 0
+                ? static_cast<float>(mant) * 5.9604644775390625e-8f
+                : std::ldexp(1.0f + static_cast<float>(mant) / 1024.0f, static_cast<int>(exp) - 15);
   return (h & 0x8000) ? -v : v;
 }
 

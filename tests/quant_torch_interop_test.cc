@@ -34,8 +34,8 @@ at::Tensor TorchPrepack(int bits, const at::Tensor& weight, bool optimized = fal
                          .typed<at::Tensor(const at::Tensor&)>();
     return op.call(weight);
   }
-  const char* name = bits == 4 ? "quantized::embedding_bag_4bit_prepack"
-                               : "quantized::embedding_bag_2bit_prepack";
+  const char* name =
+      bits == 4 ? "quantized::embedding_bag_4bit_prepack" : "quantized::embedding_bag_2bit_prepack";
   auto op = dispatcher.findSchemaOrThrow(name, "")
                 .typed<at::Tensor(const at::Tensor&, bool, int64_t, double)>();
   return op.call(weight, optimized, nbins, ratio);
@@ -45,7 +45,8 @@ at::Tensor TorchUnpack(int bits, const at::Tensor& packed) {
   const char* name = bits == 8   ? "quantized::embedding_bag_byte_unpack"
                      : bits == 4 ? "quantized::embedding_bag_4bit_unpack"
                                  : "quantized::embedding_bag_2bit_unpack";
-  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "")
+  auto op = c10::Dispatcher::singleton()
+                .findSchemaOrThrow(name, "")
                 .typed<at::Tensor(const at::Tensor&)>();
   return op.call(packed);
 }
@@ -58,7 +59,8 @@ QuantOptions TorchOptions(int bits) {
   return options;
 }
 
-class TorchInteropTest : public ::testing::TestWithParam<std::tuple<int, RowShape, std::uint32_t>> {};
+class TorchInteropTest : public ::testing::TestWithParam<std::tuple<int, RowShape, std::uint32_t>> {
+};
 
 TEST_P(TorchInteropTest, BytesEqualPyTorchPrepack) {
   const auto [bits, shape, dim] = GetParam();
@@ -84,11 +86,11 @@ TEST_P(TorchInteropTest, BytesEqualPyTorchPrepack) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    PrepackOps, TorchInteropTest,
-    ::testing::Combine(::testing::Values(2, 4, 8),
-                       ::testing::Values(RowShape::kNormal, RowShape::kHeavyTailed),
-                       ::testing::Values(8u, 64u, 128u, 200u)));
+INSTANTIATE_TEST_SUITE_P(PrepackOps, TorchInteropTest,
+                         ::testing::Combine(::testing::Values(2, 4, 8),
+                                            ::testing::Values(RowShape::kNormal,
+                                                              RowShape::kHeavyTailed),
+                                            ::testing::Values(8u, 64u, 128u, 200u)));
 
 TEST(TorchInteropReadTest, OurDecoderReadsPyTorchBytesLikePyTorch) {
   const auto table = MakeTable(RowShape::kHeavyTailed, 300, 64, 5);

@@ -344,13 +344,15 @@ TEST(SimulatedDeviceTest, CopiesTakeBandwidthTimeAndShareTheLink) {
   std::vector<std::byte> src(10'000'000), dst(10'000'000);
   auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(device.CopyToHost(dst.data(), src.data(), src.size()).ok());
-  const double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double one =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GE(one, 0.0099);
   start = std::chrono::steady_clock::now();
   std::thread other([&] { (void)device.CopyToHost(dst.data(), src.data(), src.size()); });
   ASSERT_TRUE(device.CopyToHost(dst.data(), src.data(), src.size()).ok());
   other.join();
-  const double two = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double two =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GE(two, 0.0199);  // two concurrent copies share one link
   EXPECT_THAT(device.name(), HasSubstr("simulated"));
 }

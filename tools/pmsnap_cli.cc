@@ -37,10 +37,18 @@ std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -85,8 +93,9 @@ std::string HumanBytes(std::uint64_t bytes) {
 
 std::string SlotJson(const SlotInfo& slot, const std::vector<std::string>* problems) {
   std::ostringstream out;
-  out << "{\"slot\": " << slot.slot << ", \"state\": "
-      << JsonString(pmsnap::layout::SlotStateName(slot.state)) << ", \"epoch\": " << slot.epoch;
+  out << "{\"slot\": " << slot.slot
+      << ", \"state\": " << JsonString(pmsnap::layout::SlotStateName(slot.state))
+      << ", \"epoch\": " << slot.epoch;
   if (slot.state == SlotState::kComplete) {
     out << ", \"iteration\": " << slot.iteration
         << ", \"commit_time\": " << JsonString(IsoTime(slot.commit_time_unix_ns))
@@ -122,8 +131,9 @@ int Info(const Pool& pool, bool json) {
   auto latest = pool.Latest();
   if (json) {
     std::ostringstream out;
-    out << "{\"path\": " << JsonString(pool.path()) << ", \"format_version\": "
-        << pool.format_version() << ", \"model_signature\": " << JsonString(Hex(pool.signature()))
+    out << "{\"path\": " << JsonString(pool.path())
+        << ", \"format_version\": " << pool.format_version()
+        << ", \"model_signature\": " << JsonString(Hex(pool.signature()))
         << ", \"created\": " << JsonString(IsoTime(pool.created_unix_ns()))
         << ", \"file_bytes\": " << pool.file_bytes()
         << ", \"part_bytes\": " << pool.options().part_bytes
@@ -134,8 +144,9 @@ int Info(const Pool& pool, bool json) {
     for (std::size_t u = 0; u < manifest.units.size(); ++u) {
       const auto& unit = manifest.units[u];
       out << (u ? ", " : "") << "{\"name\": " << JsonString(unit.name)
-          << ", \"bytes\": " << layout.units[u].bytes << ", \"parts\": " << layout.units[u].part_count
-          << ", \"encoded\": " << ((unit.flags & pmsnap::layout::kUnitFlagEncoded) ? "true" : "false")
+          << ", \"bytes\": " << layout.units[u].bytes
+          << ", \"parts\": " << layout.units[u].part_count << ", \"encoded\": "
+          << ((unit.flags & pmsnap::layout::kUnitFlagEncoded) ? "true" : "false")
           << ", \"tensors\": [";
       for (std::size_t t = 0; t < unit.tensors.size(); ++t) {
         const auto& tensor = unit.tensors[t];
@@ -254,8 +265,8 @@ int main(int argc, char** argv) {
   auto pool = Pool::Open(positional[1], options);
   if (!pool.ok()) {
     if (json) {
-      std::cout << "{\"path\": " << JsonString(positional[1]) << ", \"error\": "
-                << JsonString(pool.status().ToString())
+      std::cout << "{\"path\": " << JsonString(positional[1])
+                << ", \"error\": " << JsonString(pool.status().ToString())
                 << (verify ? ", \"consistent\": false" : "") << "}\n";
     } else {
       std::cerr << "pmsnap: " << pool.status().ToString() << "\n";

@@ -69,12 +69,17 @@ int main(int argc, char** argv) {
   std::string path = std::string(env_dir ? env_dir : "/dev/shm") + "/pmsnap-pool-demo.pool";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--mib") mib = std::stoull(argv[i + 1]);
-    else if (flag == "--units") units = static_cast<std::uint32_t>(std::stoul(argv[i + 1]));
-    else if (flag == "--pool") path = argv[i + 1];
-    else if (flag == "--seconds") seconds = std::stod(argv[i + 1]);
+    if (flag == "--mib")
+      mib = std::stoull(argv[i + 1]);
+    else if (flag == "--units")
+      units = static_cast<std::uint32_t>(std::stoul(argv[i + 1]));
+    else if (flag == "--pool")
+      path = argv[i + 1];
+    else if (flag == "--seconds")
+      seconds = std::stod(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: pmsnap-pool-demo [--mib N] [--units N] [--pool PATH] [--seconds S]\n");
+      std::fprintf(stderr,
+                   "usage: pmsnap-pool-demo [--mib N] [--units N] [--pool PATH] [--seconds S]\n");
       return 2;
     }
   }
@@ -82,8 +87,9 @@ int main(int argc, char** argv) {
   Manifest manifest;
   const std::int64_t words_per_unit = static_cast<std::int64_t>((mib << 20) / units / 8);
   for (std::uint32_t u = 0; u < units; ++u) {
-    manifest.units.push_back(
-        {"layer" + std::to_string(u), {{"param", pmsnap::layout::DType::kInt64, {words_per_unit}}}, 0});
+    manifest.units.push_back({"layer" + std::to_string(u),
+                              {{"param", pmsnap::layout::DType::kInt64, {words_per_unit}}},
+                              0});
   }
   std::filesystem::remove(path);
   {
@@ -124,7 +130,8 @@ int main(int argc, char** argv) {
   auto pool = Pool::Open(path);
   const double open_seconds = std::chrono::duration<double>(Clock::now() - open_start).count();
   if (!pool.ok()) {
-    std::fprintf(stderr, "pmsnap-pool-demo: recovery failed: %s\n", pool.status().ToString().c_str());
+    std::fprintf(stderr, "pmsnap-pool-demo: recovery failed: %s\n",
+                 pool.status().ToString().c_str());
     return 1;
   }
   auto latest = (*pool)->Latest();

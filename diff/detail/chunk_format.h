@@ -35,7 +35,7 @@ struct ChunkRef {
 struct TensorBlock {
   bool quantized = false;
   std::uint32_t elems_per_row = 0;
-  std::span<const float> raw;     // rows * elems_per_row, when !quantized
+  std::span<const float> raw;           // rows * elems_per_row, when !quantized
   quant::QuantizedView quantized_view;  // when quantized
   // Bytes of one row's record (raw floats or quantized codes + params).
   std::uint64_t row_record_bytes() const {
@@ -67,7 +67,7 @@ struct TensorInput {
 
 struct EncodeOptions {
   bool quantize = false;
-  quant::QuantOptions quant;      // when quantize: applied to tensors with elems_per_row >= 2
+  quant::QuantOptions quant;  // when quantize: applied to tensors with elems_per_row >= 2
   std::uint32_t bloom_bits_per_key = 0;  // 0: no bloom filter
 };
 
@@ -116,10 +116,10 @@ struct TableIndex {
   std::uint64_t epoch = 0;
   std::uint64_t baseline_epoch = 0;  // 0: none yet
   ChunkRef baseline;
-  std::vector<double> diff_sizes;    // intermittent: S_1..S_i as fractions of the table
-  double baseline_seconds = 0;       // C_base (IncrCP reset rule)
-  double increment_seconds = 0;      // C_incre
-  double read_bytes_per_second = 0;  // measured while extracting
+  std::vector<double> diff_sizes;            // intermittent: S_1..S_i as fractions of the table
+  double baseline_seconds = 0;               // C_base (IncrCP reset rule)
+  double increment_seconds = 0;              // C_incre
+  double read_bytes_per_second = 0;          // measured while extracting
   std::vector<RetainedCheckpoint> retained;  // ascending epochs
   std::vector<ListNode> nodes;               // IncrCP current generation
 };

@@ -16,11 +16,11 @@ inline constexpr std::uint64_t kSlotDataAlignment = 4096;
 
 // Root header: immutable after creation, protected by header_checksum.
 struct PoolHeader {
-  char magic[8];                      // kPoolMagic, written last at creation
-  std::uint32_t format_version;       // kFormatVersion
-  std::uint32_t header_bytes;         // sizeof(PoolHeader)
-  std::uint64_t header_checksum;      // XXH3 of the header with this field 0
-  std::uint64_t model_signature;      // Manifest::Signature()
+  char magic[8];                  // kPoolMagic, written last at creation
+  std::uint32_t format_version;   // kFormatVersion
+  std::uint32_t header_bytes;     // sizeof(PoolHeader)
+  std::uint64_t header_checksum;  // XXH3 of the header with this field 0
+  std::uint64_t model_signature;  // Manifest::Signature()
   std::uint64_t created_unix_ns;
   std::uint64_t part_bytes;
   std::uint64_t extra_state_capacity;
@@ -29,7 +29,7 @@ struct PoolHeader {
   std::uint64_t part_count;
   std::uint64_t slot_bytes;
   std::uint64_t record_bytes;
-  std::uint64_t manifest_offset;      // pool offsets (PMEMoid.off)
+  std::uint64_t manifest_offset;  // pool offsets (PMEMoid.off)
   std::uint64_t manifest_bytes;
   std::uint64_t manifest_checksum;
   std::uint64_t slot_alloc_offset[2];  // allocation, for pmemobj
@@ -99,8 +99,8 @@ struct RecordChecksumInput {
 
 // A chunk of the chunk heap; the payload follows the header.
 struct ChunkHeader {
-  std::uint64_t magic;            // kChunkMagic
-  std::uint64_t prev_offset;      // doubly linked: O(1) unlink in a transaction
+  std::uint64_t magic;        // kChunkMagic
+  std::uint64_t prev_offset;  // doubly linked: O(1) unlink in a transaction
   std::uint64_t next_offset;
   std::uint64_t epoch;
   std::uint64_t tag;

@@ -43,13 +43,13 @@ void RegisterErrors(py::module_& module) {
   SetClass(StatusCode::kInvalidArgument,
            Subclass(module, "InvalidArgumentError", "An argument that can never work.",
                     PyExc_ValueError));
-  SetClass(StatusCode::kModelMismatch,
-           Subclass(module, "ModelMismatchError",
-                    "The pool was made for other units (names, dtypes or shapes).",
-                    PyExc_ValueError));
-  SetClass(StatusCode::kNoSpace,
-           Subclass(module, "NoSpaceError", "The file system or the pool is too small.",
-                    PyExc_OSError));
+  SetClass(
+      StatusCode::kModelMismatch,
+      Subclass(module, "ModelMismatchError",
+               "The pool was made for other units (names, dtypes or shapes).", PyExc_ValueError));
+  SetClass(
+      StatusCode::kNoSpace,
+      Subclass(module, "NoSpaceError", "The file system or the pool is too small.", PyExc_OSError));
   SetClass(StatusCode::kNotFound,
            Subclass(module, "NotFoundError", "A pool, unit or committed epoch does not exist.",
                     PyExc_FileNotFoundError));
@@ -57,9 +57,8 @@ void RegisterErrors(py::module_& module) {
            Subclass(module, "NotAPoolError", "The file exists but is not a pmsnap pool."));
   SetClass(StatusCode::kUnsupportedVersion,
            Subclass(module, "UnsupportedVersionError", "The pool's format version is unknown."));
-  SetClass(StatusCode::kCorruption,
-           Subclass(module, "CorruptionError",
-                    "Persisted bytes fail their checksums (data loss)."));
+  SetClass(StatusCode::kCorruption, Subclass(module, "CorruptionError",
+                                             "Persisted bytes fail their checksums (data loss)."));
   SetClass(StatusCode::kCapacityExceeded,
            Subclass(module, "CapacityExceededError",
                     "A configured bound was exceeded (e.g. the extra-state capacity)."));
@@ -67,9 +66,8 @@ void RegisterErrors(py::module_& module) {
            Subclass(module, "StorageIOError", "The OS or PMDK failed an operation."));
   SetClass(StatusCode::kBusy,
            Subclass(module, "BusyError", "The pool is open elsewhere or an epoch is in flight."));
-  SetClass(StatusCode::kFailedPrecondition,
-           Subclass(module, "FailedPreconditionError",
-                    "Called in a state that does not allow it."));
+  SetClass(StatusCode::kFailedPrecondition, Subclass(module, "FailedPreconditionError",
+                                                     "Called in a state that does not allow it."));
   SetClass(StatusCode::kAborted, Subclass(module, "AbortedError", "Work was abandoned."));
   SetClass(StatusCode::kInternal, Subclass(module, "InternalError", "A bug in pmsnap."));
 
@@ -78,8 +76,8 @@ void RegisterErrors(py::module_& module) {
       if (pointer) std::rethrow_exception(pointer);
     } catch (const StatusError& e) {
       const auto index = static_cast<std::size_t>(e.status().code());
-      PyObject* cls = index < g_classes.size() && g_classes[index] != nullptr ? g_classes[index]
-                                                                                : g_base;
+      PyObject* cls =
+          index < g_classes.size() && g_classes[index] != nullptr ? g_classes[index] : g_base;
       PyObject* instance = PyObject_CallFunction(cls, "s", e.status().message().c_str());
       if (instance == nullptr) return;  // the constructor's own error is set
       PyObject* code = PyUnicode_FromString(StatusCodeName(e.status().code()));

@@ -61,9 +61,9 @@ using layout::DType;
 
 // Torch's dtype names without the "torch." prefix.
 constexpr std::pair<std::string_view, DType> kDTypes[] = {
-    {"float32", DType::kFloat32}, {"float64", DType::kFloat64}, {"float16", DType::kFloat16},
-    {"bfloat16", DType::kBFloat16}, {"int64", DType::kInt64},   {"int32", DType::kInt32},
-    {"int16", DType::kInt16},     {"int8", DType::kInt8},       {"uint8", DType::kUInt8},
+    {"float32", DType::kFloat32},   {"float64", DType::kFloat64}, {"float16", DType::kFloat16},
+    {"bfloat16", DType::kBFloat16}, {"int64", DType::kInt64},     {"int32", DType::kInt32},
+    {"int16", DType::kInt16},       {"int8", DType::kInt8},       {"uint8", DType::kUInt8},
     {"bool", DType::kBool},
 };
 
@@ -89,7 +89,7 @@ using TensorArg = std::tuple<std::string, std::uintptr_t, std::string, std::vect
 using UnitArg = std::pair<std::string, std::vector<TensorArg>>;
 
 std::vector<runtime::UnitRegistration> ToRegistrations(const std::vector<UnitArg>& units,
-                                                      const std::vector<std::string>& encoded) {
+                                                       const std::vector<std::string>& encoded) {
   std::vector<runtime::UnitRegistration> out;
   out.reserve(units.size());
   for (const std::string& name : encoded) {
@@ -128,9 +128,9 @@ std::shared_ptr<runtime::IntervalPolicy> MakePolicy(const std::string& policy, s
   }
   if (policy == "checkfreq") {
     if (!(checkfreq_overhead > 0 && checkfreq_overhead < 1)) {
-      throw StatusError(Status(StatusCode::kInvalidArgument,
-                               "checkfreq overhead must be in (0, 1), got " +
-                                   std::to_string(checkfreq_overhead)));
+      throw StatusError(Status(
+          StatusCode::kInvalidArgument,
+          "checkfreq overhead must be in (0, 1), got " + std::to_string(checkfreq_overhead)));
     }
     return std::make_shared<runtime::CheckFreqPolicy>(checkfreq_overhead, every == 0 ? 1 : every);
   }
@@ -144,9 +144,9 @@ std::shared_ptr<runtime::ConflictStrategy> MakeStrategy(const std::string& name,
   options.reserve_bytes = reserve_bytes;
   std::shared_ptr<runtime::ConflictStrategy> strategy = conflict::MakeStrategy(name, options);
   if (strategy == nullptr) {
-    throw StatusError(Status(StatusCode::kInvalidArgument,
-                             "unknown conflict strategy '" + name +
-                                 "' (\"1\", \"2\", \"3\", \"4\" or \"adaptive\")"));
+    throw StatusError(Status(
+        StatusCode::kInvalidArgument,
+        "unknown conflict strategy '" + name + "' (\"1\", \"2\", \"3\", \"4\" or \"adaptive\")"));
   }
   return strategy;
 }
@@ -215,9 +215,9 @@ class PyEngine {
   PyEngine(const std::string& pool, const std::vector<UnitArg>& units, const std::string& device,
            const std::string& policy, std::uint64_t every, double checkfreq_overhead,
            const std::string& strategy, int workers, std::uint64_t part_bytes,
-           std::uint64_t extra_state_capacity, std::uint64_t chunk_heap_bytes,
-           bool verify_on_open, bool check_free_space, std::uint64_t reserve_bytes,
-           bool print_summary, const std::vector<std::string>& encoded_units,
+           std::uint64_t extra_state_capacity, std::uint64_t chunk_heap_bytes, bool verify_on_open,
+           bool check_free_space, std::uint64_t reserve_bytes, bool print_summary,
+           const std::vector<std::string>& encoded_units,
            const std::optional<diff::EmbeddingOptions>& embedding_options) {
     runtime::EngineOptions options;
     options.pool_path = pool;
@@ -315,10 +315,10 @@ class PyEngine {
     engine();  // closed engines refuse
     diff::RowTracker* tracker = checkpointer_ ? checkpointer_->tracker(table) : nullptr;
     if (tracker == nullptr) {
-      throw StatusError(Status(StatusCode::kNotFound,
-                               "no embedding table '" + table + "' in pool " +
-                                   engine().pool().path() +
-                                   " (tables are the units registered as encoded)"));
+      throw StatusError(
+          Status(StatusCode::kNotFound, "no embedding table '" + table + "' in pool " +
+                                            engine().pool().path() +
+                                            " (tables are the units registered as encoded)"));
     }
     return *tracker;
   }
@@ -333,8 +333,8 @@ class PyEngine {
     Status status;
     if (dtype == "int64") {
       py::gil_scoped_release release;
-      status = tracker.Mark(std::span<const std::int64_t>(
-          reinterpret_cast<const std::int64_t*>(ptr), count));
+      status = tracker.Mark(
+          std::span<const std::int64_t>(reinterpret_cast<const std::int64_t*>(ptr), count));
     } else if (dtype == "int32") {
       const auto* ids = reinterpret_cast<const std::int32_t*>(ptr);
       std::vector<std::int64_t> wide(ids, ids + count);
@@ -563,8 +563,8 @@ void MarkRows(RowTracker& tracker, std::uintptr_t ptr, std::size_t count,
     throw StatusError(Status(StatusCode::kInvalidArgument, "row ids have no data pointer"));
   }
   if (dtype != "int64" && dtype != "int32") {
-    throw StatusError(Status(StatusCode::kInvalidArgument,
-                             "row ids must be int64 or int32, got " + dtype));
+    throw StatusError(
+        Status(StatusCode::kInvalidArgument, "row ids must be int64 or int32, got " + dtype));
   }
   py::gil_scoped_release release;
   if (dtype == "int64") {
@@ -579,9 +579,9 @@ void MarkRows(RowTracker& tracker, std::uintptr_t ptr, std::size_t count,
 std::size_t TouchedInto(const RowTracker& tracker, std::uintptr_t ptr, std::size_t capacity) {
   const std::vector<std::int64_t> ids = tracker.Touched();
   if (ids.size() > capacity) {
-    throw StatusError(Status(StatusCode::kInvalidArgument,
-                             "buffer holds " + std::to_string(capacity) + " ids, " +
-                                 std::to_string(ids.size()) + " rows are touched"));
+    throw StatusError(
+        Status(StatusCode::kInvalidArgument, "buffer holds " + std::to_string(capacity) + " ids, " +
+                                                 std::to_string(ids.size()) + " rows are touched"));
   }
   auto* out = reinterpret_cast<std::int64_t*>(ptr);
   for (std::size_t i = 0; i < ids.size(); ++i) out[i] = ids[i];
@@ -600,8 +600,8 @@ PYBIND11_MODULE(_pmsnap, m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::string&, const std::vector<UnitArg>&, const std::string&,
                     const std::string&, std::uint64_t, double, const std::string&, int,
-                    std::uint64_t, std::uint64_t, std::uint64_t, bool, bool, std::uint64_t,
-                    bool, const std::vector<std::string>&,
+                    std::uint64_t, std::uint64_t, std::uint64_t, bool, bool, std::uint64_t, bool,
+                    const std::vector<std::string>&,
                     const std::optional<pmsnap::diff::EmbeddingOptions>&>(),
            py::arg("pool"), py::arg("units"), py::kw_only(), py::arg("device") = "host",
            py::arg("policy") = "continuous", py::arg("every") = 1,
@@ -610,8 +610,7 @@ PYBIND11_MODULE(_pmsnap, m) {
            py::arg("extra_state_capacity") = std::uint64_t{256} << 10,
            py::arg("chunk_heap_bytes") = 0, py::arg("verify_on_open") = true,
            py::arg("check_free_space") = true, py::arg("reserve_bytes") = 0,
-           py::arg("print_summary") = false,
-           py::arg("encoded_units") = std::vector<std::string>{},
+           py::arg("print_summary") = false, py::arg("encoded_units") = std::vector<std::string>{},
            py::arg("embedding_options") = std::nullopt,
            "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])]; "
            "`encoded_units` (embedding tables) go through a diff::EmbeddingCheckpointer.")
@@ -632,16 +631,18 @@ PYBIND11_MODULE(_pmsnap, m) {
            "Rows of `table` marked since its last checkpoint (sorted).")
       .def("last_checkpoint", &PyEngine::LastCheckpoint, py::arg("table"),
            "What `table`'s last committed checkpoint wrote (dict).")
-      .def("list_checkpoints",
-           [](const PyEngine& e, const std::string& table) {
-             return ListCheckpointsOf(e.pool(), table);
-           },
-           py::arg("table"))
-      .def("recover_table",
-           [](const PyEngine& e, const std::string& table, std::optional<std::uint64_t> epoch) {
-             return RecoverTableOf(e.pool(), table, epoch);
-           },
-           py::arg("table"), py::arg("epoch") = std::nullopt)
+      .def(
+          "list_checkpoints",
+          [](const PyEngine& e, const std::string& table) {
+            return ListCheckpointsOf(e.pool(), table);
+          },
+          py::arg("table"))
+      .def(
+          "recover_table",
+          [](const PyEngine& e, const std::string& table, std::optional<std::uint64_t> epoch) {
+            return RecoverTableOf(e.pool(), table, epoch);
+          },
+          py::arg("table"), py::arg("epoch") = std::nullopt)
       .def_property_readonly("tables", &PyEngine::Tables)
       .def("stats", &PyEngine::Stats, py::arg("per_step") = false)
       .def_property_readonly("closed", &PyEngine::closed)

@@ -53,14 +53,18 @@ inline std::uint16_t HalfNextDown(std::uint16_t h) {
 
 inline std::uint16_t FloatToHalfRoundDown(float f) {
   std::uint16_t h = FloatToHalfRne(f);
-  if ((h & 0x7fffu) < 0x7c00u && HalfToFloat(h) > f) h = HalfNextDown(h);
-  else if (h == 0x7c00u) h = 0x7bffu;  // +inf rounded down is the largest finite half
+  if ((h & 0x7fffu) < 0x7c00u && HalfToFloat(h) > f)
+    h = HalfNextDown(h);
+  else if (h == 0x7c00u)
+    h = 0x7bffu;  // +inf rounded down is the largest finite half
   return h;
 }
 inline std::uint16_t FloatToHalfRoundUp(float f) {
   std::uint16_t h = FloatToHalfRne(f);
-  if ((h & 0x7fffu) < 0x7c00u && HalfToFloat(h) < f) h = HalfNextUp(h);
-  else if (h == 0xfc00u) h = 0xfbffu;
+  if ((h & 0x7fffu) < 0x7c00u && HalfToFloat(h) < f)
+    h = HalfNextUp(h);
+  else if (h == 0xfc00u)
+    h = 0xfbffu;
   return h;
 }
 

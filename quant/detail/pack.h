@@ -45,7 +45,8 @@ inline void PackCodes(const std::uint8_t* codes, std::uint64_t n, int bits, std:
     std::uint64_t word;
     std::memcpy(&word, codes + 8 * g, 8);
     const std::uint64_t packed = Squeeze8(word, bits);
-    std::memcpy(out + static_cast<std::uint64_t>(bits) * g, &packed, static_cast<std::size_t>(bits));
+    std::memcpy(out + static_cast<std::uint64_t>(bits) * g, &packed,
+                static_cast<std::size_t>(bits));
   }
   const std::uint64_t rest = n - 8 * full;
   if (rest != 0) {
@@ -58,7 +59,8 @@ inline void PackCodes(const std::uint8_t* codes, std::uint64_t n, int bits, std:
 }
 
 // Unpacks n codes of `bits` (1..8) into one byte each.
-inline void UnpackCodes(const std::uint8_t* packed, std::uint64_t n, int bits, std::uint8_t* codes) {
+inline void UnpackCodes(const std::uint8_t* packed, std::uint64_t n, int bits,
+                        std::uint8_t* codes) {
   if (bits == 8) {
     std::memcpy(codes, packed, n);
     return;
@@ -66,7 +68,8 @@ inline void UnpackCodes(const std::uint8_t* packed, std::uint64_t n, int bits, s
   const std::uint64_t full = n / 8;
   for (std::uint64_t g = 0; g < full; ++g) {
     std::uint64_t word = 0;
-    std::memcpy(&word, packed + static_cast<std::uint64_t>(bits) * g, static_cast<std::size_t>(bits));
+    std::memcpy(&word, packed + static_cast<std::uint64_t>(bits) * g,
+                static_cast<std::size_t>(bits));
     const std::uint64_t spread = Spread8(word, bits);
     std::memcpy(codes + 8 * g, &spread, 8);
   }

@@ -40,9 +40,9 @@ RowContext MakeRowContext(const QuantOptions& options, std::uint32_t dim);
 // Uniform-grid parameters for one row in stored form and as the floats the
 // encoder and decoder use.
 struct UniformParams {
-  EncodeParams enc;             // bias, inv_scale, scale
-  std::uint32_t stored_scale;   // fp32 bits or fp16 bits (low 16)
-  std::uint32_t stored_bias;    // unused for symmetric
+  EncodeParams enc;            // bias, inv_scale, scale
+  std::uint32_t stored_scale;  // fp32 bits or fp16 bits (low 16)
+  std::uint32_t stored_bias;   // unused for symmetric
 };
 
 // Parameters for the clipping range [lo, hi] under the context's method,

@@ -25,9 +25,13 @@ class EmbeddingToy {
   std::vector<runtime::UnitRegistration> Registrations() {
     return {{"dense.weight", {{"param", dense_.data(), layout::DType::kFloat32, {64}}}, false},
             {"emb.users",
-             {{"weight", weights_.data(), layout::DType::kFloat32,
+             {{"weight",
+               weights_.data(),
+               layout::DType::kFloat32,
                {static_cast<std::int64_t>(rows_), dim_}},
-              {"accumulator", accumulator_.data(), layout::DType::kFloat32,
+              {"accumulator",
+               accumulator_.data(),
+               layout::DType::kFloat32,
                {static_cast<std::int64_t>(rows_)}}},
              true}};
   }

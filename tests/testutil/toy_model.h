@@ -111,7 +111,8 @@ class ToyModel {
       const std::vector<std::byte> live[3] = {Bytes(params_[u]), Bytes(state_[u]),
                                               Bytes(steps_[u])};
       for (int t = 0; t < 3; ++t, ++flat) {
-        if (live[t] != expected[flat]) return "unit " + std::to_string(u) + " tensor " + std::to_string(t);
+        if (live[t] != expected[flat])
+          return "unit " + std::to_string(u) + " tensor " + std::to_string(t);
       }
     }
     return "";

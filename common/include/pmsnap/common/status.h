@@ -19,9 +19,9 @@ namespace pmsnap {
 
 enum class StatusCode : std::uint8_t {
   kOk = 0,
-  kInvalidArgument,   // caller passed something that can never work
-  kNotFound,          // path or unit does not exist
-  kNotAPool,          // file exists but is not a pmsnap pool
+  kInvalidArgument,  // caller passed something that can never work
+  kNotFound,         // path or unit does not exist
+  kNotAPool,         // file exists but is not a pmsnap pool
   kUnsupportedVersion,
   kCorruption,        // checksum or structure mismatch: data loss
   kModelMismatch,     // pool was made for another model
@@ -30,7 +30,7 @@ enum class StatusCode : std::uint8_t {
   kIOError,           // the OS or PMDK failed an operation
   kBusy,              // pool is open elsewhere or an epoch is in flight
   kFailedPrecondition,
-  kAborted,           // work was abandoned on request
+  kAborted,  // work was abandoned on request
   kInternal,
 };
 
@@ -39,8 +39,7 @@ const char* StatusCodeName(StatusCode code);
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(StatusCode code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return {}; }
 
@@ -64,7 +63,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : state_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : state_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : state_(std::move(status)) {  // NOLINT
     if (std::get<Status>(state_).ok()) {
       state_ = Status(StatusCode::kInternal, "Result built from an OK status");
@@ -76,9 +75,18 @@ class [[nodiscard]] Result {
     static const Status kOkStatus;
     return ok() ? kOkStatus : std::get<Status>(state_);
   }
-  T& value() & { check(); return std::get<T>(state_); }
-  const T& value() const& { check(); return std::get<T>(state_); }
-  T&& value() && { check(); return std::get<T>(std::move(state_)); }
+  T& value() & {
+    check();
+    return std::get<T>(state_);
+  }
+  const T& value() const& {
+    check();
+    return std::get<T>(state_);
+  }
+  T&& value() && {
+    check();
+    return std::get<T>(std::move(state_));
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
@@ -94,20 +102,34 @@ class [[nodiscard]] Result {
 
 inline const char* StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kNotAPool: return "NotAPool";
-    case StatusCode::kUnsupportedVersion: return "UnsupportedVersion";
-    case StatusCode::kCorruption: return "Corruption";
-    case StatusCode::kModelMismatch: return "ModelMismatch";
-    case StatusCode::kNoSpace: return "NoSpace";
-    case StatusCode::kCapacityExceeded: return "CapacityExceeded";
-    case StatusCode::kIOError: return "IOError";
-    case StatusCode::kBusy: return "Busy";
-    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
-    case StatusCode::kAborted: return "Aborted";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kNotAPool:
+      return "NotAPool";
+    case StatusCode::kUnsupportedVersion:
+      return "UnsupportedVersion";
+    case StatusCode::kCorruption:
+      return "Corruption";
+    case StatusCode::kModelMismatch:
+      return "ModelMismatch";
+    case StatusCode::kNoSpace:
+      return "NoSpace";
+    case StatusCode::kCapacityExceeded:
+      return "CapacityExceeded";
+    case StatusCode::kIOError:
+      return "IOError";
+    case StatusCode::kBusy:
+      return "Busy";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
+    case StatusCode::kAborted:
+      return "Aborted";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }
@@ -120,17 +142,17 @@ inline std::string Status::ToString() const {
 }  // namespace pmsnap
 
 // Propagates a non-OK Status from an expression returning Status.
-#define PMSNAP_RETURN_IF_ERROR(expr)              \
-  do {                                            \
-    ::pmsnap::Status _pmsnap_status = (expr);     \
+#define PMSNAP_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::pmsnap::Status _pmsnap_status = (expr);        \
     if (!_pmsnap_status.ok()) return _pmsnap_status; \
   } while (0)
 
 #define PMSNAP_CONCAT_INNER(a, b) a##b
 #define PMSNAP_CONCAT(a, b) PMSNAP_CONCAT_INNER(a, b)
 // Declares `lhs` from a Result<T> expression or returns its Status.
-#define PMSNAP_ASSIGN_OR_RETURN(lhs, expr)                              \
-  auto PMSNAP_CONCAT(_pmsnap_result_, __LINE__) = (expr);               \
-  if (!PMSNAP_CONCAT(_pmsnap_result_, __LINE__).ok())                   \
-    return PMSNAP_CONCAT(_pmsnap_result_, __LINE__).status();           \
+#define PMSNAP_ASSIGN_OR_RETURN(lhs, expr)                    \
+  auto PMSNAP_CONCAT(_pmsnap_result_, __LINE__) = (expr);     \
+  if (!PMSNAP_CONCAT(_pmsnap_result_, __LINE__).ok())         \
+    return PMSNAP_CONCAT(_pmsnap_result_, __LINE__).status(); \
   lhs = std::move(PMSNAP_CONCAT(_pmsnap_result_, __LINE__)).value()

@@ -108,7 +108,7 @@ class SplitGroupsStrategy final : public StrategyBase {
   std::uint32_t DirectParts(const UnitTask& task) const;
 
  private:
-  std::mutex split_mutex_;  // guards direct_parts_
+  std::mutex split_mutex_;                   // guards direct_parts_
   std::vector<std::uint32_t> direct_parts_;  // per unit, this epoch
 };
 

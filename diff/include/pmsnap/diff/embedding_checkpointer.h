@@ -64,8 +64,8 @@ struct QuantizeOptions {
 struct IncrCPOptions {
   double duplicate_ratio_threshold = 0.02;  // R (paper 5.3)
   std::uint32_t bloom_bits_per_key = 10;
-  bool concatenate = true;                  // bundles per row per extraction
-  bool reset_baseline = true;               // T_base < T_incre
+  bool concatenate = true;     // bundles per row per extraction
+  bool reset_baseline = true;  // T_base < T_incre
 };
 
 struct EmbeddingOptions {
@@ -82,8 +82,8 @@ struct TableCheckpointStats {
   std::uint64_t bytes_written = 0;
   bool full = false;
   double construction_seconds = 0;
-  std::uint64_t extractions = 0;   // IncrCP: chunks split this epoch
-  std::uint64_t live_chunks = 0;   // logical chunks the newest index references
+  std::uint64_t extractions = 0;  // IncrCP: chunks split this epoch
+  std::uint64_t live_chunks = 0;  // logical chunks the newest index references
 };
 
 class EmbeddingCheckpointer final : public runtime::Encoder {
@@ -112,8 +112,8 @@ class EmbeddingCheckpointer final : public runtime::Encoder {
   EmbeddingOptions options_;
   layout::Pool* pool_ = nullptr;
   runtime::Device* device_ = nullptr;
-  std::vector<std::unique_ptr<Table>> tables_;  // one per encoded unit
-  std::vector<int> table_of_unit_;               // unit -> index in tables_, -1
+  std::vector<std::unique_ptr<Table>> tables_;     // one per encoded unit
+  std::vector<int> table_of_unit_;                 // unit -> index in tables_, -1
   std::atomic<std::uint64_t> committed_bytes_{0};  // chunk bytes of committed epochs
 };
 

@@ -180,8 +180,8 @@ class CheckpointedOptimizer {
   struct TableSlot {
     std::size_t slot = 0;
     diff::RowTracker* tracker = nullptr;
-    bool mark_all = false;        // the optimizer moves rows without gradient
-    bool from_gradient = false;   // RowSource::kGradients
+    bool mark_all = false;       // the optimizer moves rows without gradient
+    bool from_gradient = false;  // RowSource::kGradients
   };
   Status MarkTableRows();
 

@@ -116,7 +116,7 @@ struct FileRegion {
 struct FileRegions {
   FileRegion header;
   FileRegion manifest;
-  FileRegion record[2];     // commit record incl. part checksums and extra state
+  FileRegion record[2];  // commit record incl. part checksums and extra state
   FileRegion slot_data[2];
   FileRegion chunk_heap_root;
 };

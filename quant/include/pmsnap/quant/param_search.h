@@ -45,7 +45,7 @@ struct ParamCurvePoint {
 struct ParamChoice {
   AdaptiveParams params;
   std::uint64_t sampled_rows = 0;
-  double asymmetric_mean_l2 = 0;           // baseline on the sample
+  double asymmetric_mean_l2 = 0;             // baseline on the sample
   std::vector<ParamCurvePoint> bins_curve;   // ratio = 1
   std::vector<ParamCurvePoint> ratio_curve;  // num_bins = params.num_bins
 };
@@ -53,8 +53,8 @@ struct ParamChoice {
 // The rows a sample of `rows` rows uses: sorted, distinct, one drawn uniformly
 // from each of n equal strata (n = max(min_rows, fraction * rows), capped at
 // rows).
-std::vector<std::uint64_t> SampleRows(std::uint64_t rows, double fraction,
-                                      std::uint64_t min_rows, std::uint64_t seed);
+std::vector<std::uint64_t> SampleRows(std::uint64_t rows, double fraction, std::uint64_t min_rows,
+                                      std::uint64_t seed);
 
 // Picks num_bins and ratio for adaptive quantization of `table` at `bits`.
 // Fails with kInvalidArgument for bad options or an empty table, or with the

@@ -59,9 +59,9 @@ enum class Layout : std::uint8_t {
   kTorchFused = 2,  // byte-identical to PyTorch's fused rowwise prepack ops
 };
 
-const char* MethodName(Method method);        // "symmetric", "asymmetric", ...
-const char* ScaleTypeName(ScaleType type);    // "fp16", "fp32"
-const char* LayoutName(Layout layout);        // "pmsnap", "torch_fused"
+const char* MethodName(Method method);      // "symmetric", "asymmetric", ...
+const char* ScaleTypeName(ScaleType type);  // "fp16", "fp32"
+const char* LayoutName(Layout layout);      // "pmsnap", "torch_fused"
 
 // Greedy range search of adaptive asymmetric quantization. step = (max - min) /
 // num_bins; the search shrinks the range one step at a time, from the side
@@ -91,7 +91,7 @@ struct QuantOptions {
   int bits = 4;  // 2, 3, 4 or 8
   ScaleType scale_type = ScaleType::kFp16;
   Layout layout = Layout::kPmsnap;
-  AdaptiveParams adaptive;           // kAdaptive only
+  AdaptiveParams adaptive;               // kAdaptive only
   std::uint32_t kmeans_iterations = 15;  // kKMeans only
   // 0: oneTBB decides (all cores); 1: the calling thread only; n: at most n.
   int max_threads = 0;
@@ -132,9 +132,7 @@ struct QuantizedView {
   QuantSpec spec;
   std::span<const std::uint8_t> payload;  // spec.rows * spec.row_bytes() bytes
 
-  const std::uint8_t* row(std::uint64_t i) const {
-    return payload.data() + i * spec.row_bytes();
-  }
+  const std::uint8_t* row(std::uint64_t i) const { return payload.data() + i * spec.row_bytes(); }
 };
 
 // Quantized rows that own their bytes.

@@ -21,17 +21,17 @@ namespace pmsnap::runtime {
 
 // What a strategy decided for one unit in one epoch (for stats).
 enum class StrategyChoice : std::uint8_t {
-  kInDeviceCopy = 1,   // strategy 1
-  kWaitSnapshot = 2,   // strategy 2
+  kInDeviceCopy = 1,     // strategy 1
+  kWaitSnapshot = 2,     // strategy 2
   kPartsOnConflict = 3,  // strategy 3
-  kSplitGroups = 4,    // strategy 4
+  kSplitGroups = 4,      // strategy 4
 };
 
 struct UnitProfile {
   std::uint32_t unit = 0;
   std::uint64_t bytes = 0;
-  double queue_wait_seconds = 0;   // captured -> first part claimed
-  double copy_seconds = 0;         // device -> host, summed over parts
+  double queue_wait_seconds = 0;  // captured -> first part claimed
+  double copy_seconds = 0;        // device -> host, summed over parts
   double persist_seconds = 0;
   double next_update_gap_seconds = -1;  // captured -> next BeforeUpdate (-1: none seen)
   bool conflicted = false;

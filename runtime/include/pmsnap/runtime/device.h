@@ -93,9 +93,9 @@ class HostDevice final : public HostMemoryDevice {
 };
 
 struct SimulatedDeviceOptions {
-  double copy_bandwidth_gbps = 12.0;       // device <-> host link, GB/s (1e9 B/s)
+  double copy_bandwidth_gbps = 12.0;        // device <-> host link, GB/s (1e9 B/s)
   double in_device_bandwidth_gbps = 200.0;  // device-internal copies
-  double latency_us = 5.0;                 // per copy
+  double latency_us = 5.0;                  // per copy
   std::uint64_t memory_bytes = 1ull << 30;  // free device memory for in-device copies
 };
 

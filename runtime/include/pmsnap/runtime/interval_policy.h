@@ -15,14 +15,14 @@ namespace pmsnap::runtime {
 
 // What the engine measured, for policies that adapt (all seconds).
 struct PolicyInputs {
-  double iteration_seconds = 0;     // T_i: last step boundary to boundary
-  double update_seconds = 0;        // T_w: optimizer step (first hook to EndStep)
-  double snapshot_seconds = 0;      // T_c: last epoch, capture -> all snapshotted
-  double in_device_seconds = 0;     // T_g: estimated in-device copy of the model
-  double persist_seconds = 0;       // T_s: last epoch, snapshot done -> committed
-  std::uint64_t model_bytes = 0;    // m
+  double iteration_seconds = 0;         // T_i: last step boundary to boundary
+  double update_seconds = 0;            // T_w: optimizer step (first hook to EndStep)
+  double snapshot_seconds = 0;          // T_c: last epoch, capture -> all snapshotted
+  double in_device_seconds = 0;         // T_g: estimated in-device copy of the model
+  double persist_seconds = 0;           // T_s: last epoch, snapshot done -> committed
+  std::uint64_t model_bytes = 0;        // m
   std::uint64_t device_free_bytes = 0;  // M_max - M
-  bool have_profile = false;        // false until one epoch committed
+  bool have_profile = false;            // false until one epoch committed
 };
 
 class IntervalPolicy {

@@ -31,18 +31,18 @@ struct Stats {
   std::uint64_t epochs_started = 0;
   std::uint64_t epochs_committed = 0;
   std::uint64_t epochs_abandoned = 0;
-  std::uint64_t bytes_written = 0;     // unit bytes persisted into slots
+  std::uint64_t bytes_written = 0;          // unit bytes persisted into slots
   std::uint64_t encoded_bytes_written = 0;  // chunk bytes written by the encoder
   std::uint64_t conflicts = 0;
   std::uint64_t in_device_fallbacks = 0;  // strategy wanted device memory and fell back to 2
-  double blocked_seconds = 0;          // training thread inside hooks, all steps
-  double conflict_wait_seconds = 0;    // of which waiting for snapshots
-  double boundary_wait_seconds = 0;    // of which waiting for the previous epoch (fixed intervals)
-  double in_device_copy_seconds = 0;   // of which in-device copies by strategies
-  double last_epoch_seconds = 0;       // capture start -> commit
+  double blocked_seconds = 0;             // training thread inside hooks, all steps
+  double conflict_wait_seconds = 0;       // of which waiting for snapshots
+  double boundary_wait_seconds = 0;   // of which waiting for the previous epoch (fixed intervals)
+  double in_device_copy_seconds = 0;  // of which in-device copies by strategies
+  double last_epoch_seconds = 0;      // capture start -> commit
   std::uint64_t last_committed_iteration = 0;
   std::uint64_t peak_device_extra_bytes = 0;
-  double wall_seconds = 0;             // engine open -> now
+  double wall_seconds = 0;  // engine open -> now
   // Training-thread blocked time per step (last 65536 steps).
   std::vector<double> blocked_per_step;
   std::vector<UnitStats> units;
