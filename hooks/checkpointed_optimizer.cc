@@ -267,8 +267,11 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
     const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
     torch::optim::Optimizer& optimizer, runtime::EngineOptions options, EmbeddingTables embeddings,
     torch::nn::Module* module) {
-  PMSNAP_ASSIGN_OR_RETURN(std::unique_ptr<ParameterStepper> stepper,
-                          ParameterStepper::Create(optimizer, named_parameters));
+  // The state is filled once the pool shows whether a restore will
+  // overwrite it (a pass over twice the model's bytes for Adam).
+  PMSNAP_ASSIGN_OR_RETURN(
+      std::unique_ptr<ParameterStepper> stepper,
+      ParameterStepper::Create(optimizer, named_parameters, ParameterStepper::NewState::kDeferred));
   const std::vector<ParameterSlot>& slots = stepper->slots();
   // slot index -> whether it is an embedding table
   std::vector<bool> is_table(slots.size(), false);
@@ -385,6 +388,9 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
     }
     return status;
   }
+  if (!(*engine)->pool().last_committed_epoch()) {
+    PMSNAP_RETURN_IF_ERROR(stepper->InitializeDeferredState());  // nothing to restore
+  }
   std::unique_ptr<CheckpointedOptimizer> checkpointed(
       new CheckpointedOptimizer(std::move(stepper), std::move(engine).value()));
   checkpointed->embeddings_ = std::move(checkpointer);
@@ -426,6 +432,9 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
 Status CheckpointedOptimizer::Step(std::span<const std::byte> extra_state) {
   // Checked before BeginStep so that a refused step leaves no trace.
   PMSNAP_RETURN_IF_ERROR(stepper_->CheckUnchanged());
+  // Training without a restore: the state gets its initial values before the
+  // first checkpoint can capture it.
+  PMSNAP_RETURN_IF_ERROR(stepper_->InitializeDeferredState());
   const std::uint64_t step = iteration_ + 1;
   stepped_ = true;
   // Before any table's update: its capture takes the rows marked so far.
@@ -449,7 +458,14 @@ Result<RestoreInfo> CheckpointedOptimizer::Restore() {
                   "Restore must come before the first Step: training already changed the "
                   "registered tensors");
   }
-  PMSNAP_ASSIGN_OR_RETURN(runtime::RestoreResult restored, engine_->Restore());
+  Result<runtime::RestoreResult> restored_or = engine_->Restore();
+  if (!restored_or.ok()) {
+    // Whatever the failed restore left, the state starts from its initial values.
+    (void)stepper_->InitializeDeferredState();
+    return restored_or.status();
+  }
+  runtime::RestoreResult restored = std::move(restored_or).value();
+  stepper_->DiscardDeferredState();  // every registered tensor was overwritten
   PMSNAP_RETURN_IF_ERROR(stepper_->SyncFromSlots());
   iteration_ = restored.iteration;
   RestoreInfo info;

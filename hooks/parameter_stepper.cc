@@ -4,12 +4,14 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/string_utils.h>
+#include <sys/mman.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
+#include <unistd.h>
 
 #include <unordered_map>
 #include <unordered_set>
@@ -38,12 +40,32 @@ Result<OptimizerKind> KindOf(optim::Optimizer& optimizer) {
                 "and RMSprop");
 }
 
-// A tensor shaped and laid out like `param` holding `source` (or `fill`
-// when source is undefined). The stepper owns it, so its address is stable.
-torch::Tensor OwnedLike(const torch::Tensor& param, const torch::Tensor& source, double fill) {
+// Large optimizer state is streamed through at every step and, on a
+// restore, faulted in all at once: 2 MiB pages cut both the page faults and
+// the TLB misses. Only a hint (transparent huge pages in "madvise" mode);
+// called before the first touch, as the kernel picks page sizes at fault.
+void AdviseHugePages(const torch::Tensor& tensor) {
+  constexpr std::uintptr_t kHugePage = 2u << 20;
+  const std::size_t bytes = static_cast<std::size_t>(tensor.nbytes());
+  if (bytes < 2 * kHugePage) return;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const auto start = reinterpret_cast<std::uintptr_t>(tensor.data_ptr());
+  const std::uintptr_t first = (start + page - 1) / page * page;
+  const std::uintptr_t end = (start + bytes) / page * page;
+  (void)::madvise(reinterpret_cast<void*>(first), end - first, MADV_HUGEPAGE);
+}
+
+// A tensor shaped and laid out like `param` holding `source`, or else `fill`
+// (now, or later through `deferred` when given). The stepper owns it, so its
+// address is stable.
+torch::Tensor OwnedLike(const torch::Tensor& param, const torch::Tensor& source, double fill,
+                        std::vector<std::pair<torch::Tensor, double>>* deferred) {
   torch::Tensor owned = torch::empty_like(param, at::MemoryFormat::Contiguous);
+  AdviseHugePages(owned);
   if (source.defined()) {
     owned.copy_(source);
+  } else if (deferred != nullptr) {
+    deferred->emplace_back(owned, fill);
   } else {
     owned.fill_(fill);
   }
@@ -94,9 +116,11 @@ ParameterStepper::~ParameterStepper() = default;
 
 Result<std::unique_ptr<ParameterStepper>> ParameterStepper::Create(
     optim::Optimizer& optimizer,
-    const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters) {
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+    NewState new_state) {
   PMSNAP_ASSIGN_OR_RETURN(OptimizerKind kind, KindOf(optimizer));
   std::unique_ptr<ParameterStepper> stepper(new ParameterStepper(optimizer, kind));
+  stepper->defer_new_state_ = new_state == NewState::kDeferred;
   try {
     std::unordered_map<const void*, std::string> names;
     for (const auto& [name, tensor] : named_parameters) {
@@ -155,6 +179,7 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
   auto existing = state_map.find(key);
   const bool has_state = existing != state_map.end();
   torch::NoGradGuard no_grad;
+  auto* deferred = defer_new_state_ ? &deferred_fills_ : nullptr;
 
   switch (kind_) {
     case OptimizerKind::kSgd: {
@@ -165,7 +190,7 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
         old_buffer = static_cast<optim::SGDParamState&>(*existing->second).momentum_buffer();
       }
       if (has_momentum_[index]) {
-        torch::Tensor buffer = OwnedLike(p, old_buffer, 0.0);
+        torch::Tensor buffer = OwnedLike(p, old_buffer, 0.0, deferred);
         slot.state.emplace_back("momentum_buffer", buffer);
         // Without existing state libtorch still owns initialisation (a clone
         // of the first gradient): AfterOptimizerStep adopts it.
@@ -181,14 +206,14 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
       // AdamParamState and AdamWParamState have the same fields; handle both.
       auto fill = [&](auto* state, bool amsgrad) {
         auto& s = *state;
-        torch::Tensor exp_avg = OwnedLike(p, s.exp_avg(), 0.0);
-        torch::Tensor exp_avg_sq = OwnedLike(p, s.exp_avg_sq(), 0.0);
+        torch::Tensor exp_avg = OwnedLike(p, s.exp_avg(), 0.0, deferred);
+        torch::Tensor exp_avg_sq = OwnedLike(p, s.exp_avg_sq(), 0.0, deferred);
         s.exp_avg(exp_avg);
         s.exp_avg_sq(exp_avg_sq);
         slot.state.emplace_back("exp_avg", exp_avg);
         slot.state.emplace_back("exp_avg_sq", exp_avg_sq);
         if (amsgrad) {
-          torch::Tensor max_sq = OwnedLike(p, s.max_exp_avg_sq(), 0.0);
+          torch::Tensor max_sq = OwnedLike(p, s.max_exp_avg_sq(), 0.0, deferred);
           s.max_exp_avg_sq(max_sq);
           slot.state.emplace_back("max_exp_avg_sq", max_sq);
         }
@@ -209,7 +234,7 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
       const auto& o = static_cast<const optim::AdagradOptions&>(options);
       if (!has_state) state_map[key] = std::make_unique<optim::AdagradParamState>();
       auto& s = StateAs<optim::AdagradParamState>(optimizer_, key);
-      torch::Tensor sum = OwnedLike(p, s.sum(), o.initial_accumulator_value());
+      torch::Tensor sum = OwnedLike(p, s.sum(), o.initial_accumulator_value(), deferred);
       s.sum(sum);
       slot.state.emplace_back("sum", sum);
       slot.state.emplace_back("step", StepTensor(s.step()));
@@ -219,16 +244,16 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
       const auto& o = static_cast<const optim::RMSpropOptions&>(options);
       if (!has_state) state_map[key] = std::make_unique<optim::RMSpropParamState>();
       auto& s = StateAs<optim::RMSpropParamState>(optimizer_, key);
-      torch::Tensor square_avg = OwnedLike(p, s.square_avg(), 0.0);
+      torch::Tensor square_avg = OwnedLike(p, s.square_avg(), 0.0, deferred);
       s.square_avg(square_avg);
       slot.state.emplace_back("square_avg", square_avg);
       if (o.momentum() > 0) {
-        torch::Tensor buffer = OwnedLike(p, s.momentum_buffer(), 0.0);
+        torch::Tensor buffer = OwnedLike(p, s.momentum_buffer(), 0.0, deferred);
         s.momentum_buffer(buffer);
         slot.state.emplace_back("momentum_buffer", buffer);
       }
       if (o.centered()) {
-        torch::Tensor grad_avg = OwnedLike(p, s.grad_avg(), 0.0);
+        torch::Tensor grad_avg = OwnedLike(p, s.grad_avg(), 0.0, deferred);
         s.grad_avg(grad_avg);
         slot.state.emplace_back("grad_avg", grad_avg);
       }
@@ -305,8 +330,24 @@ void ParameterStepper::AfterOptimizerStep(std::size_t index) {
   }
 }
 
+Status ParameterStepper::InitializeDeferredState() {
+  try {
+    torch::NoGradGuard no_grad;
+    while (!deferred_fills_.empty()) {
+      deferred_fills_.back().first.fill_(deferred_fills_.back().second);
+      deferred_fills_.pop_back();
+    }
+  } catch (const c10::Error& error) {
+    return FromTorch(error, "initializing optimizer state");
+  }
+  return Status::Ok();
+}
+
+void ParameterStepper::DiscardDeferredState() { deferred_fills_.clear(); }
+
 Status ParameterStepper::Step(StepObserver* observer) {
   PMSNAP_RETURN_IF_ERROR(CheckUnchanged());
+  PMSNAP_RETURN_IF_ERROR(InitializeDeferredState());
   // Hide every gradient so that the optimizer's step() touches exactly the
   // one parameter whose gradient is shown.
   std::vector<torch::Tensor> grads(slots_.size());

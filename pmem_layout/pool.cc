@@ -199,6 +199,13 @@ struct Pool::Impl {
   std::unique_ptr<std::atomic<std::uint8_t>[]> written;
   bool orphans_swept = false;
 
+  // Deferred data verification (OpenOptions::defer_data_verification): the
+  // slot whose data is unchecked, and which of its parts ReadPart/VerifyPart
+  // have checked so far (any thread).
+  std::atomic<int> unverified_slot{-1};
+  std::unique_ptr<std::atomic<std::uint8_t>[]> part_verified;
+  std::atomic<std::uint32_t> parts_verified{0};
+
   // Chunk heap mirror: chunk id -> info, rebuilt at open.
   mutable std::mutex chunk_mutex;  // guards chunks and the pmemobj chunk list
   std::unordered_map<std::uint64_t, ChunkInfo> chunks;
@@ -526,33 +533,11 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   }
   impl.written = std::make_unique<std::atomic<std::uint8_t>[]>(layout_.parts.size());
 
-  // Recovery: newest COMPLETE slot whose record (and data) verify.
-  std::vector<int> candidates;
-  for (int s = 0; s < 2; ++s) {
-    if (slot_info(s).state == SlotState::kComplete) candidates.push_back(s);
-  }
-  std::sort(candidates.begin(), candidates.end(),
-            [&](int a, int b) { return slot_info(a).epoch > slot_info(b).epoch; });
-  std::vector<std::string> rejected;
-  for (int s : candidates) {
-    std::vector<std::string> problems = CheckSlot(s, options.verify_data);
-    if (problems.empty()) {
-      recovered_slot_ = s;
-      impl.last_committed = slot_info(s).epoch;
-      break;
-    }
-    std::string summary = "slot " + std::to_string(s) + " (epoch " +
-                          std::to_string(slot_info(s).epoch) + "): " + problems.front();
-    if (problems.size() > 1) summary += " (+" + std::to_string(problems.size() - 1) + " more)";
-    rejected.push_back(summary);
-  }
-  if (!recovered_slot_ && !rejected.empty()) {
-    std::string all;
-    for (const std::string& r : rejected) all += (all.empty() ? "" : "; ") + r;
-    return corruption("no committed slot verifies: " + all);
-  }
-  for (const std::string& r : rejected) {
-    Warn(&warnings_, where + ": newest checkpoint is damaged, falling back to the older one: " + r);
+  const bool deferred = options.verify_data && options.defer_data_verification;
+  PMSNAP_RETURN_IF_ERROR(PickRecoveredSlot(options.verify_data && !deferred, std::nullopt, {}));
+  if (deferred && recovered_slot_) {
+    impl.part_verified = std::make_unique<std::atomic<std::uint8_t>[]>(layout_.parts.size());
+    impl.unverified_slot.store(layout_.parts.empty() ? -1 : *recovered_slot_);
   }
 
   // Mirror the chunk list in DRAM; a damaged list stops the walk with a warning.
@@ -606,6 +591,128 @@ SlotInfo Pool::slot_info(int slot) const {
   return info;
 }
 
+Status Pool::PickRecoveredSlot(bool deep, std::optional<int> excluded,
+                               std::vector<std::string> rejected) {
+  Impl& impl = *impl_;
+  const std::string where = "pool '" + path_ + "'";
+  std::vector<int> candidates;
+  for (int s = 0; s < 2; ++s) {
+    if (s != excluded && slot_info(s).state == SlotState::kComplete) candidates.push_back(s);
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [&](int a, int b) { return slot_info(a).epoch > slot_info(b).epoch; });
+  // last_committed stays when nothing verifies: new epochs number on from it.
+  recovered_slot_.reset();
+  for (int s : candidates) {
+    std::vector<std::string> problems = CheckSlot(s, deep);
+    if (problems.empty()) {
+      recovered_slot_ = s;
+      impl.last_committed = slot_info(s).epoch;
+      break;
+    }
+    std::string summary = "slot " + std::to_string(s) + " (epoch " +
+                          std::to_string(slot_info(s).epoch) + "): " + problems.front();
+    if (problems.size() > 1) summary += " (+" + std::to_string(problems.size() - 1) + " more)";
+    rejected.push_back(summary);
+  }
+  if (!recovered_slot_ && !rejected.empty()) {
+    std::string all;
+    for (const std::string& r : rejected) all += (all.empty() ? "" : "; ") + r;
+    return Status(StatusCode::kCorruption, where + ": no committed slot verifies: " + all);
+  }
+  for (const std::string& r : rejected) {
+    Warn(&warnings_, where + ": newest checkpoint is damaged, falling back to the older one: " + r);
+  }
+  return Status::Ok();
+}
+
+Status Pool::RejectLatest(std::uint32_t damaged_part) {
+  if (damaged_part >= layout_.parts.size()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "pool '" + path_ + "': no part " + std::to_string(damaged_part));
+  }
+  return RejectRecovered(PartProblem(damaged_part));
+}
+
+Status Pool::RejectRecovered(const std::string& problem) {
+  if (!recovered_slot_) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "pool '" + path_ + "': no recovered checkpoint to reject");
+  }
+  if (impl_->open_epoch) {
+    return Status(StatusCode::kBusy, "pool '" + path_ +
+                                         "': cannot change the recovered "
+                                         "checkpoint while epoch " +
+                                         std::to_string(*impl_->open_epoch) + " is open");
+  }
+  const int damaged = *recovered_slot_;
+  impl_->unverified_slot.store(-1);
+  return PickRecoveredSlot(/*deep=*/true, damaged,
+                           {"slot " + std::to_string(damaged) + " (epoch " +
+                            std::to_string(slot_info(damaged).epoch) + "): " + problem});
+}
+
+bool Pool::data_verification_pending() const { return impl_->unverified_slot.load() >= 0; }
+
+void Pool::NotePartVerified(int slot, std::uint32_t part) const {
+  Impl& impl = *impl_;
+  if (impl.unverified_slot.load(std::memory_order_acquire) != slot) return;
+  if (impl.part_verified[part].exchange(1) == 0 &&
+      impl.parts_verified.fetch_add(1) + 1 == layout_.parts.size()) {
+    impl.unverified_slot.store(-1, std::memory_order_release);
+  }
+}
+
+std::string Pool::PartProblem(std::uint32_t part) const {
+  const PartLayout& p = layout_.parts[part];
+  const UnitSpec& unit = manifest_.units[p.unit];
+  return "unit '" + unit.name + "' tensor '" + unit.tensors[p.tensor].name + "' bytes [" +
+         std::to_string(p.offset_in_tensor) + ", " + std::to_string(p.offset_in_tensor + p.bytes) +
+         ") fail their checksum";
+}
+
+Status Pool::ReadPart(const SnapshotView& view, std::uint32_t part, void* dst) const {
+  if (part >= layout_.parts.size() || view.layout_ != &layout_) {
+    return Status(StatusCode::kInvalidArgument,
+                  "pool '" + path_ + "': no part " + std::to_string(part) + " in this pool's view");
+  }
+  const PartLayout& p = layout_.parts[part];
+  const std::byte* src = view.slot_data_ + p.slot_offset;
+  auto* out = static_cast<std::byte*>(dst);
+  std::uint64_t digest = 0;
+  std::size_t streamed = 0;
+  if (reinterpret_cast<std::uintptr_t>(out) % 64 == 0) {
+    // One pass over PM: the loads that feed the copy feed the hash.
+    streamed = detail::BestXxh3Kernels().copy_and_hash(out, src, p.bytes, &digest);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // orders the streaming stores
+  }
+  if (streamed < p.bytes) std::memcpy(out + streamed, src + streamed, p.bytes - streamed);
+  if (streamed == 0) digest = Checksum64(out, p.bytes);
+  if (digest != impl_->part_checksums(view.slot())[part]) {
+    return Status(StatusCode::kCorruption,
+                  "pool '" + path_ + "' slot " + std::to_string(view.slot()) + " (epoch " +
+                      std::to_string(view.epoch()) + "): " + PartProblem(part));
+  }
+  NotePartVerified(view.slot(), part);
+  return Status::Ok();
+}
+
+Status Pool::VerifyPart(const SnapshotView& view, std::uint32_t part) const {
+  if (part >= layout_.parts.size() || view.layout_ != &layout_) {
+    return Status(StatusCode::kInvalidArgument,
+                  "pool '" + path_ + "': no part " + std::to_string(part) + " in this pool's view");
+  }
+  const PartLayout& p = layout_.parts[part];
+  if (Checksum64(view.slot_data_ + p.slot_offset, p.bytes) !=
+      impl_->part_checksums(view.slot())[part]) {
+    return Status(StatusCode::kCorruption,
+                  "pool '" + path_ + "' slot " + std::to_string(view.slot()) + " (epoch " +
+                      std::to_string(view.epoch()) + "): " + PartProblem(part));
+  }
+  NotePartVerified(view.slot(), part);
+  return Status::Ok();
+}
+
 std::vector<std::string> Pool::CheckSlot(int slot, bool deep) const {
   const Impl& impl = *impl_;
   std::vector<std::string> problems;
@@ -633,13 +740,7 @@ std::vector<std::string> Pool::CheckSlot(int slot, bool deep) const {
     for (std::uint32_t p = 0; p < layout_.parts.size(); ++p) {
       const PartLayout& part = layout_.parts[p];
       const std::uint64_t actual = Checksum64(impl.slot_data(slot) + part.slot_offset, part.bytes);
-      if (actual != impl.part_checksums(slot)[p]) {
-        const UnitSpec& unit = manifest_.units[part.unit];
-        problems.push_back("unit '" + unit.name + "' tensor '" + unit.tensors[part.tensor].name +
-                           "' bytes [" + std::to_string(part.offset_in_tensor) + ", " +
-                           std::to_string(part.offset_in_tensor + part.bytes) +
-                           ") fail their checksum");
-      }
+      if (actual != impl.part_checksums(slot)[p]) problems.push_back(PartProblem(p));
     }
   }
   return problems;
@@ -688,6 +789,14 @@ Result<std::uint64_t> Pool::BeginEpoch(std::uint64_t iteration) {
     return Status(StatusCode::kBusy, "pool '" + path_ + "': epoch " +
                                          std::to_string(*impl.open_epoch) +
                                          " is still open; commit or abandon it first");
+  }
+  if (data_verification_pending()) {
+    // Deferred verification must end before a slot is overwritten: with a
+    // damaged newest slot, the epoch goes there and the older one is kept.
+    const int slot = impl.unverified_slot.load();
+    std::vector<std::string> problems = CheckSlot(slot, /*deep=*/true);
+    impl.unverified_slot.store(-1);
+    if (!problems.empty()) PMSNAP_RETURN_IF_ERROR(RejectRecovered(problems.front()));
   }
   if (!impl.orphans_swept) {
     PMSNAP_RETURN_IF_ERROR(SweepOrphanChunks());

@@ -1,6 +1,7 @@
 #include "pmsnap/runtime/engine.h"
 
 #include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -108,6 +109,48 @@ struct Engine::Impl {
   std::atomic<std::uint64_t> epochs_committed{0};
 
   ~Impl() = default;
+
+  // Copies every part of `view` into the registered tensors on the workers
+  // and the calling thread, checking the checksums if the pool's data
+  // verification is still pending (fused into the copy on the host device).
+  // Returns a part that failed its checksum, if any.
+  Result<std::optional<std::uint32_t>> RestoreParts(const layout::SnapshotView& view) {
+    const std::vector<layout::PartLayout>& parts = pool->layout().parts;
+    const bool verify = pool->data_verification_pending();
+    const bool fused = verify && device->kind() == DeviceKind::kHost;
+    constexpr std::uint32_t kNone = ~0u;
+    std::atomic<std::uint32_t> damaged{kNone};
+    std::mutex failure_mutex;
+    Status failure;
+    auto restore_part = [&](std::uint32_t p) {
+      const layout::PartLayout& part = parts[p];
+      std::byte* dst = static_cast<std::byte*>(units[part.unit].tensors[part.tensor].data) +
+                       part.offset_in_tensor;
+      Status status = fused ? pool->ReadPart(view, p, dst)
+                            : (verify ? pool->VerifyPart(view, p) : Status::Ok());
+      if (status.ok() && !fused) {
+        status = device->CopyFromHost(
+            dst, view.tensor(part.unit, part.tensor).data() + part.offset_in_tensor, part.bytes);
+      }
+      if (status.code() == StatusCode::kCorruption) {
+        std::uint32_t expected = kNone;
+        damaged.compare_exchange_strong(expected, p);
+      } else if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (failure.ok()) failure = status;
+      }
+    };
+    tbb::task_arena restore_arena(options.workers + 1);  // the caller joins the workers
+    restore_arena.execute([&] {
+      tbb::parallel_for(std::uint32_t{0}, static_cast<std::uint32_t>(parts.size()),
+                        [&](std::uint32_t p) {
+                          if (damaged.load(std::memory_order_relaxed) == kNone) restore_part(p);
+                        });
+    });
+    if (!failure.ok()) return failure;
+    if (damaged.load() == kNone) return std::optional<std::uint32_t>();
+    return std::optional<std::uint32_t>(damaged.load());
+  }
 
   void RecordError(const Status& status) {
     std::lock_guard<std::mutex> lock(error_mutex);
@@ -447,6 +490,8 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   std::error_code ec;
   layout::OpenOptions open_options;
   open_options.verify_data = options.verify_on_open;
+  // An encoder reads its own state at Attach, from the slot chosen at open.
+  open_options.defer_data_verification = encoded_units.empty();
   Result<std::unique_ptr<layout::Pool>> pool =
       std::filesystem::exists(options.pool_path, ec)
           ? layout::Pool::Open(options.pool_path, manifest, open_options)
@@ -689,17 +734,16 @@ Result<RestoreResult> Engine::Restore() {
   }
   if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
   PMSNAP_ASSIGN_OR_RETURN(layout::SnapshotView view, impl.pool->Latest());
+  while (true) {
+    PMSNAP_ASSIGN_OR_RETURN(std::optional<std::uint32_t> damaged, impl.RestoreParts(view));
+    if (!damaged) break;
+    // The newest checkpoint is damaged: restore the older one over it (it was
+    // verified in full when the pool switched to it).
+    PMSNAP_RETURN_IF_ERROR(impl.pool->RejectLatest(*damaged));
+    PMSNAP_ASSIGN_OR_RETURN(view, impl.pool->Latest());
+  }
   for (std::uint32_t u = 0; u < impl.units.size(); ++u) {
-    if (impl.units[u].encoded) {
-      PMSNAP_RETURN_IF_ERROR(impl.encoder->Restore(u, view.epoch()));
-      continue;
-    }
-    for (std::uint32_t t = 0; t < impl.units[u].tensors.size(); ++t) {
-      std::span<const std::byte> bytes = view.tensor(u, t);
-      if (bytes.empty()) continue;
-      PMSNAP_RETURN_IF_ERROR(
-          impl.device->CopyFromHost(impl.units[u].tensors[t].data, bytes.data(), bytes.size()));
-    }
+    if (impl.units[u].encoded) PMSNAP_RETURN_IF_ERROR(impl.encoder->Restore(u, view.epoch()));
   }
   RestoreResult result;
   result.iteration = view.iteration();

@@ -85,6 +85,36 @@ TEST_P(CheckpointedEquivalenceTest, FiftyCheckpointedStepsThenRestoreAreBitwiseI
   EXPECT_EQ(FirstBitwiseDifference(plain_model, *plain, restored_model, *restored_optimizer), "");
 }
 
+TEST_P(CheckpointedEquivalenceTest, StartingOverWithoutRestoreTrainsLikeAFreshOptimizer) {
+  TempPoolPath pool("hooks-start-over");
+  {
+    Mlp model = MakeMlp(3);
+    auto optimizer = GetParam().make(model->parameters());
+    auto checkpointed = CheckpointedOptimizer::Create(*model, *optimizer, EveryStep(pool.path()));
+    ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
+    for (std::uint64_t step = 1; step <= 3; ++step) {
+      ForwardBackward(model, *optimizer, step);
+      ASSERT_TRUE((*checkpointed)->Step().ok());
+    }
+  }
+  // The pool holds a checkpoint, so the new optimizer state waits for a
+  // restore that never comes: the first Step must start it from scratch.
+  Mlp plain_model = MakeMlp(4);
+  Mlp model = MakeMlp(4);
+  auto plain = GetParam().make(plain_model->parameters());
+  auto optimizer = GetParam().make(model->parameters());
+  auto checkpointed = CheckpointedOptimizer::Create(*model, *optimizer, EveryStep(pool.path()));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
+  for (std::uint64_t step = 1; step <= 5; ++step) {
+    ForwardBackward(plain_model, *plain, step);
+    plain->step();
+    ForwardBackward(model, *optimizer, step);
+    ASSERT_TRUE((*checkpointed)->Step().ok());
+    ASSERT_EQ(FirstBitwiseDifference(plain_model, *plain, model, *optimizer), "")
+        << "after step " << step;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllOptimizers, CheckpointedEquivalenceTest,
                          ::testing::ValuesIn(AllOptimizerConfigs()),
                          [](const auto& info) { return info.param.name; });

@@ -69,6 +69,34 @@ TEST_P(StepperEquivalenceTest, FiftyStepsAreBitwiseIdenticalToPlainStep) {
   }
 }
 
+TEST_P(StepperEquivalenceTest, DeferredStateIsGivenItsInitialValuesBeforeTheFirstStep) {
+  Mlp plain_model = MakeMlp(7);
+  Mlp stepped_model = MakeMlp(7);
+  auto plain = GetParam().make(plain_model->parameters());
+  auto wrapped = GetParam().make(stepped_model->parameters());
+  // libtorch's Adagrad makes its state in its constructor: adopted, never deferred.
+  const bool adopts_state = !wrapped->state().empty();
+  auto stepper = ParameterStepper::Create(*wrapped, Named(stepped_model),
+                                          ParameterStepper::NewState::kDeferred);
+  ASSERT_TRUE(stepper.ok()) << stepper.status().ToString();
+  // Whatever the memory held before the fill (here NaN) must not leak into training.
+  for (const ParameterSlot& slot :
+       adopts_state ? std::vector<ParameterSlot>{} : (*stepper)->slots()) {
+    for (const auto& [role, tensor] : slot.state) {
+      if (tensor.is_floating_point()) tensor.fill_(std::nan(""));
+    }
+  }
+  for (std::uint64_t step = 1; step <= 5; ++step) {
+    ForwardBackward(plain_model, *plain, step);
+    plain->step();
+    ForwardBackward(stepped_model, *wrapped, step);
+    ASSERT_TRUE((*stepper)->Step(nullptr).ok());
+    ASSERT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, *plain, stepped_model, *wrapped),
+              "")
+        << "after step " << step;
+  }
+}
+
 TEST_P(StepperEquivalenceTest, StateLivesInTheSlotTensorsAtStableAddresses) {
   Mlp model = MakeMlp(3);
   auto optimizer = GetParam().make(model->parameters());

@@ -264,6 +264,78 @@ TEST_F(DamagedPoolTest, NextEpochAfterFallbackOverwritesTheDamagedSlot) {
   EXPECT_EQ(CheckSeededView(manifest_, *(*pool)->Latest(), 22), "");
 }
 
+OpenOptions Deferred() {
+  OpenOptions options;
+  options.defer_data_verification = true;
+  return options;
+}
+
+// The first part of `view` that fails ReadPart, if any.
+std::optional<std::uint32_t> FirstDamagedPart(const Pool& pool, const SnapshotView& view) {
+  for (std::uint32_t p = 0; p < pool.layout().parts.size(); ++p) {
+    std::vector<std::byte> buffer(pool.layout().parts[p].bytes);
+    Status read = pool.ReadPart(view, p, buffer.data());
+    if (read.code() == StatusCode::kCorruption) return p;
+    EXPECT_TRUE(read.ok()) << read.ToString();
+  }
+  return std::nullopt;
+}
+
+TEST_F(DamagedPoolTest, DeferredVerificationFindsDamagedDataWhileReadingAndFallsBack) {
+  FlipBit(path_.path(), regions_.slot_data[0].offset + regions_.slot_data[0].bytes / 2);
+  auto pool = Pool::Open(path_.path(), Deferred());
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_TRUE((*pool)->warnings().empty());
+  ASSERT_EQ((*pool)->Latest()->epoch(), 2u);
+  std::optional<std::uint32_t> damaged = FirstDamagedPart(**pool, *(*pool)->Latest());
+  ASSERT_TRUE(damaged.has_value());
+  EXPECT_TRUE((*pool)->data_verification_pending());
+  ASSERT_TRUE((*pool)->RejectLatest(*damaged).ok());
+  EXPECT_FALSE((*pool)->data_verification_pending());
+  EXPECT_EQ((*pool)->Latest()->epoch(), 1u);
+  EXPECT_EQ(CheckSeededView(manifest_, *(*pool)->Latest(), 1), "");
+  ASSERT_EQ((*pool)->warnings().size(), 1u);
+  EXPECT_THAT((*pool)->warnings()[0], HasSubstr("falling back"));
+  EXPECT_THAT((*pool)->warnings()[0], HasSubstr("layer1.weight"));
+  EXPECT_EQ(FirstDamagedPart(**pool, *(*pool)->Latest()), std::nullopt);
+}
+
+TEST_F(DamagedPoolTest, DeferredVerificationEndsBeforeTheFirstEpochOverwritesASlot) {
+  FlipBit(path_.path(), regions_.slot_data[0].offset + 5);
+  {
+    auto pool = Pool::Open(path_.path(), Deferred());
+    ASSERT_TRUE(pool.ok());
+    EXPECT_EQ((*pool)->Latest()->epoch(), 2u);  // not known to be damaged yet
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 22, 21).ok());
+    EXPECT_EQ((*pool)->Latest()->epoch(), 2u);  // epoch 2 again, over the damaged slot
+    EXPECT_EQ((*pool)->Latest()->slot(), 0);
+    EXPECT_THAT((*pool)->warnings(), ::testing::Contains(HasSubstr("falling back")));
+  }
+  auto pool = Pool::Open(path_.path());
+  ASSERT_TRUE(pool.ok());
+  EXPECT_TRUE((*pool)->warnings().empty());
+  EXPECT_EQ(CheckSeededView(manifest_, *(*pool)->Latest(), 22), "");
+  EXPECT_TRUE((*pool)->Verify(/*deep=*/true).ok());  // epoch 1 in slot 1 untouched
+}
+
+TEST_F(DamagedPoolTest, DeferredVerificationWithBothSlotsDamagedIsCorruptionWhenRejecting) {
+  FlipBit(path_.path(), regions_.slot_data[0].offset + 5);
+  FlipBit(path_.path(), regions_.record[1].offset + 16);
+  auto pool = Pool::Open(path_.path(), Deferred());
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  std::optional<std::uint32_t> damaged = FirstDamagedPart(**pool, *(*pool)->Latest());
+  ASSERT_TRUE(damaged.has_value());
+  Status rejected = (*pool)->RejectLatest(*damaged);
+  EXPECT_EQ(rejected.code(), StatusCode::kCorruption);
+  EXPECT_THAT(rejected.message(), HasSubstr("no committed slot verifies"));
+  EXPECT_THAT(rejected.message(), HasSubstr("slot 0"));
+  EXPECT_THAT(rejected.message(), HasSubstr("slot 1"));
+  EXPECT_EQ((*pool)->Latest().status().code(), StatusCode::kNotFound);
+  // Later epochs number on past the damaged ones.
+  ASSERT_TRUE(WriteSeededEpoch(**pool, 3, 30).ok());
+  EXPECT_EQ((*pool)->Latest()->epoch(), 3u);
+}
+
 TEST_F(DamagedPoolTest, BothSlotsDamagedIsCorruptionNeverAPartialLoad) {
   FlipBit(path_.path(), regions_.slot_data[0].offset + 5);
   FlipBit(path_.path(), regions_.record[1].offset + 16);

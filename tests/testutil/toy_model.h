@@ -104,8 +104,10 @@ class ToyModel {
   }
 
   // "" if the live tensors equal the history at step k.
-  std::string CompareLive(std::uint64_t k) const {
-    const auto& expected = history_.at(k);
+  std::string CompareLive(std::uint64_t k) const { return CompareLive(*this, k); }
+  // "" if the live tensors equal `reference`'s history at step k.
+  std::string CompareLive(const ToyModel& reference, std::uint64_t k) const {
+    const auto& expected = reference.history_.at(k);
     std::size_t flat = 0;
     for (std::size_t u = 0; u < params_.size(); ++u) {
       const std::vector<std::byte> live[3] = {Bytes(params_[u]), Bytes(state_[u]),

@@ -141,7 +141,13 @@ class CheckpointedOptimizer {
 
   // Loads the newest committed epoch into the parameters and optimizer state
   // and sets iteration() to its iteration. Only before the first Step.
-  // kNotFound if the pool holds no committed epoch (a fresh run).
+  // kNotFound if the pool holds no committed epoch (a fresh run). A newest
+  // epoch that fails its checksums is replaced by the older one (a pool
+  // warning); kCorruption if neither verifies, and then the parameters may
+  // hold part of a checkpoint. On a pool that holds a checkpoint, the
+  // optimizer state this object creates keeps no values until Restore
+  // overwrites it or the first Step gives it its initial ones: filling it
+  // first would double a restore's memory traffic.
   Result<RestoreInfo> Restore();
 
   // Waits for the epoch in flight; returns the first worker error.

@@ -75,9 +75,22 @@ class ParameterStepper {
   // the stepper's tensors. Errors: kInvalidArgument for another optimizer
   // type, a parameter registered twice, a non-contiguous or non-CPU
   // parameter; libtorch errors keep their message.
+  // With NewState::kDeferred the state tensors the stepper creates (not
+  // copied from libtorch's state) are allocated but not filled until
+  // InitializeDeferredState or the first Step: a restore that overwrites
+  // them anyway then skips a pass over memory the size of the state.
+  enum class NewState { kInitialized, kDeferred };
   static Result<std::unique_ptr<ParameterStepper>> Create(
       torch::optim::Optimizer& optimizer,
-      const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters);
+      const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+      NewState new_state = NewState::kInitialized);
+
+  // Fills state created under NewState::kDeferred with its initial values
+  // (zeros; Adagrad's initial_accumulator_value). Idempotent.
+  Status InitializeDeferredState();
+  // Forgets the pending fills after every slot tensor was overwritten (a
+  // restore).
+  void DiscardDeferredState();
 
   // One optimizer step over every parameter with a defined gradient, last
   // slot first, calling observer->BeforeUpdate(i) / AfterUpdate(i) around
@@ -124,6 +137,9 @@ class ParameterStepper {
   std::vector<const void*> registered_data_;
   // Whether SGD keeps a momentum buffer for the slot (its group's momentum != 0).
   std::vector<bool> has_momentum_;
+  bool defer_new_state_ = false;
+  // Created state tensors still to be filled, with their initial value.
+  std::vector<std::pair<torch::Tensor, double>> deferred_fills_;
 };
 
 }  // namespace pmsnap::hooks

@@ -54,6 +54,12 @@ struct OpenOptions {
   // Verify the data checksums of the slot recovery picks (reads every byte
   // once). Without it only commit records are verified at open.
   bool verify_data = true;
+  // With verify_data: check only the commit records at open and verify the
+  // recovered slot's data later, in the pass a restore makes anyway
+  // (ReadPart over every part), or else before BeginEpoch first overwrites a
+  // slot. Every byte is then read once instead of twice. Damage found later
+  // is handled as at open: Latest() falls back to the older slot.
+  bool defer_data_verification = false;
 };
 
 enum class SlotState : std::uint8_t { kEmpty = 0, kWriting = 1, kComplete = 2 };
@@ -172,10 +178,27 @@ class Pool {
   // verified only by Verify(deep=true)).
   Result<SnapshotView> Slot(int slot) const;
 
+  // Copies part `part` (index into layout().parts) of `view` to `dst` and
+  // checks the part's checksum in the same pass. kCorruption naming the
+  // unit, tensor and byte range if it fails (dst then holds the damaged
+  // bytes; see RejectLatest). Thread-safe for distinct parts.
+  Status ReadPart(const SnapshotView& view, std::uint32_t part, void* dst) const;
+  // Checks a part's checksum without copying it, for callers that copy it by
+  // other means (to a GPU).
+  Status VerifyPart(const SnapshotView& view, std::uint32_t part) const;
+  // Drops Latest()'s slot after ReadPart/VerifyPart found its part
+  // `damaged_part` damaged, as open would have: Latest() moves to the older
+  // slot if that verifies in full (with a warning), else kCorruption (no
+  // slot verifies; new epochs still number on from the damaged one).
+  Status RejectLatest(std::uint32_t damaged_part);
+  // Whether the recovered slot's data still awaits its deferred check.
+  bool data_verification_pending() const;
+
   // --- writer ---
   // Starts epoch last_committed+1 for training iteration `iteration`, marks
   // its slot WRITING. kBusy if an epoch is already open. The first call after
-  // open also frees chunks left by epochs that never committed.
+  // open also finishes a deferred data verification (the slot it keeps must
+  // be the good one) and frees chunks left by epochs that never committed.
   Result<std::uint64_t> BeginEpoch(std::uint64_t iteration);
   // Copies part `part` (index into layout().parts) from `src` (that part's
   // bytes) into the open epoch's slot with non-temporal stores, drains, and
@@ -227,8 +250,16 @@ class Pool {
   static Result<std::unique_ptr<Pool>> OpenImpl(const std::string& path, const Manifest* expected,
                                                 const OpenOptions& options);
   Status LoadAndRecover(const OpenOptions& options);
+  // Recovery: the newest COMPLETE slot not in `excluded` whose record (and,
+  // if deep, data) verifies; `rejected` lists earlier rejections for the
+  // warning or the error.
+  Status PickRecoveredSlot(bool deep, std::optional<int> excluded,
+                           std::vector<std::string> rejected);
+  Status RejectRecovered(const std::string& problem);
   std::vector<std::string> CheckSlot(int slot, bool deep) const;
-  Status CheckPart(std::uint32_t part) const;
+  std::string PartProblem(std::uint32_t part) const;
+  // Records a verified part of the slot awaiting deferred verification.
+  void NotePartVerified(int slot, std::uint32_t part) const;
   Result<SnapshotView> MakeView(int slot) const;
   Status SweepOrphanChunks();
 

@@ -58,7 +58,10 @@ struct EngineOptions {
   std::string pool_path;
   // Used when the pool is created (an existing pool keeps its own).
   layout::PoolOptions pool_options;
-  // Verify every data checksum of the recovered slot when opening.
+  // Verify every data checksum of the recovered slot. Without an encoder the
+  // check runs inside Restore's copy (one read of the slot, not two) or, if
+  // training starts without a restore, before the first checkpoint; with an
+  // encoder, when the pool is opened.
   bool verify_on_open = true;
   // Worker threads copying and persisting parts.
   int workers = 2;
@@ -112,8 +115,11 @@ class Engine {
   Status Close(CloseMode mode = CloseMode::kFinish);
 
   // Copies the newest committed epoch into the registered tensors (through
-  // the device) and returns its iteration and extra state. kNotFound if the
-  // pool has no committed epoch. Only before the first BeginStep.
+  // the device, parts in parallel on the workers and the calling thread) and
+  // returns its iteration and extra state. If a part fails its checksum the
+  // older checkpoint is restored instead, with a pool warning; kCorruption
+  // when neither verifies. kNotFound if the pool has no committed epoch.
+  // Only before the first BeginStep.
   Result<RestoreResult> Restore();
 
   std::optional<std::uint32_t> FindUnit(const std::string& name) const;
