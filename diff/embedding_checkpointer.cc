@@ -124,12 +124,22 @@ Result<TableShape> ShapeOf(const layout::UnitSpec& unit) {
 
 // Applies `refs` in order into dense per-tensor outputs.
 Status Rebuild(ChunkReader& reader, const std::vector<ChunkRef>& refs, const TableShape& shape,
-               std::vector<std::vector<float>>* out) {
+               std::vector<std::vector<float>>* out, RecoveryStats* stats = nullptr) {
+  RecoveryStats local;
+  stats = stats != nullptr ? stats : &local;
+  auto phase_start = Clock::now();
   out->assign(shape.elems_per_row.size(), {});
   for (std::size_t t = 0; t < out->size(); ++t) {
     (*out)[t].assign(shape.rows * shape.elems_per_row[t], 0.0f);
   }
-  for (const ChunkRef& ref : refs) {
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    const ChunkRef& ref = refs[i];
+    if (i == 1) {
+      stats->baseline_seconds += Since(phase_start);
+      phase_start = Clock::now();
+    }
+    (i == 0 ? stats->baseline_bytes : stats->increment_bytes) += ref.length;
+    stats->chunks_read += 1;
     PMSNAP_ASSIGN_OR_RETURN(DataChunkView view, reader.Read(ref));
     if (view.tensors.size() != shape.elems_per_row.size()) {
       return Status(StatusCode::kCorruption, "chunk holds " + std::to_string(view.tensors.size()) +
@@ -165,6 +175,7 @@ Status Rebuild(ChunkReader& reader, const std::vector<ChunkRef>& refs, const Tab
       }
     }
   }
+  (refs.size() > 1 ? stats->increment_seconds : stats->baseline_seconds) += Since(phase_start);
   return Status::Ok();
 }
 
@@ -696,7 +707,7 @@ Result<RecoveredTable> RecoverTable(const layout::Pool& pool, const std::string&
   out.rows = found.second.rows;
   out.elems_per_row = found.second.elems_per_row;
   ChunkReader reader(pool, what);
-  Status rebuilt = Rebuild(reader, checkpoint->refs, found.second, &out.tensors);
+  Status rebuilt = Rebuild(reader, checkpoint->refs, found.second, &out.tensors, &out.stats);
   if (!rebuilt.ok()) {
     return Status(rebuilt.code(), rebuilt.message().rfind(what, 0) == 0
                                       ? rebuilt.message()

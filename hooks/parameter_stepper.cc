@@ -47,7 +47,7 @@ Result<OptimizerKind> KindOf(optim::Optimizer& optimizer) {
 void AdviseHugePages(const torch::Tensor& tensor) {
   constexpr std::uintptr_t kHugePage = 2u << 20;
   const std::size_t bytes = static_cast<std::size_t>(tensor.nbytes());
-  if (bytes < 2 * kHugePage) return;
+  if (bytes < kHugePage) return;  // no 2 MiB-aligned page fits
   const long page = ::sysconf(_SC_PAGESIZE);
   const auto start = reinterpret_cast<std::uintptr_t>(tensor.data_ptr());
   const std::uintptr_t first = (start + page - 1) / page * page;
@@ -56,10 +56,16 @@ void AdviseHugePages(const torch::Tensor& tensor) {
 }
 
 // A tensor shaped and laid out like `param` holding `source`, or else `fill`
-// (now, or later through `deferred` when given). The stepper owns it, so its
-// address is stable.
+// (now, or later through `deferred` when given), at a stable address.
 torch::Tensor OwnedLike(const torch::Tensor& param, const torch::Tensor& source, double fill,
                         std::vector<std::pair<torch::Tensor, double>>* deferred) {
+  if (source.defined() && source.is_contiguous() && source.sizes() == param.sizes() &&
+      source.dtype() == param.dtype() && source.device() == param.device() &&
+      source.storage_offset() == 0 && source.storage().nbytes() == source.nbytes()) {
+    // libtorch updates its state in place, so a tensor that owns exactly its
+    // storage already has a stable address: taken over, not copied.
+    return source;
+  }
   torch::Tensor owned = torch::empty_like(param, at::MemoryFormat::Contiguous);
   AdviseHugePages(owned);
   if (source.defined()) {

@@ -111,6 +111,18 @@ TEST_P(PolicyTest, EveryRetainedCheckpointRecoversItsIteration) {
   if (!GetParam().quantize) {
     for (const CheckpointInfo& c : *checkpoints) ExpectTableAt(**pool, c.epoch, 0);
   }
+  // The recovery's breakdown accounts for every chunk the checkpoint lists.
+  for (const CheckpointInfo& c : *checkpoints) {
+    auto table = RecoverTable(**pool, "emb.users", c.epoch);
+    ASSERT_TRUE(table.ok());
+    const RecoveryStats& stats = table->stats;
+    EXPECT_EQ(stats.chunks_read, c.chunks);
+    EXPECT_EQ(stats.baseline_bytes + stats.increment_bytes, c.chunk_bytes);
+    EXPECT_GT(stats.baseline_bytes, 0u);
+    EXPECT_GT(stats.baseline_seconds, 0.0);
+    EXPECT_EQ(stats.increment_bytes == 0, c.chunks == 1);
+    EXPECT_EQ(stats.increment_seconds == 0.0, c.chunks == 1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPolicies, PolicyTest,

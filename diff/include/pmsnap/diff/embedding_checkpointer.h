@@ -126,12 +126,25 @@ struct CheckpointInfo {
   std::uint64_t chunk_bytes = 0;  // their bytes
 };
 
+// Where a recovery's time went: the baseline (a checkpoint's first chunk,
+// the whole table) and the chunks applied over it (differential,
+// increments, IncrCP's list). IncrCP reports recovery time without the
+// baseline (its section 5.1.4); the sum is the whole rebuild.
+struct RecoveryStats {
+  std::uint64_t chunks_read = 0;
+  std::uint64_t baseline_bytes = 0;
+  std::uint64_t increment_bytes = 0;
+  double baseline_seconds = 0;
+  double increment_seconds = 0;
+};
+
 struct RecoveredTable {
   std::uint64_t epoch = 0;
   std::uint64_t iteration = 0;
   std::uint64_t rows = 0;
   std::vector<std::uint32_t> elems_per_row;  // per tensor
   std::vector<std::vector<float>> tensors;   // rows * elems_per_row each
+  RecoveryStats stats;
 };
 
 // Retained checkpoints of `table` (an encoded unit's name), oldest first,

@@ -71,12 +71,12 @@ class ParameterStepper {
   // Wraps `optimizer` (SGD, Adam, AdamW, Adagrad or RMSprop; not owned).
   // `named_parameters` names parameters (e.g. module.named_parameters());
   // optimizer parameters missing from it are named "group<g>.param<i>".
-  // Existing optimizer state (e.g. loaded from a state dict) is copied into
-  // the stepper's tensors. Errors: kInvalidArgument for another optimizer
-  // type, a parameter registered twice, a non-contiguous or non-CPU
-  // parameter; libtorch errors keep their message.
-  // With NewState::kDeferred the state tensors the stepper creates (not
-  // copied from libtorch's state) are allocated but not filled until
+  // Existing optimizer state (e.g. loaded from a state dict, or made by
+  // Adagrad's constructor) is taken over where it is a contiguous tensor
+  // owning its storage, else copied into the stepper's tensors. Errors: kInvalidArgument for
+  // another optimizer type, a parameter registered twice, a non-contiguous or non-CPU parameter;
+  // libtorch errors keep their message. With NewState::kDeferred the state tensors the stepper
+  // creates (not copied from libtorch's state) are allocated but not filled until
   // InitializeDeferredState or the first Step: a restore that overwrites
   // them anyway then skips a pass over memory the size of the state.
   enum class NewState { kInitialized, kDeferred };
