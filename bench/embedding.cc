@@ -5,10 +5,12 @@
 //
 // Per policy, in one run: bytes written per interval, chunk-heap capacity in
 // use, construction time, and the recovery time of every checkpoint (all are
-// retained so any can be recovered); ratios against full checkpoints and
-// naive (consecutive) incremental.
+// retained so any can be recovered), with and without the baseline copy
+// (IncrCP's metric leaves it out); ratios against full checkpoints and
+// naive (consecutive) incremental. Defaults follow IncrCP's setup.
 //
 //   pmsnap_bench_embedding [--intervals N] [--batches B] [--scale S] [--out DIR]
+//                          [--policies a,b,...]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
