@@ -1,5 +1,7 @@
 #include "pmsnap/conflict/strategies.h"
 
+#include <algorithm>
+
 #include "pmsnap/runtime/device.h"
 
 namespace pmsnap::conflict {
@@ -154,7 +156,8 @@ AdaptiveStrategy::AdaptiveStrategy(ConflictOptions options)
 
 StrategyChoice AdaptiveStrategy::Decide(const UnitProfile* last, std::uint64_t unit_bytes,
                                         std::uint64_t usable_device_bytes,
-                                        bool in_device_copies_pay, std::uint32_t calm_epochs) {
+                                        bool in_device_copies_pay, std::uint32_t calm_epochs,
+                                        std::uint32_t calm_needed) {
   // Where a copy inside the device is no faster than the direct copy (the
   // host device: both are memcpy), strategies 1, 3 and 4 only add a copy.
   if (!in_device_copies_pay) return StrategyChoice::kWaitSnapshot;
@@ -173,10 +176,15 @@ StrategyChoice AdaptiveStrategy::Decide(const UnitProfile* last, std::uint64_t u
   const double predicted = kPredictionMargin * (last->queue_wait_seconds + last->copy_seconds);
   const bool conflict_expected = last->conflicted ||
                                  (gap_known && predicted > last->next_update_gap_seconds) ||
-                                 calm_epochs < kCalmEpochsBeforeWaiting;
+                                 calm_epochs < calm_needed;
   if (!conflict_expected) return StrategyChoice::kWaitSnapshot;
   if (usable_device_bytes >= unit_bytes) return StrategyChoice::kInDeviceCopy;
   return gap_known ? StrategyChoice::kSplitGroups : StrategyChoice::kPartsOnConflict;
+}
+
+std::uint32_t AdaptiveStrategy::calm_epochs_needed(std::uint32_t unit) const {
+  std::lock_guard<std::mutex> lock(decisions_mutex_);
+  return unit < calm_needed_.size() ? calm_needed_[unit] : kCalmEpochsBeforeWaiting;
 }
 
 StrategyChoice AdaptiveStrategy::Decision(std::uint32_t unit) const {
@@ -206,10 +214,12 @@ Status AdaptiveStrategy::OnCaptured(UnitTask& task) {
                     device.EstimateCopyToHostSeconds(task.bytes());
   {
     std::lock_guard<std::mutex> lock(decisions_mutex_);
-    const std::uint32_t calm =
-        task.unit() < calm_epochs_.size() ? calm_epochs_[task.unit()] : kNeverConflicted;
+    const std::uint32_t unit = task.unit();
+    const std::uint32_t calm = unit < calm_epochs_.size() ? calm_epochs_[unit] : kNeverConflicted;
+    const std::uint32_t needed =
+        unit < calm_needed_.size() ? calm_needed_[unit] : kCalmEpochsBeforeWaiting;
     const StrategyChoice decision =
-        Decide(LastProfile(task.unit()), task.bytes(), usable, pays, calm);
+        Decide(LastProfile(unit), task.bytes(), usable, pays, calm, needed);
     if (decisions_.size() <= task.unit()) {
       decisions_.resize(task.unit() + 1, StrategyChoice::kWaitSnapshot);
     }
@@ -242,9 +252,15 @@ void AdaptiveStrategy::OnEpochCommitted(const std::vector<UnitProfile>& profiles
   {
     std::lock_guard<std::mutex> lock(decisions_mutex_);
     for (const UnitProfile& profile : profiles) {
-      if (calm_epochs_.size() <= profile.unit)
+      if (calm_epochs_.size() <= profile.unit) {
         calm_epochs_.resize(profile.unit + 1, kNeverConflicted);
+        calm_needed_.resize(profile.unit + 1, kCalmEpochsBeforeWaiting);
+      }
       std::uint32_t& calm = calm_epochs_[profile.unit];
+      std::uint32_t& needed = calm_needed_[profile.unit];
+      if (profile.conflicted && calm != kNeverConflicted && calm >= needed) {
+        needed = std::min(2 * needed, kMaxCalmEpochsBeforeWaiting);  // it flapped
+      }
       calm = profile.conflicted ? 0 : (calm == kNeverConflicted ? calm : calm + 1);
     }
   }

@@ -672,39 +672,35 @@ std::string Pool::PartProblem(std::uint32_t part) const {
 }
 
 Status Pool::ReadPart(const SnapshotView& view, std::uint32_t part, void* dst) const {
+  if (dst == nullptr) {
+    return Status(StatusCode::kInvalidArgument, "pool '" + path_ + "': ReadPart into nullptr");
+  }
+  return CopyAndVerifyPart(view, part, static_cast<std::byte*>(dst));
+}
+
+Status Pool::VerifyPart(const SnapshotView& view, std::uint32_t part) const {
+  return CopyAndVerifyPart(view, part, nullptr);
+}
+
+Status Pool::CopyAndVerifyPart(const SnapshotView& view, std::uint32_t part, std::byte* dst) const {
   if (part >= layout_.parts.size() || view.layout_ != &layout_) {
     return Status(StatusCode::kInvalidArgument,
                   "pool '" + path_ + "': no part " + std::to_string(part) + " in this pool's view");
   }
   const PartLayout& p = layout_.parts[part];
   const std::byte* src = view.slot_data_ + p.slot_offset;
-  auto* out = static_cast<std::byte*>(dst);
   std::uint64_t digest = 0;
   std::size_t streamed = 0;
-  if (reinterpret_cast<std::uintptr_t>(out) % 64 == 0) {
+  if (dst != nullptr && reinterpret_cast<std::uintptr_t>(dst) % 64 == 0) {
     // One pass over PM: the loads that feed the copy feed the hash.
-    streamed = detail::BestXxh3Kernels().copy_and_hash(out, src, p.bytes, &digest);
+    streamed = detail::BestXxh3Kernels().copy_and_hash(dst, src, p.bytes, &digest);
     std::atomic_thread_fence(std::memory_order_seq_cst);  // orders the streaming stores
   }
-  if (streamed < p.bytes) std::memcpy(out + streamed, src + streamed, p.bytes - streamed);
-  if (streamed == 0) digest = Checksum64(out, p.bytes);
+  if (dst != nullptr && streamed < p.bytes) {
+    std::memcpy(dst + streamed, src + streamed, p.bytes - streamed);
+  }
+  if (streamed == 0) digest = Checksum64(src, p.bytes);
   if (digest != impl_->part_checksums(view.slot())[part]) {
-    return Status(StatusCode::kCorruption,
-                  "pool '" + path_ + "' slot " + std::to_string(view.slot()) + " (epoch " +
-                      std::to_string(view.epoch()) + "): " + PartProblem(part));
-  }
-  NotePartVerified(view.slot(), part);
-  return Status::Ok();
-}
-
-Status Pool::VerifyPart(const SnapshotView& view, std::uint32_t part) const {
-  if (part >= layout_.parts.size() || view.layout_ != &layout_) {
-    return Status(StatusCode::kInvalidArgument,
-                  "pool '" + path_ + "': no part " + std::to_string(part) + " in this pool's view");
-  }
-  const PartLayout& p = layout_.parts[part];
-  if (Checksum64(view.slot_data_ + p.slot_offset, p.bytes) !=
-      impl_->part_checksums(view.slot())[part]) {
     return Status(StatusCode::kCorruption,
                   "pool '" + path_ + "' slot " + std::to_string(view.slot()) + " (epoch " +
                       std::to_string(view.epoch()) + "): " + PartProblem(part));

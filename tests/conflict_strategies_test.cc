@@ -148,6 +148,36 @@ TEST(AdaptiveDecisionTest, FollowsTheSlidesRule) {
   EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 1 << 20, false), StrategyChoice::kWaitSnapshot);
 }
 
+TEST(AdaptiveDecisionTest, AUnitThatConflictsAgainAfterCalmingDownWaitsLongerNextTime) {
+  AdaptiveStrategy adaptive;
+  UnitProfile profile;
+  profile.unit = 0;
+  profile.bytes = 1000;
+  auto commit = [&](bool conflicted) {
+    profile.conflicted = conflicted;
+    adaptive.OnEpochCommitted({profile});
+  };
+  EXPECT_EQ(adaptive.calm_epochs_needed(0), AdaptiveStrategy::kCalmEpochsBeforeWaiting);
+  commit(true);  // the first conflict: not a flap
+  commit(true);  // still on the conflict path
+  EXPECT_EQ(adaptive.calm_epochs_needed(0), 3u);
+  for (int i = 0; i < 3; ++i) commit(false);  // calm long enough to wait again
+  commit(true);                               // and conflicts: a flap
+  EXPECT_EQ(adaptive.calm_epochs_needed(0), 6u);
+  for (int flap = 0; flap < 6; ++flap) {
+    for (std::uint32_t i = 0; i < adaptive.calm_epochs_needed(0); ++i) commit(false);
+    commit(true);
+  }
+  EXPECT_EQ(adaptive.calm_epochs_needed(0), AdaptiveStrategy::kMaxCalmEpochsBeforeWaiting);
+  EXPECT_EQ(AdaptiveStrategy::Decide(&profile, 1000, 1 << 20, true, 5, 6),
+            StrategyChoice::kInDeviceCopy);
+  profile.conflicted = false;
+  profile.copy_seconds = 0.001;
+  profile.next_update_gap_seconds = 0.1;
+  EXPECT_EQ(AdaptiveStrategy::Decide(&profile, 1000, 1 << 20, true, 6, 6),
+            StrategyChoice::kWaitSnapshot);
+}
+
 TEST(MakeStrategyTest, KnowsEveryNameAndRejectsOthers) {
   for (const char* name : {"1", "2", "3", "4", "adaptive"}) EXPECT_NE(MakeStrategy(name), nullptr);
   EXPECT_EQ(MakeStrategy("5"), nullptr);

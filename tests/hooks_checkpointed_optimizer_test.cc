@@ -23,6 +23,7 @@ using pmsnap::testing::ForwardBackward;
 using pmsnap::testing::MakeMlp;
 using pmsnap::testing::Mlp;
 using pmsnap::testing::OptimizerConfig;
+using pmsnap::testing::StepBothAndCompare;
 using pmsnap::testing::TempPoolPath;
 using ::testing::HasSubstr;
 
@@ -105,14 +106,9 @@ TEST_P(CheckpointedEquivalenceTest, StartingOverWithoutRestoreTrainsLikeAFreshOp
   auto optimizer = GetParam().make(model->parameters());
   auto checkpointed = CheckpointedOptimizer::Create(*model, *optimizer, EveryStep(pool.path()));
   ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
-  for (std::uint64_t step = 1; step <= 5; ++step) {
-    ForwardBackward(plain_model, *plain, step);
-    plain->step();
-    ForwardBackward(model, *optimizer, step);
-    ASSERT_TRUE((*checkpointed)->Step().ok());
-    ASSERT_EQ(FirstBitwiseDifference(plain_model, *plain, model, *optimizer), "")
-        << "after step " << step;
-  }
+  EXPECT_EQ(StepBothAndCompare(plain_model, *plain, model, *optimizer, 1, 5,
+                               [&] { return (*checkpointed)->Step().ok(); }),
+            "");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOptimizers, CheckpointedEquivalenceTest,

@@ -16,6 +16,7 @@ using pmsnap::testing::ForwardBackward;
 using pmsnap::testing::MakeMlp;
 using pmsnap::testing::Mlp;
 using pmsnap::testing::OptimizerConfig;
+using pmsnap::testing::StepBothAndCompare;
 
 std::vector<std::pair<std::string, torch::Tensor>> Named(Mlp& model) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
@@ -57,16 +58,9 @@ TEST_P(StepperEquivalenceTest, FiftyStepsAreBitwiseIdenticalToPlainStep) {
   auto wrapped = GetParam().make(stepped_model->parameters());
   auto stepper = ParameterStepper::Create(*wrapped, Named(stepped_model));
   ASSERT_TRUE(stepper.ok()) << stepper.status().ToString();
-
-  for (std::uint64_t step = 1; step <= 50; ++step) {
-    ForwardBackward(plain_model, *plain, step);
-    plain->step();
-    ForwardBackward(stepped_model, *wrapped, step);
-    ASSERT_TRUE((*stepper)->Step(nullptr).ok());
-    ASSERT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, *plain, stepped_model, *wrapped),
-              "")
-        << "after step " << step;
-  }
+  EXPECT_EQ(StepBothAndCompare(plain_model, *plain, stepped_model, *wrapped, 1, 50,
+                               [&] { return (*stepper)->Step(nullptr).ok(); }),
+            "");
 }
 
 TEST_P(StepperEquivalenceTest, DeferredStateIsGivenItsInitialValuesBeforeTheFirstStep) {
@@ -86,15 +80,9 @@ TEST_P(StepperEquivalenceTest, DeferredStateIsGivenItsInitialValuesBeforeTheFirs
       if (tensor.is_floating_point()) tensor.fill_(std::nan(""));
     }
   }
-  for (std::uint64_t step = 1; step <= 5; ++step) {
-    ForwardBackward(plain_model, *plain, step);
-    plain->step();
-    ForwardBackward(stepped_model, *wrapped, step);
-    ASSERT_TRUE((*stepper)->Step(nullptr).ok());
-    ASSERT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, *plain, stepped_model, *wrapped),
-              "")
-        << "after step " << step;
-  }
+  EXPECT_EQ(StepBothAndCompare(plain_model, *plain, stepped_model, *wrapped, 1, 5,
+                               [&] { return (*stepper)->Step(nullptr).ok(); }),
+            "");
 }
 
 TEST_P(StepperEquivalenceTest, StateLivesInTheSlotTensorsAtStableAddresses) {

@@ -142,4 +142,22 @@ inline std::string FirstBitwiseDifference(Mlp& a, torch::optim::Optimizer& opt_a
   return "";
 }
 
+// Steps `first`..`last` on the same batches: the plain optimizer with
+// step(), and (model, optimizer) through `step` (the wrapped path, true on
+// success). "" if both stay bitwise equal after every step, else where they
+// first part.
+inline std::string StepBothAndCompare(Mlp& plain_model, torch::optim::Optimizer& plain, Mlp& model,
+                                      torch::optim::Optimizer& optimizer, std::uint64_t first,
+                                      std::uint64_t last, const std::function<bool()>& step) {
+  for (std::uint64_t k = first; k <= last; ++k) {
+    ForwardBackward(plain_model, plain, k);
+    plain.step();
+    ForwardBackward(model, optimizer, k);
+    if (!step()) return "the wrapped step " + std::to_string(k) + " failed";
+    std::string difference = FirstBitwiseDifference(plain_model, plain, model, optimizer);
+    if (!difference.empty()) return difference + " after step " + std::to_string(k);
+  }
+  return "";
+}
+
 }  // namespace pmsnap::testing

@@ -126,13 +126,21 @@ class AdaptiveStrategy final : public StrategyBase {
   // and whether an in-device copy is at least twice as fast as the direct
   // copy (device estimates); if not, always strategy 2.
   // `calm_epochs`: committed epochs since the unit last conflicted
-  // (kNeverConflicted if it never did).
+  // (kNeverConflicted if it never did); it goes back to waiting only after
+  // `calm_needed` of them.
   static StrategyChoice Decide(const UnitProfile* last, std::uint64_t unit_bytes,
                                std::uint64_t usable_device_bytes, bool in_device_copies_pay,
-                               std::uint32_t calm_epochs = kNeverConflicted);
+                               std::uint32_t calm_epochs = kNeverConflicted,
+                               std::uint32_t calm_needed = kCalmEpochsBeforeWaiting);
   static constexpr std::uint32_t kNeverConflicted = ~0u;
   static constexpr std::uint32_t kCalmEpochsBeforeWaiting = 3;
+  // A unit that conflicts again after it went back to waiting doubles its
+  // calm epochs needed, up to this: each such flap costs a stall.
+  static constexpr std::uint32_t kMaxCalmEpochsBeforeWaiting = 24;
   static constexpr double kPredictionMargin = 1.25;
+
+  // Calm epochs `unit` needs now before it goes back to waiting.
+  std::uint32_t calm_epochs_needed(std::uint32_t unit) const;
 
  private:
   StrategyChoice Decision(std::uint32_t unit) const;
@@ -141,9 +149,10 @@ class AdaptiveStrategy final : public StrategyBase {
   runtime::WaitForSnapshotStrategy wait_;
   PartsOnConflictStrategy parts_;
   SplitGroupsStrategy split_;
-  mutable std::mutex decisions_mutex_;  // guards decisions_ and calm_epochs_
+  mutable std::mutex decisions_mutex_;  // guards decisions_ and the calm counts
   std::vector<StrategyChoice> decisions_;
   std::vector<std::uint32_t> calm_epochs_;
+  std::vector<std::uint32_t> calm_needed_;
 };
 
 // "1", "2", "3", "4" or "adaptive" (as in flags and benchmark tables).

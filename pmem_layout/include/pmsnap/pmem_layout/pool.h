@@ -258,6 +258,8 @@ class Pool {
   Status RejectRecovered(const std::string& problem);
   std::vector<std::string> CheckSlot(int slot, bool deep) const;
   std::string PartProblem(std::uint32_t part) const;
+  // ReadPart, or with dst == nullptr VerifyPart.
+  Status CopyAndVerifyPart(const SnapshotView& view, std::uint32_t part, std::byte* dst) const;
   // Records a verified part of the slot awaiting deferred verification.
   void NotePartVerified(int slot, std::uint32_t part) const;
   Result<SnapshotView> MakeView(int slot) const;
