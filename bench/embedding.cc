@@ -122,6 +122,8 @@ int main(int argc, char** argv) {
     }
   }
   setenv("PMEM_IS_PMEM_FORCE", "1", 0);
+  std::error_code out_error;
+  std::filesystem::create_directories(out, out_error);  // results go there
   const char* env_dir = std::getenv("PMSNAP_POOL_DIR");
   const std::string pool_dir = env_dir ? env_dir : "/dev/shm";
   const std::vector<std::uint64_t> cardinalities = Cardinalities(scale);

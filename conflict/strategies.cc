@@ -154,20 +154,16 @@ Status SplitGroupsStrategy::Resolve(UnitTask& task) {
 AdaptiveStrategy::AdaptiveStrategy(ConflictOptions options)
     : StrategyBase(options), in_device_(options), parts_(options), split_(options) {}
 
-StrategyChoice AdaptiveStrategy::Decide(const UnitProfile* last, std::uint64_t unit_bytes,
-                                        std::uint64_t usable_device_bytes,
-                                        bool in_device_copies_pay, std::uint32_t calm_epochs,
-                                        std::uint32_t calm_needed) {
+StrategyChoice AdaptiveStrategy::Decide(const DecisionInputs& in) {
   // Where a copy inside the device is no faster than the direct copy (the
   // host device: both are memcpy), strategies 1, 3 and 4 only add a copy.
-  if (!in_device_copies_pay) return StrategyChoice::kWaitSnapshot;
-  // No profile yet (first epoch): an in-device copy if memory allows (it
-  // never stalls), else strategy 3, which costs nothing unless a conflict
-  // actually happens.
-  if (last == nullptr) {
-    return usable_device_bytes >= unit_bytes ? StrategyChoice::kInDeviceCopy
-                                             : StrategyChoice::kPartsOnConflict;
-  }
+  if (!in.in_device_copies_pay) return StrategyChoice::kWaitSnapshot;
+  const bool memory = in.usable_device_bytes >= in.unit_bytes;
+  const UnitProfile* last = in.last;
+  // No profile yet (first epoch): strategy 3, which costs nothing unless a
+  // conflict actually happens (an in-device copy of every unit up front can
+  // itself outlast an iteration).
+  if (last == nullptr) return StrategyChoice::kPartsOnConflict;
   const bool gap_known = last->next_update_gap_seconds >= 0;
   // The profile is one epoch's; queue waits depend on what the other units
   // do. A margin on the prediction, and a few calm epochs before a unit that
@@ -176,9 +172,12 @@ StrategyChoice AdaptiveStrategy::Decide(const UnitProfile* last, std::uint64_t u
   const double predicted = kPredictionMargin * (last->queue_wait_seconds + last->copy_seconds);
   const bool conflict_expected = last->conflicted ||
                                  (gap_known && predicted > last->next_update_gap_seconds) ||
-                                 calm_epochs < calm_needed;
+                                 in.calm_epochs < in.calm_needed;
   if (!conflict_expected) return StrategyChoice::kWaitSnapshot;
-  if (usable_device_bytes >= unit_bytes) return StrategyChoice::kInDeviceCopy;
+  const bool in_device_too_slow =
+      gap_known && in.in_device_copy_seconds >= 0 &&
+      kPredictionMargin * in.in_device_copy_seconds > last->next_update_gap_seconds;
+  if (memory && !in_device_too_slow) return StrategyChoice::kInDeviceCopy;
   return gap_known ? StrategyChoice::kSplitGroups : StrategyChoice::kPartsOnConflict;
 }
 
@@ -210,16 +209,28 @@ Status AdaptiveStrategy::OnCaptured(UnitTask& task) {
   const std::uint64_t free = task.device().free_bytes();
   const std::uint64_t usable = free > options_.reserve_bytes ? free - options_.reserve_bytes : 0;
   const runtime::Device& device = task.device();
-  const bool pays = 2 * device.EstimateInDeviceCopySeconds(task.bytes()) <=
-                    device.EstimateCopyToHostSeconds(task.bytes());
   {
     std::lock_guard<std::mutex> lock(decisions_mutex_);
     const std::uint32_t unit = task.unit();
-    const std::uint32_t calm = unit < calm_epochs_.size() ? calm_epochs_[unit] : kNeverConflicted;
-    const std::uint32_t needed =
-        unit < calm_needed_.size() ? calm_needed_[unit] : kCalmEpochsBeforeWaiting;
-    const StrategyChoice decision =
-        Decide(LastProfile(unit), task.bytes(), usable, pays, calm, needed);
+    DecisionInputs in;
+    in.last = LastProfile(unit);
+    in.unit_bytes = task.bytes();
+    in.usable_device_bytes = usable;
+    // Measured against measured, or estimate against estimate: the two kinds
+    // differ under load, and mixing them flips the answer.
+    double in_device = device.EstimateInDeviceCopySeconds(task.bytes());
+    double direct = device.EstimateCopyToHostSeconds(task.bytes());
+    if (in_device_bytes_per_second_ > 0) {
+      in.in_device_copy_seconds = task.bytes() / in_device_bytes_per_second_;
+      if (in.last != nullptr && in.last->copy_seconds > 0) {
+        in_device = in.in_device_copy_seconds;
+        direct = in.last->copy_seconds;
+      }
+    }
+    in.in_device_copies_pay = 2 * in_device <= direct;
+    in.calm_epochs = unit < calm_epochs_.size() ? calm_epochs_[unit] : kNeverConflicted;
+    in.calm_needed = unit < calm_needed_.size() ? calm_needed_[unit] : kCalmEpochsBeforeWaiting;
+    const StrategyChoice decision = Decide(in);
     if (decisions_.size() <= task.unit()) {
       decisions_.resize(task.unit() + 1, StrategyChoice::kWaitSnapshot);
     }
@@ -251,6 +262,15 @@ std::uint64_t AdaptiveStrategy::fallbacks() const {
 void AdaptiveStrategy::OnEpochCommitted(const std::vector<UnitProfile>& profiles) {
   {
     std::lock_guard<std::mutex> lock(decisions_mutex_);
+    double in_device_seconds = 0;
+    std::uint64_t in_device_bytes = 0;
+    for (const UnitProfile& profile : profiles) {
+      in_device_seconds += profile.in_device_copy_seconds;
+      in_device_bytes += profile.in_device_bytes;
+    }
+    if (in_device_bytes > 0 && in_device_seconds > 0) {
+      in_device_bytes_per_second_ = in_device_bytes / in_device_seconds;
+    }
     for (const UnitProfile& profile : profiles) {
       if (calm_epochs_.size() <= profile.unit) {
         calm_epochs_.resize(profile.unit + 1, kNeverConflicted);

@@ -303,6 +303,8 @@ struct Engine::Impl {
         profile.copy_seconds = task->copy_seconds.load();
         profile.persist_seconds = task->persist_seconds.load();
         profile.next_update_gap_seconds = epoch.next_update_gap[u];
+        profile.in_device_copy_seconds = task->in_device_copy_seconds.load();
+        profile.in_device_bytes = task->in_device_bytes.load();
         profile.conflicted = epoch.conflicted[u];
         profiles.push_back(profile);
         if (committed) {

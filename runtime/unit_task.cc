@@ -1,5 +1,7 @@
 #include "pmsnap/runtime/unit_task.h"
 
+#include <chrono>
+
 #include "pmsnap/runtime/device.h"
 
 namespace pmsnap::runtime {
@@ -72,6 +74,7 @@ void UnitTask::CopyInDeviceAsync(std::vector<std::uint32_t> parts, std::byte* bu
   if (parts.empty()) return;
   in_device_pending_.fetch_add(1, std::memory_order_relaxed);
   auto job = [this, parts = std::move(parts), buffer] {
+    const auto start = std::chrono::steady_clock::now();
     std::uint64_t offset = 0;
     for (std::uint32_t p : parts) {
       Status status =
@@ -85,6 +88,9 @@ void UnitTask::CopyInDeviceAsync(std::vector<std::uint32_t> parts, std::byte* bu
       RedirectAndRelease(p, status.ok() ? buffer + offset : parts_[p].live_source);
       offset += parts_[p].bytes;
     }
+    in_device_copy_seconds.fetch_add(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    in_device_bytes.fetch_add(offset);
     // Release pairs with the acquire in WaitInDeviceCopies.
     if (in_device_pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       in_device_pending_.notify_all();

@@ -102,7 +102,11 @@ TEST_P(StrategyCorrectnessTest, EveryCommittedEpochEqualsTheModelAtRest) {
     const std::uint64_t split =
         Count(stats, StrategyChoice::kSplitGroups) + Count(stats, StrategyChoice::kPartsOnConflict);
     if (ample) {
-      EXPECT_GT(in_device, 0u) << "conflicts seen and memory free: strategy 1 expected";
+      // Strategy 1, or 4 where copying a whole unit inside the device would
+      // outlast the (here very short) time to its next update.
+      EXPECT_GT(in_device + Count(stats, StrategyChoice::kSplitGroups), 0u)
+          << "conflicts seen and memory free: copies inside the device expected";
+      EXPECT_GT(stats.peak_device_extra_bytes, 0u);
     } else {
       EXPECT_GT(split, 0u) << "conflicts seen, memory short: strategy 3 or 4 expected";
     }
@@ -124,28 +128,48 @@ INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyCorrectnessTest,
                                   (info.param.device_memory >= (8u << 20) ? "_ample" : "_pressure");
                          });
 
+// The rule for a 1000-byte unit.
+StrategyChoice DecideFor(const UnitProfile* last, std::uint64_t usable, bool pays,
+                         std::uint32_t calm_epochs = AdaptiveStrategy::kNeverConflicted,
+                         std::uint32_t calm_needed = AdaptiveStrategy::kCalmEpochsBeforeWaiting,
+                         double in_device_copy_seconds = -1) {
+  AdaptiveStrategy::DecisionInputs in;
+  in.last = last;
+  in.unit_bytes = 1000;
+  in.usable_device_bytes = usable;
+  in.in_device_copies_pay = pays;
+  in.calm_epochs = calm_epochs;
+  in.calm_needed = calm_needed;
+  in.in_device_copy_seconds = in_device_copy_seconds;
+  return AdaptiveStrategy::Decide(in);
+}
+
 TEST(AdaptiveDecisionTest, FollowsTheSlidesRule) {
   UnitProfile calm;
   calm.bytes = 1000;
   calm.copy_seconds = 0.001;
   calm.next_update_gap_seconds = 0.1;
-  EXPECT_EQ(AdaptiveStrategy::Decide(&calm, 1000, 1 << 20, true), StrategyChoice::kWaitSnapshot);
+  EXPECT_EQ(DecideFor(&calm, 1 << 20, true), StrategyChoice::kWaitSnapshot);
   UnitProfile busy = calm;
   busy.copy_seconds = 0.5;
-  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 1 << 20, true), StrategyChoice::kInDeviceCopy);
-  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 10, true), StrategyChoice::kSplitGroups);
+  EXPECT_EQ(DecideFor(&busy, 1 << 20, true), StrategyChoice::kInDeviceCopy);
+  EXPECT_EQ(DecideFor(&busy, 10, true), StrategyChoice::kSplitGroups);
   busy.next_update_gap_seconds = -1;
   busy.conflicted = true;
-  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 10, true), StrategyChoice::kPartsOnConflict);
-  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 1 << 20, true), StrategyChoice::kInDeviceCopy);
-  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 10, true), StrategyChoice::kPartsOnConflict);
+  EXPECT_EQ(DecideFor(&busy, 10, true), StrategyChoice::kPartsOnConflict);
+  EXPECT_EQ(DecideFor(nullptr, 1 << 20, true), StrategyChoice::kPartsOnConflict);
+  EXPECT_EQ(DecideFor(nullptr, 10, true), StrategyChoice::kPartsOnConflict);
   // A unit that conflicted two epochs ago is not trusted to stay calm yet.
-  EXPECT_EQ(AdaptiveStrategy::Decide(&calm, 1000, 1 << 20, true, 2), StrategyChoice::kInDeviceCopy);
-  EXPECT_EQ(AdaptiveStrategy::Decide(&calm, 1000, 1 << 20, true, 3), StrategyChoice::kWaitSnapshot);
+  EXPECT_EQ(DecideFor(&calm, 1 << 20, true, 2), StrategyChoice::kInDeviceCopy);
+  EXPECT_EQ(DecideFor(&calm, 1 << 20, true, 3), StrategyChoice::kWaitSnapshot);
+  // With memory, but an in-device copy of the whole unit (0.2 s) would outlast
+  // the 0.1 s to the next update: only what the link cannot move goes inside.
+  EXPECT_EQ(DecideFor(&calm, 1 << 20, true, 0, 3, 0.2), StrategyChoice::kSplitGroups);
+  EXPECT_EQ(DecideFor(&calm, 1 << 20, true, 0, 3, 0.01), StrategyChoice::kInDeviceCopy);
   // Host-like device: in-device copies cost as much as direct ones.
   busy.conflicted = true;
-  EXPECT_EQ(AdaptiveStrategy::Decide(&busy, 1000, 1 << 20, false), StrategyChoice::kWaitSnapshot);
-  EXPECT_EQ(AdaptiveStrategy::Decide(nullptr, 1000, 1 << 20, false), StrategyChoice::kWaitSnapshot);
+  EXPECT_EQ(DecideFor(&busy, 1 << 20, false), StrategyChoice::kWaitSnapshot);
+  EXPECT_EQ(DecideFor(nullptr, 1 << 20, false), StrategyChoice::kWaitSnapshot);
 }
 
 TEST(AdaptiveDecisionTest, AUnitThatConflictsAgainAfterCalmingDownWaitsLongerNextTime) {
@@ -169,13 +193,55 @@ TEST(AdaptiveDecisionTest, AUnitThatConflictsAgainAfterCalmingDownWaitsLongerNex
     commit(true);
   }
   EXPECT_EQ(adaptive.calm_epochs_needed(0), AdaptiveStrategy::kMaxCalmEpochsBeforeWaiting);
-  EXPECT_EQ(AdaptiveStrategy::Decide(&profile, 1000, 1 << 20, true, 5, 6),
-            StrategyChoice::kInDeviceCopy);
+  EXPECT_EQ(DecideFor(&profile, 1 << 20, true, 5, 6), StrategyChoice::kInDeviceCopy);
   profile.conflicted = false;
   profile.copy_seconds = 0.001;
   profile.next_update_gap_seconds = 0.1;
-  EXPECT_EQ(AdaptiveStrategy::Decide(&profile, 1000, 1 << 20, true, 6, 6),
-            StrategyChoice::kWaitSnapshot);
+  EXPECT_EQ(DecideFor(&profile, 1 << 20, true, 6, 6), StrategyChoice::kWaitSnapshot);
+}
+
+// Strategy 1 that keeps the profiles the engine hands it.
+class RecordingInDeviceStrategy final : public runtime::ConflictStrategy {
+ public:
+  std::string name() const override { return "recording " + inner_.name(); }
+  Status OnCaptured(UnitTask& task) override { return inner_.OnCaptured(task); }
+  Status Resolve(UnitTask& task) override { return inner_.Resolve(task); }
+  StrategyChoice choice(std::uint32_t unit) const override { return inner_.choice(unit); }
+  void OnEpochCommitted(const std::vector<UnitProfile>& profiles) override {
+    seen.insert(seen.end(), profiles.begin(), profiles.end());
+  }
+  std::vector<UnitProfile> seen;
+
+ private:
+  InDeviceCopyStrategy inner_;
+};
+
+TEST(UnitProfileTest, InDeviceCopiesAreTimedIntoTheProfile) {
+  TempPoolPath path("profile-in-device");
+  ToyModel model(3, 200000);  // 1.6 MB units: 0.8 ms each inside the device
+  runtime::SimulatedDeviceOptions sim;
+  sim.copy_bandwidth_gbps = 1;
+  sim.in_device_bandwidth_gbps = 2;
+  sim.memory_bytes = 64 << 20;
+  runtime::SimulatedDevice device(sim);
+  auto strategy = std::make_shared<RecordingInDeviceStrategy>();
+  runtime::EngineOptions options;
+  options.pool_path = path.path();
+  options.device = &device;
+  options.strategy = strategy;
+  options.policy = std::make_shared<runtime::EveryKPolicy>(1);
+  auto engine = runtime::Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  for (std::uint64_t k = 1; k <= 4; ++k) ASSERT_TRUE(model.Step(**engine, k).ok());
+  ASSERT_TRUE((*engine)->Close().ok());
+  ASSERT_FALSE(strategy->seen.empty());
+  for (const UnitProfile& profile : strategy->seen) {
+    EXPECT_EQ(profile.in_device_bytes, profile.bytes) << "unit " << profile.unit;
+    // 2 GB/s simulated: bytes / 2e9 seconds, less the early return of a
+    // copy that ends under 100 us ahead of the modelled time.
+    EXPECT_GE(profile.in_device_copy_seconds, profile.bytes / 2e9 - 100e-6)
+        << "unit " << profile.unit;
+  }
 }
 
 TEST(MakeStrategyTest, KnowsEveryNameAndRejectsOthers) {

@@ -122,18 +122,31 @@ class AdaptiveStrategy final : public StrategyBase {
   std::uint64_t fallbacks() const override;
   void OnEpochCommitted(const std::vector<UnitProfile>& profiles) override;
 
-  // The decision rule, from a unit's last profile, the free device memory
-  // and whether an in-device copy is at least twice as fast as the direct
-  // copy (device estimates); if not, always strategy 2.
-  // `calm_epochs`: committed epochs since the unit last conflicted
-  // (kNeverConflicted if it never did); it goes back to waiting only after
-  // `calm_needed` of them.
-  static StrategyChoice Decide(const UnitProfile* last, std::uint64_t unit_bytes,
-                               std::uint64_t usable_device_bytes, bool in_device_copies_pay,
-                               std::uint32_t calm_epochs = kNeverConflicted,
-                               std::uint32_t calm_needed = kCalmEpochsBeforeWaiting);
   static constexpr std::uint32_t kNeverConflicted = ~0u;
   static constexpr std::uint32_t kCalmEpochsBeforeWaiting = 3;
+
+  struct DecisionInputs {
+    const UnitProfile* last = nullptr;  // the unit's last profile; null: none yet
+    std::uint64_t unit_bytes = 0;
+    std::uint64_t usable_device_bytes = 0;  // free device memory minus the reserve
+    // Whether an in-device copy is at least twice as fast as the direct copy
+    // (measured once copies ran, else the device's estimates).
+    bool in_device_copies_pay = true;
+    // Predicted time of an in-device copy of the whole unit, from measured
+    // in-device copies; < 0 while none ran.
+    double in_device_copy_seconds = -1;
+    // Committed epochs since the unit last conflicted (kNeverConflicted if
+    // it never did); it goes back to waiting only after `calm_needed`.
+    std::uint32_t calm_epochs = kNeverConflicted;
+    std::uint32_t calm_needed = kCalmEpochsBeforeWaiting;
+  };
+  // The decision rule: no profile yet -> 3; no conflict expected -> 2; a conflict, with memory ->
+  // 1, unless copying the whole unit inside the device would itself outlast
+  // the time to the next update (then 4: only what the link cannot move in
+  // time is copied inside); short of memory -> 4 with the split tuned (3
+  // while the time to the next update is unknown). Where in-device copies do
+  // not pay, always 2.
+  static StrategyChoice Decide(const DecisionInputs& in);
   // A unit that conflicts again after it went back to waiting doubles its
   // calm epochs needed, up to this: each such flap costs a stall.
   static constexpr std::uint32_t kMaxCalmEpochsBeforeWaiting = 24;
@@ -153,6 +166,9 @@ class AdaptiveStrategy final : public StrategyBase {
   std::vector<StrategyChoice> decisions_;
   std::vector<std::uint32_t> calm_epochs_;
   std::vector<std::uint32_t> calm_needed_;
+  // Measured speed of in-device copies (bytes/s; 0 until one ran), from the
+  // last epoch that made any.
+  double in_device_bytes_per_second_ = 0;
 };
 
 // "1", "2", "3", "4" or "adaptive" (as in flags and benchmark tables).

@@ -34,6 +34,8 @@ struct UnitProfile {
   double copy_seconds = 0;        // device -> host, summed over parts
   double persist_seconds = 0;
   double next_update_gap_seconds = -1;  // captured -> next BeforeUpdate (-1: none seen)
+  double in_device_copy_seconds = 0;    // copies inside the device, if any
+  std::uint64_t in_device_bytes = 0;
   bool conflicted = false;
 };
 

@@ -120,8 +120,9 @@ class SimulatedDevice final : public HostMemoryDevice {
   Status TimedCopy(void* dst, const void* src, std::size_t bytes, double bandwidth_gbps,
                    bool uses_link);
   SimulatedDeviceOptions options_;
-  std::mutex link_mutex_;  // guards link_free_at_
+  std::mutex link_mutex_;  // guards link_free_at_ and engine_free_at_
   Clock::time_point link_free_at_{};
+  Clock::time_point engine_free_at_{};  // the in-device copy engine
 };
 
 }  // namespace pmsnap::runtime

@@ -93,9 +93,12 @@ class UnitTask {
   // A device buffer the task frees once every part is snapshotted.
   void AdoptDeviceBuffer(void* ptr, std::size_t bytes);
 
-  // Profile of this snapshot (seconds), filled by the workers.
+  // Profile of this snapshot (seconds), filled by the workers and the
+  // device stream.
   std::atomic<double> copy_seconds{0};
   std::atomic<double> persist_seconds{0};
+  std::atomic<double> in_device_copy_seconds{0};
+  std::atomic<std::uint64_t> in_device_bytes{0};
 
  private:
   void ReleaseBuffersLocked();
