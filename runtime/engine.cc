@@ -140,7 +140,9 @@ struct Engine::Impl {
         if (failure.ok()) failure = status;
       }
     };
-    tbb::task_arena restore_arena(options.workers + 1);  // the caller joins the workers
+    // The caller joins the workers. A device copy waits on its link while
+    // the CPU could check the next part: one more thread keeps both busy.
+    tbb::task_arena restore_arena(options.workers + (fused ? 1 : 2));
     restore_arena.execute([&] {
       tbb::parallel_for(std::uint32_t{0}, static_cast<std::uint32_t>(parts.size()),
                         [&](std::uint32_t p) {
