@@ -55,6 +55,7 @@
 #include <thread>
 #include <vector>
 
+#include "pmsnap/common/command_line.h"
 #include "pmsnap/conflict/strategies.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/hooks/optimizer_state.h"
@@ -131,10 +132,7 @@ std::vector<std::string> Split(const std::string& s) {
   return parts;
 }
 
-bool ParseFlag(const std::string& arg, Options* o) {
-  const auto eq = arg.find('=');
-  const std::string key = arg.substr(0, eq);
-  const std::string v = eq == std::string::npos ? "" : arg.substr(eq + 1);
+bool ParseFlag(const std::string& key, const std::string& v, Options* o) {
   auto i64 = [&] { return static_cast<std::int64_t>(std::stoll(v)); };
   auto i32 = [&] { return static_cast<int>(std::stoi(v)); };
   if (key == "--quick") {
@@ -1430,22 +1428,11 @@ void PrintTargets(const Results& res) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    bool ok = false;
-    try {
-      ok = ParseFlag(arg, &o);
-    } catch (const std::exception&) {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "pmsnap_bench_stall: bad flag %s\n%s", arg.c_str(), kUsage);
-      return 1;
-    }
+  if (auto exit_code = ParseCommandLine(argc, argv, "pmsnap_bench_stall", kUsage,
+                                        [&o](const std::string& key, const std::string& value) {
+                                          return ParseFlag(key, value, &o);
+                                        })) {
+    return *exit_code;
   }
   if (o.dir.empty()) {
     const char* env = std::getenv("PMSNAP_POOL_DIR");

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "pmsnap/common/child_process.h"
+#include "pmsnap/common/command_line.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/hooks/extra_state.h"
 #include "pmsnap/hooks/optimizer_state.h"
@@ -98,10 +99,7 @@ const char* kUsage =
     "  --seed=S            data and kill-point seed (default: clock)\n"
     "  --keep-pool         leave the pool file behind (inspect it with `pmsnap info`)\n";
 
-bool ParseFlag(const std::string& arg, Options* o) {
-  auto eq = arg.find('=');
-  const std::string key = arg.substr(0, eq);
-  const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+bool ParseFlag(const std::string& key, const std::string& value, Options* o) {
   auto num = [&] { return std::stoull(value); };
   if (key == "--role")
     o->role = value;
@@ -685,22 +683,12 @@ int RunParent(Options o) {
 
 int main(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    bool ok = false;
-    try {
-      ok = ParseFlag(arg, &options);
-    } catch (const std::exception&) {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "pmsnap-demo: bad flag %s\n%s", arg.c_str(), kUsage);
-      return 1;
-    }
+  if (auto exit_code =
+          pmsnap::ParseCommandLine(argc, argv, "pmsnap-demo", kUsage,
+                                   [&options](const std::string& key, const std::string& value) {
+                                     return ParseFlag(key, value, &options);
+                                   })) {
+    return *exit_code;
   }
   if (options.iterations < 4 || options.tables < 1 || options.rows < 1 || options.dim < 1 ||
       options.batch < 1 || options.bag < 1) {
