@@ -126,6 +126,7 @@ struct Engine::Impl {
       const layout::PartLayout& part = parts[p];
       std::byte* dst = static_cast<std::byte*>(units[part.unit].tensors[part.tensor].data) +
                        part.offset_in_tensor;
+      if (!verify) pool->PrefaultPart(view, p);
       Status status = fused ? pool->ReadPart(view, p, dst)
                             : (verify ? pool->VerifyPart(view, p) : Status::Ok());
       if (status.ok() && !fused) {

@@ -239,6 +239,31 @@ TEST(PoolTest, ReadPartCopiesEveryPartBitwiseAndCompletesDeferredVerification) {
   EXPECT_EQ(verified_at_open.status().code(), StatusCode::kNotFound);
 }
 
+TEST(PoolTest, PrefaultPartChangesNothingObservableAndIgnoresBadParts) {
+  TempPoolPath path("prefault");
+  const Manifest manifest = MakeManifest(2, 20000);
+  PoolOptions options;
+  options.part_bytes = 16 << 10;
+  {
+    auto pool = Pool::Create(path.path(), manifest, options);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 5, 50).ok());
+  }
+  OpenOptions deferred;
+  deferred.defer_data_verification = true;
+  auto pool = Pool::Open(path.path(), deferred);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok());
+  for (std::uint32_t p = 0; p < (*pool)->layout().parts.size(); ++p)
+    (*pool)->PrefaultPart(*latest, p);
+  (*pool)->PrefaultPart(*latest, 100000);  // out of range: a no-op, not a crash
+  // A hint only: nothing was verified, and every byte still reads back.
+  EXPECT_TRUE((*pool)->data_verification_pending());
+  EXPECT_EQ(ReadAllPartsAndCompare(**pool, *latest, 5, 0), "");
+  EXPECT_FALSE((*pool)->data_verification_pending());
+}
+
 TEST(PoolTest, FindUnitUsesTheManifestIndex) {
   TempPoolPath path("index");
   auto pool = Pool::Create(path.path(), MakeManifest(5, 10));
