@@ -38,12 +38,17 @@ for (workload, device), ax_row in zip(cells, axes):
     ax = ax_row[0]
     overhead = [float(r["overhead_pct"]) for r in cell]
     colors = ["tab:green" if n.startswith("pmsnap") else "tab:gray" for n in names]
-    ax.bar(x, overhead, color=colors)
+    # Whiskers: the range over rounds (CSVs from before it was recorded have none).
+    spread = None
+    if cell and "overhead_min_pct" in cell[0]:
+        spread = [[o - float(r["overhead_min_pct"]) for o, r in zip(overhead, cell)],
+                  [float(r["overhead_max_pct"]) - o for o, r in zip(overhead, cell)]]
+    ax.bar(x, overhead, color=colors, yerr=spread, capsize=2, error_kw={"linewidth": 0.8})
     ax.axhline(3.5, color="red", linestyle="--", linewidth=1, label="3.5% budget")
     ax.axhline(0, color="black", linewidth=0.5)
     ax.set_xticks(list(x))
     ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("mean iteration time over 'none' (%)")
+    ax.set_ylabel("mean iteration time over 'none' (%),\nmedian and range of rounds")
     ax.set_title(f"{label}: overhead")
     ax.legend(fontsize=7)
 
