@@ -211,19 +211,25 @@ std::string ReadAllPartsAndCompare(const Pool& pool, const SnapshotView& view, s
   return "";
 }
 
-TEST(PoolTest, ReadPartCopiesEveryPartBitwiseAndCompletesDeferredVerification) {
-  TempPoolPath path("read-part");
-  const Manifest manifest = MakeManifest(3, 20000);  // 80 KB tensors: 5 parts each
+// A pool of `units` units of 80 KB tensors in 16 KiB parts (5 each) holding
+// one epoch seeded with `seed`, reopened with its data check deferred.
+Result<std::unique_ptr<Pool>> OpenDeferredAfterOneEpoch(const TempPoolPath& path,
+                                                        std::uint32_t units, std::uint64_t seed) {
   PoolOptions options;
   options.part_bytes = 16 << 10;
   {
-    auto pool = Pool::Create(path.path(), manifest, options);
-    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-    ASSERT_TRUE(WriteSeededEpoch(**pool, 9, 90).ok());
+    auto pool = Pool::Create(path.path(), MakeManifest(units, 20000), options);
+    if (!pool.ok()) return pool.status();
+    PMSNAP_RETURN_IF_ERROR(WriteSeededEpoch(**pool, seed, seed * 10));
   }
   OpenOptions deferred;
   deferred.defer_data_verification = true;
-  auto pool = Pool::Open(path.path(), deferred);
+  return Pool::Open(path.path(), deferred);
+}
+
+TEST(PoolTest, ReadPartCopiesEveryPartBitwiseAndCompletesDeferredVerification) {
+  TempPoolPath path("read-part");
+  auto pool = OpenDeferredAfterOneEpoch(path, 3, 9);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   ASSERT_GT((*pool)->layout().parts.size(), 3 * 3u);
   EXPECT_TRUE((*pool)->data_verification_pending());
@@ -235,23 +241,15 @@ TEST(PoolTest, ReadPartCopiesEveryPartBitwiseAndCompletesDeferredVerification) {
   EXPECT_EQ(ReadAllPartsAndCompare(**pool, *latest, 9, 0), "");
   EXPECT_EQ((*pool)->ReadPart(*latest, 100000, nullptr).code(), StatusCode::kInvalidArgument);
 
-  auto verified_at_open = Pool::Open(path.path() + ".missing", deferred);
-  EXPECT_EQ(verified_at_open.status().code(), StatusCode::kNotFound);
+  OpenOptions deferred;
+  deferred.defer_data_verification = true;
+  auto missing = Pool::Open(path.path() + ".missing", deferred);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
 }
 
 TEST(PoolTest, PrefaultPartChangesNothingObservableAndIgnoresBadParts) {
   TempPoolPath path("prefault");
-  const Manifest manifest = MakeManifest(2, 20000);
-  PoolOptions options;
-  options.part_bytes = 16 << 10;
-  {
-    auto pool = Pool::Create(path.path(), manifest, options);
-    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-    ASSERT_TRUE(WriteSeededEpoch(**pool, 5, 50).ok());
-  }
-  OpenOptions deferred;
-  deferred.defer_data_verification = true;
-  auto pool = Pool::Open(path.path(), deferred);
+  auto pool = OpenDeferredAfterOneEpoch(path, 2, 5);
   ASSERT_TRUE(pool.ok()) << pool.status().ToString();
   auto latest = (*pool)->Latest();
   ASSERT_TRUE(latest.ok());
