@@ -15,12 +15,14 @@
 
 #include "pmsnap/diff/embedding_checkpointer.h"
 #include "testutil/embedding_toy.h"
+#include "testutil/kill_delay.h"
 #include "testutil/temp_pool.h"
 
 namespace pmsnap::diff {
 namespace {
 
 using pmsnap::testing::EmbeddingToy;
+using pmsnap::testing::KillDelay;
 using pmsnap::testing::TempPoolPath;
 
 constexpr std::uint64_t kRows = 2000;
@@ -68,20 +70,14 @@ class DiffCrashTest : public ::testing::TestWithParam<Policy> {};
 TEST_P(DiffCrashTest, EveryRetainedCheckpointSurvivesRandomKills) {
   TempPoolPath path("diff-crash");
   std::mt19937 rng(static_cast<unsigned>(GetParam()) * 7919u);
-  std::uniform_int_distribution<int> delay_us(2000, 40000);
+  KillDelay delay(2000, 40000);
   std::uint64_t newest = 0;
   int verified = 0;
-  // On a loaded machine a child may not reach its first commit within the
-  // random delay: after a trial without progress the delays grow.
-  int slowdown = 1;
-  std::uint64_t newest_before = 0;
   for (int trial = 0; trial < Trials(); ++trial) {
-    if (trial > 0) slowdown = newest > newest_before ? 1 : std::min(slowdown * 2, 16);
-    newest_before = newest;
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) Child(path.path(), GetParam());
-    ::usleep(static_cast<useconds_t>(delay_us(rng) * slowdown));
+    ::usleep(delay.Next(rng, newest));
     ::kill(child, SIGKILL);
     int status = 0;
     ASSERT_EQ(::waitpid(child, &status, 0), child);

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "pmsnap/pmem_layout/pool.h"
+#include "testutil/kill_delay.h"
 #include "testutil/pool_fixtures.h"
 #include "testutil/temp_pool.h"
 
@@ -20,6 +21,7 @@ namespace {
 
 using pmsnap::testing::CheckSeededView;
 using pmsnap::testing::FillSeeded;
+using pmsnap::testing::KillDelay;
 using pmsnap::testing::TempPoolPath;
 
 constexpr std::uint64_t kChunkTag = 5;
@@ -88,7 +90,7 @@ TEST(PoolCrashTest, RandomSigkillAlwaysRecoversALaterOrEqualCommittedEpochBitExa
     ASSERT_TRUE(Pool::Create(path.path(), manifest, options).ok());
   }
   std::mt19937_64 rng(20261121);
-  std::uniform_int_distribution<int> delay_us(0, 15000);
+  KillDelay delay(0, 15000);
   std::uint64_t last_reported = 0;
   int trials_with_progress = 0;
   const int trials = TrialCount();
@@ -102,7 +104,7 @@ TEST(PoolCrashTest, RandomSigkillAlwaysRecoversALaterOrEqualCommittedEpochBitExa
       RunWriter(path.path(), fds[1]);
     }
     ::close(fds[1]);
-    ::usleep(static_cast<useconds_t>(delay_us(rng)));
+    ::usleep(delay.Next(rng, static_cast<std::uint64_t>(trials_with_progress)));
     ::kill(child, SIGKILL);
     int wstatus = 0;
     ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
