@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "detail/file_system.h"
 #include "detail/format.h"
 #include "detail/xxh3_kernels.h"
 #include "pmsnap/pmem_layout/checksum.h"
@@ -272,6 +274,15 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   if (!std::filesystem::is_directory(parent, ec)) {
     return Status(StatusCode::kNotFound, "cannot create pool '" + path + "': directory '" +
                                              parent.string() + "' does not exist");
+  }
+  struct statfs file_system {};
+  if (::statfs(parent.c_str(), &file_system) == 0) {
+    const std::string problem =
+        detail::PoolFileSystemProblem(static_cast<unsigned long>(file_system.f_type));
+    if (!problem.empty()) {
+      return Status(StatusCode::kInvalidArgument,
+                    "cannot create pool '" + path + "': '" + parent.string() + "': " + problem);
+    }
   }
   if (options.check_free_space) {
     struct statvfs fs {};

@@ -9,7 +9,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
+#include "detail/file_system.h"
 #include "detail/format.h"
 #include "pmsnap/pmem_layout/checksum.h"
 #include "pmsnap/pmem_layout/pool.h"
@@ -125,6 +127,30 @@ TEST(PoolCreateTest, FileSystemTooSmallReportsNeededAndFreeBytes) {
   EXPECT_THAT(pool.status().message(), HasSubstr("needs"));
   EXPECT_THAT(pool.status().message(), HasSubstr("free"));
   EXPECT_FALSE(std::filesystem::exists(path.path()));
+}
+
+TEST(PoolCreateTest, HugetlbfsIsRefusedBeforeLibpmemobjCanAbort) {
+  EXPECT_THAT(detail::PoolFileSystemProblem(HUGETLBFS_MAGIC), HasSubstr("hugetlbfs"));
+  EXPECT_EQ(detail::PoolFileSystemProblem(TMPFS_MAGIC), "");
+  EXPECT_EQ(detail::PoolFileSystemProblem(EXT4_SUPER_MAGIC), "");
+
+  // End to end where a hugetlbfs mount exists (mounting one needs root and
+  // reserved huge pages; CI machines have none).
+  std::ifstream mounts("/proc/mounts");
+  std::string line, mount_point;
+  while (std::getline(mounts, line)) {
+    std::istringstream fields(line);
+    std::string device, where, type;
+    fields >> device >> where >> type;
+    if (type == "hugetlbfs" && ::access(where.c_str(), W_OK) == 0) mount_point = where;
+  }
+  if (mount_point.empty()) GTEST_SKIP() << "no writable hugetlbfs mount";
+  const std::string path = mount_point + "/pmsnap-hugetlbfs-test.pool";
+  auto pool = Pool::Create(path, MakeManifest(1, 10));
+  EXPECT_EQ(pool.status().code(), StatusCode::kInvalidArgument) << pool.status().ToString();
+  EXPECT_THAT(pool.status().message(), HasSubstr(path));
+  EXPECT_THAT(pool.status().message(), HasSubstr("hugetlbfs"));
+  EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 TEST(PoolCreateTest, LeftoversOfAKilledCreationAreRemoved) {
