@@ -56,13 +56,17 @@ def test_bitwise_equal_to_plain_optimizer(name, pool_path):
 
 @pytest.mark.parametrize("strategy", ["1", "2", "3", "4", "adaptive"])
 def test_bitwise_equal_under_conflicts(strategy, pool_path):
-    # A slow link (0.2 GB/s: ~5 ms per 256 KiB tensor) and small parts make
-    # snapshots lag behind the next update, so every strategy's conflict path
-    # runs (1 MiB of simulated device memory: in-device copies can fall back).
+    # A slow link (0.02 GB/s: ~40 ms for the 256x256 layer's weight and Adam
+    # state) and small parts make snapshots lag behind the next update even
+    # when a loaded machine slows the training steps, so every strategy's
+    # conflict path runs. 0.5 MiB of simulated device memory holds the small
+    # units' in-device copies but never the large one's, which falls back to
+    # waiting: strategy 1, whose in-device copies finish in microseconds,
+    # conflicts there.
     widths = (64, 256, 256, 8)
     plain_model, plain_opt = run(OPTIMIZERS["adam"], steps=12, widths=widths)
     model, opt, stats = run(OPTIMIZERS["adam"], pool_path, steps=12, widths=widths,
-                            device="simulated:0.2:1", strategy=strategy, part_bytes=4096,
+                            device="simulated:0.02:0.5", strategy=strategy, part_bytes=4096,
                             with_stats=True)
     assert_same_training_state(plain_model, plain_opt, model, opt)
     assert stats["conflicts"] > 0
