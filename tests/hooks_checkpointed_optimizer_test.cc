@@ -48,15 +48,14 @@ TEST_P(CheckpointedEquivalenceTest, FiftyCheckpointedStepsThenRestoreAreBitwiseI
   {
     auto checkpointed = CheckpointedOptimizer::Create(*model, *optimizer, EveryStep(pool.path()));
     ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
-    for (std::uint64_t step = 1; step <= 50; ++step) {
-      ForwardBackward(plain_model, *plain, step);
-      plain->step();
-      ForwardBackward(model, *optimizer, step);
-      const std::byte marker{static_cast<unsigned char>(step)};
-      ASSERT_TRUE((*checkpointed)->Step({&marker, 1}).ok());
-      ASSERT_EQ(FirstBitwiseDifference(plain_model, *plain, model, *optimizer), "")
-          << "after step " << step;
-    }
+    // Each step's extra state is its number, read back by the restore below.
+    ASSERT_EQ(StepBothAndCompare(plain_model, *plain, model, *optimizer, 1, 50,
+                                 [&] {
+                                   const std::byte marker{static_cast<unsigned char>(
+                                       (*checkpointed)->iteration() + 1)};
+                                   return (*checkpointed)->Step({&marker, 1}).ok();
+                                 }),
+              "");
     EXPECT_EQ((*checkpointed)->iteration(), 50u);
     ASSERT_TRUE((*checkpointed)->Close().ok());
     EXPECT_EQ((*checkpointed)->stats().epochs_committed, 50u);
@@ -77,13 +76,9 @@ TEST_P(CheckpointedEquivalenceTest, FiftyCheckpointedStepsThenRestoreAreBitwiseI
   // Parameters, state tensors and libtorch's int64 step fields are all back.
   EXPECT_EQ(FirstBitwiseDifference(plain_model, *plain, restored_model, *restored_optimizer), "");
   // And training continues exactly as the uninterrupted run.
-  for (std::uint64_t step = 51; step <= 55; ++step) {
-    ForwardBackward(plain_model, *plain, step);
-    plain->step();
-    ForwardBackward(restored_model, *restored_optimizer, step);
-    ASSERT_TRUE((*checkpointed)->Step().ok());
-  }
-  EXPECT_EQ(FirstBitwiseDifference(plain_model, *plain, restored_model, *restored_optimizer), "");
+  EXPECT_EQ(StepBothAndCompare(plain_model, *plain, restored_model, *restored_optimizer, 51, 55,
+                               [&] { return (*checkpointed)->Step().ok(); }),
+            "");
 }
 
 TEST_P(CheckpointedEquivalenceTest, StartingOverWithoutRestoreTrainsLikeAFreshOptimizer) {
@@ -133,12 +128,9 @@ TEST(CheckpointedRestoreTest, SgdMomentumRestoredBeforeItsFirstUpdateStillClones
   {
     auto checkpointed = CheckpointedOptimizer::Create(*model, sgd, EveryStep(pool.path()));
     ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
-    for (std::uint64_t step = 1; step <= 3; ++step) {
-      ForwardBackward(plain_model, plain, step);
-      plain.step();
-      ForwardBackward(model, sgd, step);
-      ASSERT_TRUE((*checkpointed)->Step().ok());
-    }
+    ASSERT_EQ(StepBothAndCompare(plain_model, plain, model, sgd, 1, 3,
+                                 [&] { return (*checkpointed)->Step().ok(); }),
+              "");
   }
   Mlp restored_model = MakeMlp(8);
   auto restored_sgd = make_sgd(restored_model);
@@ -147,13 +139,9 @@ TEST(CheckpointedRestoreTest, SgdMomentumRestoredBeforeItsFirstUpdateStillClones
   ASSERT_TRUE(checkpointed.ok());
   ASSERT_TRUE((*checkpointed)->Restore().ok());
   for (auto& p : plain_model->fc3->parameters()) p.set_requires_grad(true);
-  for (std::uint64_t step = 4; step <= 8; ++step) {
-    ForwardBackward(plain_model, plain, step);
-    plain.step();
-    ForwardBackward(restored_model, restored_sgd, step);
-    ASSERT_TRUE((*checkpointed)->Step().ok());
-  }
-  EXPECT_EQ(FirstBitwiseDifference(plain_model, plain, restored_model, restored_sgd), "");
+  EXPECT_EQ(StepBothAndCompare(plain_model, plain, restored_model, restored_sgd, 4, 8,
+                               [&] { return (*checkpointed)->Step().ok(); }),
+            "");
 }
 
 TEST(CheckpointedRestoreTest, FreshPoolHasNothingToRestore) {

@@ -155,13 +155,8 @@ TEST(StepperOrderTest, ParametersWithoutGradientAreSkippedLikeThePlainOptimizer)
   auto stepper = ParameterStepper::Create(wrapped, Named(stepped_model));
   ASSERT_TRUE(stepper.ok());
   RecordingObserver observer(**stepper);
-  for (std::uint64_t step = 1; step <= 10; ++step) {
-    ForwardBackward(plain_model, plain, step);
-    plain.step();
-    ForwardBackward(stepped_model, wrapped, step);
-    ASSERT_TRUE((*stepper)->Step(&observer).ok());
-  }
-  EXPECT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, plain, stepped_model, wrapped),
+  EXPECT_EQ(StepBothAndCompare(plain_model, plain, stepped_model, wrapped, 1, 10,
+                               [&] { return (*stepper)->Step(&observer).ok(); }),
             "");
   EXPECT_EQ(observer.events.size(), 10u * 2 * 4);  // fc1 and fc3: 4 parameters
 }
