@@ -57,12 +57,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "pmsnap/common/child_process.h"
 #include "pmsnap/common/command_line.h"
 #include "pmsnap/conflict/strategies.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
@@ -113,6 +115,11 @@ struct Options {
   std::string tag = "stall";  // output file prefix
   std::string dir;            // pools and files; default $PMSNAP_POOL_DIR or /dev/shm
   bool plot = true;
+  // Internal: a child process that times one restore (see RunRestoreChild).
+  std::string restore_child;   // kRestore* method name
+  std::string restore_path;    // pool or torch-save file
+  std::string restore_device;  // runtime::MakeDevice spec
+  std::vector<std::string> command_line;  // this process's argv, for the children
 };
 
 const char* kUsage =
@@ -221,6 +228,12 @@ bool ParseFlag(const std::string& key, const std::string& v, Options* o) {
     o->dir = v;
   } else if (key == "--no-plot") {
     o->plot = false;
+  } else if (key == "--restore-child") {
+    o->restore_child = v;
+  } else if (key == "--restore-path") {
+    o->restore_path = v;
+  } else if (key == "--restore-device") {
+    o->restore_device = v;
   } else {
     return false;
   }
@@ -425,6 +438,14 @@ Workload MakeDlrm(const Options& o) {
                 static_cast<long long>(o.dlrm_batch));
   w.description = d;
   return w;
+}
+
+std::optional<Workload> MakeWorkload(const std::string& name, const Options& o) {
+  if (name == "mlp") return MakeMlp(o);
+  if (name == "transformer") return MakeTransformer(o);
+  if (name == "dlrm") return MakeDlrm(o);
+  std::fprintf(stderr, "unknown workload '%s' (mlp | transformer | dlrm)\n", name.c_str());
+  return std::nullopt;
 }
 
 // Every checkpointed tensor: each parameter, then its optimizer state.
@@ -1166,6 +1187,136 @@ struct Results {
   std::vector<std::string> trial_lines;
 };
 
+// ---------------------------------------------------------------- restore
+
+constexpr const char* kRestorePmsnapVerified = "pmsnap-verify";
+constexpr const char* kRestorePmsnapUnverified = "pmsnap-noverify";
+constexpr const char* kRestoreTorchLoad = "torch-load";
+constexpr const char* kRestoreSampleTag = "restore-sample";
+
+struct RestoreSample {
+  double open_s = 0;     // pmsnap: open, verify and register; torch::load: 0
+  double restore_s = 0;  // copy into the model and optimizer (and across the link)
+  std::uint64_t bytes = 0;
+};
+
+// pmsnap: CheckpointedOptimizer::Create on `pool` with a fresh optimizer (the
+// stepper allocates the state) + Restore (copy from the mapping).
+Result<RestoreSample> TimePmsnapRestore(const Options& o, Workload& w, runtime::Device& device,
+                                        const std::string& pool, bool verify) {
+  runtime::EngineOptions e;
+  e.pool_path = pool;
+  e.workers = o.workers;
+  e.device = &device;
+  e.verify_on_open = verify;
+  e.print_summary = false;
+  auto fresh = w.make_optimizer();
+  const auto t0 = Clock::now();
+  PMSNAP_ASSIGN_OR_RETURN(auto opt, hooks::CheckpointedOptimizer::Create(*w.module, *fresh, e));
+  RestoreSample sample;
+  sample.open_s = Since(t0);
+  const auto t1 = Clock::now();
+  PMSNAP_RETURN_IF_ERROR(opt->Restore().status());
+  sample.restore_s = Since(t1);
+  for (const auto& u : opt->stats().units) sample.bytes += u.bytes;
+  (void)opt->Close(runtime::CloseMode::kAbandon);
+  return sample;
+}
+
+// torch::load of `file` into the module and a fresh optimizer; on a device,
+// the loaded state then crosses the link into device memory (allocated
+// untimed, as the model's device tensors would exist already).
+Result<RestoreSample> TimeTorchLoad(Workload& w, runtime::Device& device, const std::string& file) {
+  try {
+    auto fresh = w.make_optimizer();
+    const auto t0 = Clock::now();
+    LoadFull(*w.module, *fresh, file);
+    RestoreSample sample;
+    sample.restore_s = Since(t0);
+    sample.bytes = FileBytes(file);
+    if (device.kind() == runtime::DeviceKind::kHost) return sample;
+    std::vector<torch::Tensor> loaded;
+    for (const auto& p : w.module->parameters()) {
+      loaded.push_back(p);
+      for (const auto& t : hooks::ViewOptimizerState(*fresh, p).tensors) loaded.push_back(t);
+    }
+    const std::vector<torch::Tensor> device_copies = Staging(loaded);
+    const auto t1 = Clock::now();
+    for (std::size_t i = 0; i < loaded.size(); ++i) {
+      PMSNAP_RETURN_IF_ERROR(device.CopyFromHost(
+          device_copies[i].data_ptr(), loaded[i].data_ptr(),
+          static_cast<std::size_t>(loaded[i].numel() * loaded[i].element_size())));
+    }
+    sample.restore_s += Since(t1);
+    return sample;
+  } catch (const std::exception& e) {
+    return Status(StatusCode::kIOError, "torch::load of '" + file + "': " + e.what());
+  }
+}
+
+// Builds the workload and times one restore (the --restore-* flags), then
+// prints it on stdout as "restore-sample <open s> <restore s> <bytes>".
+int RunRestoreChild(const Options& o) {
+  std::optional<Workload> w = MakeWorkload(o.workloads.empty() ? "" : o.workloads.front(), o);
+  if (!w) return 2;
+  auto device = runtime::MakeDevice(o.restore_device, nullptr);
+  if (!device.ok()) {
+    std::fprintf(stderr, "device %s: %s\n", o.restore_device.c_str(),
+                 device.status().ToString().c_str());
+    return 2;
+  }
+  Result<RestoreSample> sample = Status(StatusCode::kInvalidArgument,
+                                        "unknown restore method '" + o.restore_child + "'");
+  if (o.restore_child == kRestoreTorchLoad) {
+    sample = TimeTorchLoad(*w, **device, o.restore_path);
+  } else if (o.restore_child == kRestorePmsnapVerified ||
+             o.restore_child == kRestorePmsnapUnverified) {
+    sample = TimePmsnapRestore(o, *w, **device, o.restore_path,
+                               o.restore_child == kRestorePmsnapVerified);
+  }
+  if (!sample.ok()) {
+    std::fprintf(stderr, "%s\n", sample.status().ToString().c_str());
+    return 3;
+  }
+  std::printf("%s %.9f %.9f %llu\n", kRestoreSampleTag, sample->open_s, sample->restore_s,
+              static_cast<unsigned long long>(sample->bytes));
+  return 0;
+}
+
+// Runs RunRestoreChild in a fresh copy of this program, with this run's
+// flags (model sizes, workers) and the restore's own.
+Result<RestoreSample> RestoreInFreshProcess(const Options& o, const std::string& workload,
+                                            const std::string& device_spec,
+                                            const std::string& method, const std::string& path) {
+  std::vector<std::string> argv = o.command_line;
+  std::error_code ec;
+  argv.at(0) = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return Status(StatusCode::kIOError, "cannot find this program: " + ec.message());
+  argv.push_back("--workloads=" + workload);
+  argv.push_back("--restore-child=" + method);
+  argv.push_back("--restore-path=" + path);
+  argv.push_back("--restore-device=" + device_spec);
+  ChildProcess child(argv);
+  if (!child.started()) {
+    return Status(StatusCode::kIOError, "cannot start '" + argv[0] + "' for a restore");
+  }
+  std::optional<RestoreSample> sample;
+  std::string line;
+  while (child.ReadLine(&line)) {
+    std::istringstream in(line);
+    std::string tag;
+    RestoreSample s;
+    if (in >> tag >> s.open_s >> s.restore_s >> s.bytes && tag == kRestoreSampleTag) sample = s;
+  }
+  const int exit_code = child.Wait();
+  if (exit_code != 0 || !sample) {
+    return Status(StatusCode::kInternal, "restore child for " + workload + "/" + method +
+                                             " on '" + path + "' exited with " +
+                                             std::to_string(exit_code) + " (stderr above)");
+  }
+  return *sample;
+}
+
 void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_name,
                        Results* results) {
   // Optimizer state exists after one plain step.
@@ -1330,13 +1481,15 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
     results->rows.push_back(row);
   }
 
-  // Restore of the newest checkpoint, as after a restart: into the module and
-  // a fresh optimizer (no state yet). pmsnap: CheckpointedOptimizer::Create
-  // on the pool kept from the last pmsnap-adaptive-k1 trial (open, verify,
-  // register; the stepper allocates the state) + Restore (copy from the
-  // mapping). torch::load: the torch-save file into module + optimizer. The
-  // three take turns within each round, so a slow spell of the machine
-  // slows all of them alike and the ratios stay comparable.
+  // Restore of the newest checkpoint, as after a crash: each restore runs in
+  // a fresh process that builds the model as a restarted trainer would
+  // (initialized parameters, no optimizer state) and then either restores
+  // from the pool kept from the last pmsnap-adaptive-k1 trial or
+  // torch::loads the torch-save file. A fresh process pays what a restart
+  // pays (first touch of the optimizer state and of what torch::load
+  // allocates); restores in this process would find memory glibc kept from
+  // the trials. The three take turns within each round, so a slow spell of
+  // the machine slows all of them alike and the ratios stay comparable.
   const std::string pool = PoolPath(c, "pmsnap-adaptive-k1");
   const std::string file = dir + "/torch-save.pt";
   struct RestoreSamples {
@@ -1346,72 +1499,25 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
     std::uint64_t bytes = 0;
     bool failed = false;
   };
-  RestoreSamples verified("pmsnap-verify"), unverified("pmsnap-noverify"), loaded("torch-load");
+  RestoreSamples verified(kRestorePmsnapVerified), unverified(kRestorePmsnapUnverified),
+      loaded(kRestoreTorchLoad);
   const bool have_pool = std::filesystem::exists(pool);
   const bool have_file = std::filesystem::exists(file);
-  std::vector<torch::Tensor> staging;
-  auto restore_pmsnap = [&](bool verify, RestoreSamples& out) {
-    runtime::EngineOptions e;
-    e.pool_path = pool;
-    e.workers = o.workers;
-    e.device = device.get();
-    e.verify_on_open = verify;
-    e.print_summary = false;
-    auto fresh = w.make_optimizer();
-    const auto t0 = Clock::now();
-    auto opt = hooks::CheckpointedOptimizer::Create(*w.module, *fresh, e);
-    if (!opt.ok()) {
-      std::printf("  restore: %s\n", opt.status().ToString().c_str());
+  auto restore = [&](RestoreSamples& out, const std::string& path) {
+    Result<RestoreSample> sample = RestoreInFreshProcess(o, w.name, spec, out.method, path);
+    if (!sample.ok()) {
+      std::printf("  restore %s: %s\n", out.method.c_str(), sample.status().ToString().c_str());
       out.failed = true;
       return;
     }
-    const double opened = Since(t0);
-    const auto t1 = Clock::now();
-    auto restored = (*opt)->Restore();
-    const double done = Since(t1);
-    if (!restored.ok()) {
-      std::printf("  restore: %s\n", restored.status().ToString().c_str());
-      out.failed = true;
-      return;
-    }
-    out.bytes = 0;
-    for (const auto& u : (*opt)->stats().units) out.bytes += u.bytes;
-    (void)(*opt)->Close(runtime::CloseMode::kAbandon);
-    out.open_s.push_back(opened);
-    out.restore_s.push_back(done);
-  };
-  // torch::load replaces parameter storage; pmsnap restores into whatever
-  // storage the module holds, so the order within a round does not matter.
-  auto restore_torch = [&](RestoreSamples& out) {
-    try {
-      auto fresh = w.make_optimizer();
-      const auto t0 = Clock::now();
-      LoadFull(*w.module, *fresh, file);
-      if (device->kind() != runtime::DeviceKind::kHost) {
-        // The loaded state still has to cross the link into device memory.
-        std::vector<torch::Tensor> live;
-        for (const auto& p : w.module->parameters()) {
-          live.push_back(p);
-          for (const auto& t : hooks::ViewOptimizerState(*fresh, p).tensors) live.push_back(t);
-        }
-        if (staging.empty()) staging = Staging(live);
-        for (std::size_t i = 0; i < live.size(); ++i)
-          (void)device->CopyFromHost(
-              staging[i].data_ptr(), live[i].data_ptr(),
-              static_cast<std::size_t>(live[i].numel() * live[i].element_size()));
-      }
-      out.restore_s.push_back(Since(t0));
-      out.open_s.push_back(0);
-      out.bytes = FileBytes(file);
-    } catch (const std::exception& e) {
-      std::printf("  torch::load: %s\n", e.what());
-      out.failed = true;
-    }
+    out.open_s.push_back(sample->open_s);
+    out.restore_s.push_back(sample->restore_s);
+    out.bytes = sample->bytes;
   };
   for (int r = 0; r < o.restore_rounds; ++r) {
-    if (have_pool && !verified.failed) restore_pmsnap(true, verified);
-    if (have_file && !loaded.failed) restore_torch(loaded);
-    if (have_pool && !unverified.failed) restore_pmsnap(false, unverified);
+    if (have_pool && !verified.failed) restore(verified, pool);
+    if (have_file && !loaded.failed) restore(loaded, file);
+    if (have_pool && !unverified.failed) restore(unverified, pool);
   }
   for (const RestoreSamples* s : {&verified, &unverified, &loaded}) {
     if (s->restore_s.empty()) continue;
@@ -1546,6 +1652,15 @@ int main(int argc, char** argv) {
       reinterpret_cast<SetBlasThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   if (set_blas_threads != nullptr) set_blas_threads(o.threads);
   torch::manual_seed(1);
+  if (!o.restore_child.empty()) {
+    try {
+      return RunRestoreChild(o);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pmsnap_bench_stall restore child: %s\n", e.what());
+      return 2;
+    }
+  }
+  o.command_line.assign(argv, argv + argc);
   const auto start = Clock::now();
   std::printf(
       "pmsnap_bench_stall: %u hardware threads, torch intra-op threads %d (OpenBLAS %s), %d "
@@ -1556,24 +1671,15 @@ int main(int argc, char** argv) {
   Results results;
   try {
     for (const auto& name : o.workloads) {
-      Workload w;
-      if (name == "mlp")
-        w = MakeMlp(o);
-      else if (name == "transformer")
-        w = MakeTransformer(o);
-      else if (name == "dlrm")
-        w = MakeDlrm(o);
-      else {
-        std::fprintf(stderr, "unknown workload %s\n", name.c_str());
-        return 1;
-      }
-      std::printf("\nworkload %s: %s\n", w.name.c_str(), w.description.c_str());
+      std::optional<Workload> w = MakeWorkload(name, o);
+      if (!w) return 1;
+      std::printf("\nworkload %s: %s\n", w->name.c_str(), w->description.c_str());
       for (const auto& d : o.devices) {
         if (d != "host" && d != "simulated") {
           std::fprintf(stderr, "unknown device %s (host | simulated)\n", d.c_str());
           return 1;
         }
-        RunWorkloadDevice(o, w, d, &results);
+        RunWorkloadDevice(o, *w, d, &results);
       }
     }
   } catch (const std::exception& e) {

@@ -540,8 +540,6 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
     impl->stats.units.push_back(us);
   }
   impl->policy_inputs.model_bytes = impl->model_bytes;
-  impl->policy_inputs.in_device_seconds =
-      impl->device->EstimateInDeviceCopySeconds(impl->model_bytes);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -558,6 +556,11 @@ Status Engine::BeginStep(std::uint64_t step) {
   if (impl.started_training) {
     impl.policy_inputs.iteration_seconds =
         std::chrono::duration<double>(start - impl.last_step_begin).count();
+  } else {
+    // Estimated at the first step, not at Open: a host device measures its
+    // memcpy bandwidth on first use, which a restore need not wait for.
+    impl.policy_inputs.in_device_seconds =
+        impl.device->EstimateInDeviceCopySeconds(impl.model_bytes);
   }
   impl.started_training = true;
   impl.last_step_begin = start;
