@@ -4,19 +4,18 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/string_utils.h>
-#include <sys/mman.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
-#include <unistd.h>
 
 #include <unordered_map>
 #include <unordered_set>
 
 #include "pmsnap/hooks/optimizer_state.h"
+#include "state_arena.h"
 
 namespace pmsnap::hooks {
 namespace {
@@ -40,25 +39,11 @@ Result<OptimizerKind> KindOf(optim::Optimizer& optimizer) {
                 "and RMSprop");
 }
 
-// Large optimizer state is streamed through at every step and, on a
-// restore, faulted in all at once: 2 MiB pages cut both the page faults and
-// the TLB misses. Only a hint (transparent huge pages in "madvise" mode);
-// called before the first touch, as the kernel picks page sizes at fault.
-void AdviseHugePages(const torch::Tensor& tensor) {
-  constexpr std::uintptr_t kHugePage = 2u << 20;
-  const std::size_t bytes = static_cast<std::size_t>(tensor.nbytes());
-  if (bytes < kHugePage) return;  // no 2 MiB-aligned page fits
-  const long page = ::sysconf(_SC_PAGESIZE);
-  const auto start = reinterpret_cast<std::uintptr_t>(tensor.data_ptr());
-  const std::uintptr_t first = (start + page - 1) / page * page;
-  const std::uintptr_t end = (start + bytes) / page * page;
-  (void)::madvise(reinterpret_cast<void*>(first), end - first, MADV_HUGEPAGE);
-}
-
 // A tensor shaped and laid out like `param` holding `source`, or else `fill`
 // (now, or later through `deferred` when given), at a stable address.
 torch::Tensor OwnedLike(const torch::Tensor& param, const torch::Tensor& source, double fill,
-                        std::vector<std::pair<torch::Tensor, double>>* deferred) {
+                        std::vector<std::pair<torch::Tensor, double>>* deferred,
+                        StateArena& arena) {
   if (source.defined() && source.is_contiguous() && source.sizes() == param.sizes() &&
       source.dtype() == param.dtype() && source.device() == param.device() &&
       source.storage_offset() == 0 && source.storage().nbytes() == source.nbytes()) {
@@ -66,8 +51,7 @@ torch::Tensor OwnedLike(const torch::Tensor& param, const torch::Tensor& source,
     // storage already has a stable address: taken over, not copied.
     return source;
   }
-  torch::Tensor owned = torch::empty_like(param, at::MemoryFormat::Contiguous);
-  AdviseHugePages(owned);
+  torch::Tensor owned = arena.EmptyLike(param);
   if (source.defined()) {
     owned.copy_(source);
   } else if (deferred != nullptr) {
@@ -116,7 +100,7 @@ const char* OptimizerKindName(OptimizerKind kind) {
 }
 
 ParameterStepper::ParameterStepper(optim::Optimizer& optimizer, OptimizerKind kind)
-    : optimizer_(optimizer), kind_(kind) {}
+    : optimizer_(optimizer), kind_(kind), state_arena_(std::make_unique<StateArena>()) {}
 
 ParameterStepper::~ParameterStepper() = default;
 
@@ -196,7 +180,7 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
         old_buffer = static_cast<optim::SGDParamState&>(*existing->second).momentum_buffer();
       }
       if (has_momentum_[index]) {
-        torch::Tensor buffer = OwnedLike(p, old_buffer, 0.0, deferred);
+        torch::Tensor buffer = OwnedLike(p, old_buffer, 0.0, deferred, *state_arena_);
         slot.state.emplace_back("momentum_buffer", buffer);
         // Without existing state libtorch still owns initialisation (a clone
         // of the first gradient): AfterOptimizerStep adopts it.
@@ -212,14 +196,14 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
       // AdamParamState and AdamWParamState have the same fields; handle both.
       auto fill = [&](auto* state, bool amsgrad) {
         auto& s = *state;
-        torch::Tensor exp_avg = OwnedLike(p, s.exp_avg(), 0.0, deferred);
-        torch::Tensor exp_avg_sq = OwnedLike(p, s.exp_avg_sq(), 0.0, deferred);
+        torch::Tensor exp_avg = OwnedLike(p, s.exp_avg(), 0.0, deferred, *state_arena_);
+        torch::Tensor exp_avg_sq = OwnedLike(p, s.exp_avg_sq(), 0.0, deferred, *state_arena_);
         s.exp_avg(exp_avg);
         s.exp_avg_sq(exp_avg_sq);
         slot.state.emplace_back("exp_avg", exp_avg);
         slot.state.emplace_back("exp_avg_sq", exp_avg_sq);
         if (amsgrad) {
-          torch::Tensor max_sq = OwnedLike(p, s.max_exp_avg_sq(), 0.0, deferred);
+          torch::Tensor max_sq = OwnedLike(p, s.max_exp_avg_sq(), 0.0, deferred, *state_arena_);
           s.max_exp_avg_sq(max_sq);
           slot.state.emplace_back("max_exp_avg_sq", max_sq);
         }
@@ -240,7 +224,7 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
       const auto& o = static_cast<const optim::AdagradOptions&>(options);
       if (!has_state) state_map[key] = std::make_unique<optim::AdagradParamState>();
       auto& s = StateAs<optim::AdagradParamState>(optimizer_, key);
-      torch::Tensor sum = OwnedLike(p, s.sum(), o.initial_accumulator_value(), deferred);
+      torch::Tensor sum = OwnedLike(p, s.sum(), o.initial_accumulator_value(), deferred, *state_arena_);
       s.sum(sum);
       slot.state.emplace_back("sum", sum);
       slot.state.emplace_back("step", StepTensor(s.step()));
@@ -250,16 +234,16 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
       const auto& o = static_cast<const optim::RMSpropOptions&>(options);
       if (!has_state) state_map[key] = std::make_unique<optim::RMSpropParamState>();
       auto& s = StateAs<optim::RMSpropParamState>(optimizer_, key);
-      torch::Tensor square_avg = OwnedLike(p, s.square_avg(), 0.0, deferred);
+      torch::Tensor square_avg = OwnedLike(p, s.square_avg(), 0.0, deferred, *state_arena_);
       s.square_avg(square_avg);
       slot.state.emplace_back("square_avg", square_avg);
       if (o.momentum() > 0) {
-        torch::Tensor buffer = OwnedLike(p, s.momentum_buffer(), 0.0, deferred);
+        torch::Tensor buffer = OwnedLike(p, s.momentum_buffer(), 0.0, deferred, *state_arena_);
         s.momentum_buffer(buffer);
         slot.state.emplace_back("momentum_buffer", buffer);
       }
       if (o.centered()) {
-        torch::Tensor grad_avg = OwnedLike(p, s.grad_avg(), 0.0, deferred);
+        torch::Tensor grad_avg = OwnedLike(p, s.grad_avg(), 0.0, deferred, *state_arena_);
         s.grad_avg(grad_avg);
         slot.state.emplace_back("grad_avg", grad_avg);
       }

@@ -8,6 +8,12 @@ if(PMSNAP_WITH_TORCH AND TARGET pmsnap::torch)
                   LIBS pmsnap::torch
                   ENV "PMEM_IS_PMEM_FORCE=1")
 
+  pmsnap_add_test(hooks_state_arena_test
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_state_arena_test.cc
+                  LIBS pmsnap::torch)
+  # StateArena is internal to hooks/.
+  target_include_directories(hooks_state_arena_test PRIVATE ${PROJECT_SOURCE_DIR}/hooks)
+
   pmsnap_add_test(hooks_embedding_test
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_embedding_test.cc
                   LIBS pmsnap::torch pmsnap::diff

@@ -43,6 +43,8 @@
 
 namespace pmsnap::hooks {
 
+class StateArena;
+
 enum class OptimizerKind : std::uint8_t { kSgd, kAdam, kAdamW, kAdagrad, kRmsprop };
 
 // "SGD", "Adam", "AdamW", "Adagrad", "RMSprop".
@@ -140,6 +142,8 @@ class ParameterStepper {
   bool defer_new_state_ = false;
   // Created state tensors still to be filled, with their initial value.
   std::vector<std::pair<torch::Tensor, double>> deferred_fills_;
+  // Where created state tensors live (huge-page backed, see state_arena.h).
+  std::unique_ptr<StateArena> state_arena_;
 };
 
 }  // namespace pmsnap::hooks
