@@ -30,8 +30,9 @@
 // stall split into conflict waits / boundary waits / copies / synchronous
 // saves / hook overhead, checkpoints committed per minute, bytes written, the
 // longest interval K for which overhead stays under 3.5%, and restore time of
-// the newest checkpoint (pmsnap straight from the pool vs torch::load, taking
-// turns within each round; speedups paired by round).
+// the newest checkpoint (pmsnap straight from the pool vs torch::load), each
+// restore in a fresh process that builds the model as a restarted trainer
+// would, taking turns within each round; speedups paired by round.
 // Training runs on --threads cores (torch and OpenBLAS alike), leaving the
 // rest to the checkpoint workers.
 //
@@ -116,9 +117,9 @@ struct Options {
   std::string dir;            // pools and files; default $PMSNAP_POOL_DIR or /dev/shm
   bool plot = true;
   // Internal: a child process that times one restore (see RunRestoreChild).
-  std::string restore_child;   // kRestore* method name
-  std::string restore_path;    // pool or torch-save file
-  std::string restore_device;  // runtime::MakeDevice spec
+  std::string restore_child;              // kRestore* method name
+  std::string restore_path;               // pool or torch-save file
+  std::string restore_device;             // runtime::MakeDevice spec
   std::vector<std::string> command_line;  // this process's argv, for the children
 };
 
@@ -130,7 +131,7 @@ const char* kUsage =
     "  --iters=N --warmup=N --repeats=N   measured / warm-up iterations per trial, rounds (4 1 2)\n"
     "  --trial-seconds=S        small models run more iterations, ~S s per trial (1.5)\n"
     "  --k=K                    interval of torch-save-kK (4)\n"
-    "  --restore-rounds=N       restores timed per method, median reported (5)\n"
+    "  --restore-rounds=N       restores per method, each in a fresh process; median (5)\n"
     "  --target-rounds=N        rounds of none, pmsnap-adaptive-k1 and pmsnap-hooks-only\n"
     "                           on mlp/host, the overhead target's cell (5; at least --repeats)\n"
     "  --sweep=2                extra pmsnap-adaptive-kK trials\n"
@@ -449,13 +450,17 @@ std::optional<Workload> MakeWorkload(const std::string& name, const Options& o) 
 }
 
 // Every checkpointed tensor: each parameter, then its optimizer state.
-std::vector<torch::Tensor> StateTensors(Workload& w) {
+std::vector<torch::Tensor> StateTensors(torch::nn::Module& module,
+                                        torch::optim::Optimizer& optimizer) {
   std::vector<torch::Tensor> out;
-  for (const auto& p : w.module->parameters()) {
+  for (const auto& p : module.parameters()) {
     out.push_back(p);
-    for (const auto& t : hooks::ViewOptimizerState(*w.optimizer, p).tensors) out.push_back(t);
+    for (const auto& t : hooks::ViewOptimizerState(optimizer, p).tensors) out.push_back(t);
   }
   return out;
+}
+std::vector<torch::Tensor> StateTensors(Workload& w) {
+  return StateTensors(*w.module, *w.optimizer);
 }
 
 std::uint64_t Bytes(const std::vector<torch::Tensor>& ts) {
@@ -1224,27 +1229,37 @@ Result<RestoreSample> TimePmsnapRestore(const Options& o, Workload& w, runtime::
 }
 
 // torch::load of `file` into the module and a fresh optimizer; on a device,
-// the loaded state then crosses the link into device memory (allocated
-// untimed, as the model's device tensors would exist already).
+// the loaded state then crosses the link into device memory, as pmsnap's
+// restore does: into the model's initialized parameters (torch::load gave
+// the module new storage; the old one stands for the parameters already on
+// the device) and into optimizer state allocated untimed but first touched
+// by the copy (a simulated device's memory is host memory: pmsnap's restore
+// pays the same page faults for the state its stepper allocates).
 Result<RestoreSample> TimeTorchLoad(Workload& w, runtime::Device& device, const std::string& file) {
   try {
     auto fresh = w.make_optimizer();
+    std::vector<torch::Tensor> initialized;
+    for (const auto& p : w.module->parameters()) initialized.push_back(p.detach());
     const auto t0 = Clock::now();
     LoadFull(*w.module, *fresh, file);
     RestoreSample sample;
     sample.restore_s = Since(t0);
     sample.bytes = FileBytes(file);
     if (device.kind() == runtime::DeviceKind::kHost) return sample;
-    std::vector<torch::Tensor> loaded;
-    for (const auto& p : w.module->parameters()) {
-      loaded.push_back(p);
-      for (const auto& t : hooks::ViewOptimizerState(*fresh, p).tensors) loaded.push_back(t);
+    std::vector<torch::Tensor> loaded, on_device;
+    const auto parameters = w.module->parameters();
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      loaded.push_back(parameters[i]);
+      on_device.push_back(initialized.at(i));
+      for (const auto& t : hooks::ViewOptimizerState(*fresh, parameters[i]).tensors) {
+        loaded.push_back(t);
+        on_device.push_back(torch::empty_like(t));
+      }
     }
-    const std::vector<torch::Tensor> device_copies = Staging(loaded);
     const auto t1 = Clock::now();
     for (std::size_t i = 0; i < loaded.size(); ++i) {
       PMSNAP_RETURN_IF_ERROR(device.CopyFromHost(
-          device_copies[i].data_ptr(), loaded[i].data_ptr(),
+          on_device[i].data_ptr(), loaded[i].data_ptr(),
           static_cast<std::size_t>(loaded[i].numel() * loaded[i].element_size())));
     }
     sample.restore_s += Since(t1);
@@ -1265,8 +1280,8 @@ int RunRestoreChild(const Options& o) {
                  device.status().ToString().c_str());
     return 2;
   }
-  Result<RestoreSample> sample = Status(StatusCode::kInvalidArgument,
-                                        "unknown restore method '" + o.restore_child + "'");
+  Result<RestoreSample> sample =
+      Status(StatusCode::kInvalidArgument, "unknown restore method '" + o.restore_child + "'");
   if (o.restore_child == kRestoreTorchLoad) {
     sample = TimeTorchLoad(*w, **device, o.restore_path);
   } else if (o.restore_child == kRestorePmsnapVerified ||
@@ -1310,9 +1325,9 @@ Result<RestoreSample> RestoreInFreshProcess(const Options& o, const std::string&
   }
   const int exit_code = child.Wait();
   if (exit_code != 0 || !sample) {
-    return Status(StatusCode::kInternal, "restore child for " + workload + "/" + method +
-                                             " on '" + path + "' exited with " +
-                                             std::to_string(exit_code) + " (stderr above)");
+    return Status(StatusCode::kInternal, "restore child for " + workload + "/" + method + " on '" +
+                                             path + "' exited with " + std::to_string(exit_code) +
+                                             " (stderr above)");
   }
   return *sample;
 }

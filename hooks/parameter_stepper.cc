@@ -170,6 +170,9 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
   const bool has_state = existing != state_map.end();
   torch::NoGradGuard no_grad;
   auto* deferred = defer_new_state_ ? &deferred_fills_ : nullptr;
+  auto owned_like = [&](const torch::Tensor& source, double fill) {
+    return OwnedLike(p, source, fill, deferred, *state_arena_);
+  };
 
   switch (kind_) {
     case OptimizerKind::kSgd: {
@@ -180,7 +183,7 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
         old_buffer = static_cast<optim::SGDParamState&>(*existing->second).momentum_buffer();
       }
       if (has_momentum_[index]) {
-        torch::Tensor buffer = OwnedLike(p, old_buffer, 0.0, deferred, *state_arena_);
+        torch::Tensor buffer = owned_like(old_buffer, 0.0);
         slot.state.emplace_back("momentum_buffer", buffer);
         // Without existing state libtorch still owns initialisation (a clone
         // of the first gradient): AfterOptimizerStep adopts it.
@@ -196,14 +199,14 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
       // AdamParamState and AdamWParamState have the same fields; handle both.
       auto fill = [&](auto* state, bool amsgrad) {
         auto& s = *state;
-        torch::Tensor exp_avg = OwnedLike(p, s.exp_avg(), 0.0, deferred, *state_arena_);
-        torch::Tensor exp_avg_sq = OwnedLike(p, s.exp_avg_sq(), 0.0, deferred, *state_arena_);
+        torch::Tensor exp_avg = owned_like(s.exp_avg(), 0.0);
+        torch::Tensor exp_avg_sq = owned_like(s.exp_avg_sq(), 0.0);
         s.exp_avg(exp_avg);
         s.exp_avg_sq(exp_avg_sq);
         slot.state.emplace_back("exp_avg", exp_avg);
         slot.state.emplace_back("exp_avg_sq", exp_avg_sq);
         if (amsgrad) {
-          torch::Tensor max_sq = OwnedLike(p, s.max_exp_avg_sq(), 0.0, deferred, *state_arena_);
+          torch::Tensor max_sq = owned_like(s.max_exp_avg_sq(), 0.0);
           s.max_exp_avg_sq(max_sq);
           slot.state.emplace_back("max_exp_avg_sq", max_sq);
         }
@@ -224,7 +227,7 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
       const auto& o = static_cast<const optim::AdagradOptions&>(options);
       if (!has_state) state_map[key] = std::make_unique<optim::AdagradParamState>();
       auto& s = StateAs<optim::AdagradParamState>(optimizer_, key);
-      torch::Tensor sum = OwnedLike(p, s.sum(), o.initial_accumulator_value(), deferred, *state_arena_);
+      torch::Tensor sum = owned_like(s.sum(), o.initial_accumulator_value());
       s.sum(sum);
       slot.state.emplace_back("sum", sum);
       slot.state.emplace_back("step", StepTensor(s.step()));
@@ -234,16 +237,16 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
       const auto& o = static_cast<const optim::RMSpropOptions&>(options);
       if (!has_state) state_map[key] = std::make_unique<optim::RMSpropParamState>();
       auto& s = StateAs<optim::RMSpropParamState>(optimizer_, key);
-      torch::Tensor square_avg = OwnedLike(p, s.square_avg(), 0.0, deferred, *state_arena_);
+      torch::Tensor square_avg = owned_like(s.square_avg(), 0.0);
       s.square_avg(square_avg);
       slot.state.emplace_back("square_avg", square_avg);
       if (o.momentum() > 0) {
-        torch::Tensor buffer = OwnedLike(p, s.momentum_buffer(), 0.0, deferred, *state_arena_);
+        torch::Tensor buffer = owned_like(s.momentum_buffer(), 0.0);
         s.momentum_buffer(buffer);
         slot.state.emplace_back("momentum_buffer", buffer);
       }
       if (o.centered()) {
-        torch::Tensor grad_avg = OwnedLike(p, s.grad_avg(), 0.0, deferred, *state_arena_);
+        torch::Tensor grad_avg = owned_like(s.grad_avg(), 0.0);
         s.grad_avg(grad_avg);
         slot.state.emplace_back("grad_avg", grad_avg);
       }

@@ -41,8 +41,8 @@ torch::Tensor StateArena::EmptyLike(const torch::Tensor& like) {
       (static_cast<std::size_t>(like.nbytes()) + kAlignment - 1) / kAlignment * kAlignment;
   if (region_ == nullptr || used_ + bytes > region_->bytes) {
     const std::size_t wanted = std::max(region_bytes_, bytes);
-    region_ = std::make_shared<Region>((wanted + kHugePageBytes - 1) / kHugePageBytes *
-                                       kHugePageBytes);
+    region_ =
+        std::make_shared<Region>((wanted + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes);
     used_ = 0;
   }
   void* data = region_->base + used_;

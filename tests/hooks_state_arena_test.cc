@@ -1,8 +1,6 @@
 // StateArena (hooks/state_arena.h): optimizer state packed into huge-page
 // advised regions. Checks the packing, the alignment the kernel needs for
 // huge pages, and that the memory lives exactly as long as its tensors.
-#include "state_arena.h"
-
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,6 +8,8 @@
 #include <cerrno>
 #include <cstdint>
 #include <vector>
+
+#include "state_arena.h"
 
 namespace pmsnap::hooks {
 namespace {
