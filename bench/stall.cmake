@@ -8,3 +8,10 @@ if(TARGET pmsnap::torch)
     PMSNAP_BENCH_RESULTS_DIR="${PMSNAP_BENCH_RESULTS_DIR}"
     PMSNAP_BENCH_SOURCE_DIR="${CMAKE_CURRENT_LIST_DIR}")
 endif()
+
+# End to end at a tiny size, restores in child processes included.
+if(TARGET pmsnap_bench_stall AND PMSNAP_BUILD_TESTS)
+  add_test(NAME bench_stall_smoke
+           COMMAND ${PROJECT_SOURCE_DIR}/tests/bench_stall_smoke.sh $<TARGET_FILE:pmsnap_bench_stall>)
+  set_tests_properties(bench_stall_smoke PROPERTIES ENVIRONMENT "PMEM_IS_PMEM_FORCE=1" TIMEOUT 300)
+endif()

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The stall benchmark end to end at a tiny size (issue [bench]). Every
+# restore runs in a fresh child process of the benchmark, so this checks the
+# round trip: stall_restore.csv must hold a timed restore of each kind on
+# each device, pmsnap's paired against torch::load, and the training table
+# the methods asked for.
+#   bench_stall_smoke.sh <path to pmsnap_bench_stall>
+set -euo pipefail
+bench="$1"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+"$bench" --workloads=transformer --devices=host,simulated \
+  --methods=pmsnap-adaptive-k1,torch-save-k2,checkfreq-k1 --k=2 --sweep=1 \
+  --tf-dim=64 --tf-layers=1 --tf-heads=2 --tf-seq=8 --tf-batch=2 \
+  --iters=4 --warmup=1 --repeats=1 --target-rounds=1 --trial-seconds=0.05 \
+  --restore-rounds=2 --out="$out" --no-plot --dir="${PMSNAP_POOL_DIR:-/dev/shm}"
+
+fail() { echo "bench_stall_smoke: $*" >&2; exit 1; }
+restores="$out/stall_restore.csv"
+[[ -s "$restores" ]] || fail "no $restores"
+for device in host simulated; do
+  for method in none torch-save-k2 checkfreq-k1 pmsnap-adaptive-k1; do
+    grep -q "^transformer,$device,$method," "$out/stall.csv" ||
+      fail "stall.csv has no row for $device/$method"
+  done
+  for restore in pmsnap-verify pmsnap-noverify torch-load; do
+    # columns: workload,device,method,open_ms,restore_ms,total_ms,bytes,speedup,min,max
+    row="$(grep "^transformer,$device,$restore," "$restores")" ||
+      fail "no $device/$restore restore in $restores"
+    awk -F, -v r="$restore" '{
+      if ($6 <= 0 || $7 <= 0) exit 1;            # timed, and moved bytes
+      if (r != "torch-load" && $8 <= 0) exit 1;  # paired against torch::load
+    }' <<<"$row" || fail "$device/$restore row is incomplete: $row"
+  done
+done
+echo "bench_stall_smoke: restores in fresh processes on host and simulated: ok"
