@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>

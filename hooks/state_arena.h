@@ -5,10 +5,11 @@
 // Why: a restarted trainer first touches all of its optimizer state inside
 // Restore's copy, one page fault per page. Tensors allocated one by one
 // (libtorch aligns to 64 bytes) get huge pages only for the 2 MiB-aligned
-// interior of each tensor, and none for tensors under 4 MiB; packed regions
-// are huge-page backed end to end (a transformer's cold restore measured
-// ~25% faster). Regions are reserved address space: only touched pages cost
-// memory, so packing wastes at most the tail of one 2 MiB page per region.
+// pages that fit inside each tensor, so none for a 1 MiB tensor and one for
+// a 3 MiB tensor at best; packed regions are huge-page backed end to end (a
+// transformer's cold restore measured ~25% faster). Regions are reserved
+// address space: only touched pages cost memory, so packing wastes at most
+// the tail of one 2 MiB page per region.
 //
 // Thread-safety: one owner thread (the stepper's). Tensors it returns are
 // ordinary CPU tensors and may be used and freed from any thread; a region is
