@@ -72,7 +72,7 @@ for (workload, device), ax_row in zip(cells, axes):
             left=[float(r["open_ms"]) for r in rs], label="copy / load")
     ax.set_yticks(range(len(rs)))
     ax.set_yticklabels([r["method"].replace(" (", "\n(") for r in rs], fontsize=7)
-    ax.set_xlabel("restore of the newest checkpoint (ms)")
+    ax.set_xlabel("restore of the newest checkpoint, fresh process (ms)")
     ax.set_title("restore")
     ax.legend(fontsize=7)
 fig.tight_layout()
