@@ -11,6 +11,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <algorithm>
+#include <cmath>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -74,6 +76,73 @@ std::int64_t& StepOf(ParameterSlot& slot) {
 template <typename State>
 State& StateAs(optim::Optimizer& optimizer, const std::string& key) {
   return static_cast<State&>(*optimizer.state().at(key));
+}
+
+// Elements per block of BlockedAdamUpdate: a multiple of 64, so that ATen's
+// vectorized loops (at most 2 x 16 floats per iteration) leave the same
+// elements to their scalar tail in a block as in the whole tensor.
+std::size_t BlockElements(std::size_t block_bytes, std::size_t element_size) {
+  return block_bytes / element_size / 64 * 64;
+}
+
+// libtorch's Adam / AdamW update of one parameter (torch/optim/adam.cpp,
+// adamw.cpp: the same ATen operations on the same scalars, in the same
+// order), applied to one block of the flattened tensors at a time. Every
+// operation is elementwise, so each element sees exactly the arithmetic of
+// the unblocked step. `scratch` holds the per-block temporaries.
+template <typename Options, typename State>
+void BlockedAdamUpdate(const Options& options, State& state, bool decoupled_decay,
+                       const torch::Tensor& param, const torch::Tensor& grad,
+                       std::size_t block_bytes, torch::Tensor& scratch) {
+  torch::NoGradGuard no_grad;
+  state.step(state.step() + 1);
+  const double beta1 = std::get<0>(options.betas());
+  const double beta2 = std::get<1>(options.betas());
+  const double bias_correction1 = 1 - std::pow(beta1, state.step());
+  const double bias_correction2 = 1 - std::pow(beta2, state.step());
+  const double denom_scale = std::sqrt(bias_correction2);
+  const double step_size = options.lr() / bias_correction1;
+  const double weight_decay = options.weight_decay();
+  const bool amsgrad = options.amsgrad();
+
+  const std::int64_t block =
+      static_cast<std::int64_t>(BlockElements(block_bytes, param.element_size()));
+  if (!scratch.defined() || scratch.dtype() != param.dtype() || scratch.numel() < 2 * block) {
+    scratch = torch::empty({2 * block}, param.options());
+  }
+  const torch::Tensor p = param.view({-1});
+  const torch::Tensor g = grad.view({-1});
+  const torch::Tensor m = state.exp_avg().view({-1});
+  const torch::Tensor v = state.exp_avg_sq().view({-1});
+  const torch::Tensor v_max = amsgrad ? state.max_exp_avg_sq().view({-1}) : torch::Tensor();
+  const std::int64_t n = p.numel();
+  for (std::int64_t begin = 0; begin < n; begin += block) {
+    const std::int64_t length = std::min(block, n - begin);
+    torch::Tensor p_block = p.narrow(0, begin, length);
+    torch::Tensor g_block = g.narrow(0, begin, length);
+    torch::Tensor m_block = m.narrow(0, begin, length);
+    torch::Tensor v_block = v.narrow(0, begin, length);
+    torch::Tensor denom = scratch.narrow(0, 0, length);
+    if (weight_decay != 0) {
+      if (decoupled_decay) {
+        p_block.mul_(1 - options.lr() * weight_decay);
+      } else {
+        torch::Tensor decayed = scratch.narrow(0, block, length);
+        g_block = at::add_out(decayed, g_block, p_block, weight_decay);
+      }
+    }
+    m_block.mul_(beta1).add_(g_block, 1 - beta1);
+    v_block.mul_(beta2).addcmul_(g_block, g_block, 1 - beta2);
+    if (amsgrad) {
+      torch::Tensor v_max_block = v_max.narrow(0, begin, length);
+      at::max_out(v_max_block, v_block, v_max_block);
+      at::sqrt_out(denom, v_max_block);
+    } else {
+      at::sqrt_out(denom, v_block);
+    }
+    denom.div_(denom_scale).add_(options.eps());
+    p_block.addcdiv_(m_block, denom, -step_size);
+  }
 }
 
 Status FromTorch(const c10::Error& error, const char* what) {
@@ -145,6 +214,7 @@ Result<std::unique_ptr<ParameterStepper>> ParameterStepper::Create(
         stepper->slots_.push_back({std::move(name), p, {}});
         stepper->state_keys_.push_back(StateKey(p));
         stepper->has_momentum_.push_back(false);
+        stepper->group_of_slot_.push_back(g);
         stepper->registered_data_.push_back(p.data_ptr());
         PMSNAP_RETURN_IF_ERROR(
             stepper->AdoptOrCreateState(stepper->slots_.size() - 1, groups[g].options()));
@@ -368,10 +438,14 @@ Status ParameterStepper::StepLocked(StepObserver* observer, std::vector<torch::T
       first_error = observer->BeforeUpdate(i);
       if (!first_error.ok()) observer = nullptr;
     }
-    torch::Tensor& param = slots_[i].param;
-    param.mutable_grad() = grads[i];
-    optimizer_.step();
-    param.mutable_grad() = torch::Tensor();
+    if (UsesBlockedStep(i, grads[i])) {
+      BlockedAdamStep(i, grads[i]);
+    } else {
+      torch::Tensor& param = slots_[i].param;
+      param.mutable_grad() = grads[i];
+      optimizer_.step();
+      param.mutable_grad() = torch::Tensor();
+    }
     AfterOptimizerStep(i);
     if (observer != nullptr) {
       first_error = observer->AfterUpdate(i);
@@ -379,6 +453,32 @@ Status ParameterStepper::StepLocked(StepObserver* observer, std::vector<torch::T
     }
   }
   return first_error;
+}
+
+bool ParameterStepper::UsesBlockedStep(std::size_t index, const torch::Tensor& grad) const {
+  if (kind_ != OptimizerKind::kAdam && kind_ != OptimizerKind::kAdamW) return false;
+  const torch::Tensor& param = slots_[index].param;
+  const std::size_t block_elements = BlockElements(block_bytes_, param.element_size());
+  // A sparse or oddly shaped gradient goes to libtorch, which reports it.
+  return block_elements > 0 && param.numel() > static_cast<std::int64_t>(block_elements) &&
+         param.is_floating_point() && grad.layout() == torch::kStrided && grad.is_contiguous() &&
+         grad.sizes() == param.sizes() && grad.dtype() == param.dtype() &&
+         grad.device() == param.device();
+}
+
+void ParameterStepper::BlockedAdamStep(std::size_t index, const torch::Tensor& grad) {
+  ++blocked_updates_;
+  const auto& options = optimizer_.param_groups()[group_of_slot_[index]].options();
+  const std::string& key = state_keys_[index];
+  if (kind_ == OptimizerKind::kAdam) {
+    BlockedAdamUpdate(static_cast<const optim::AdamOptions&>(options),
+                      StateAs<optim::AdamParamState>(optimizer_, key), /*decoupled_decay=*/false,
+                      slots_[index].param, grad, block_bytes_, block_scratch_);
+  } else {
+    BlockedAdamUpdate(static_cast<const optim::AdamWOptions&>(options),
+                      StateAs<optim::AdamWParamState>(optimizer_, key), /*decoupled_decay=*/true,
+                      slots_[index].param, grad, block_bytes_, block_scratch_);
+  }
 }
 
 Status ParameterStepper::SyncFromSlots() {

@@ -1,8 +1,9 @@
 // ParameterStepper runs libtorch optimizers one parameter at a time; these
 // tests check that 50 such steps give bitwise the same parameters and
 // optimizer state as 50 plain optimizer.step() calls, for every supported
-// optimizer, and that the per-parameter events come in backward order with
-// state at stable addresses.
+// optimizer, that Adam's and AdamW's block-by-block updates do too, and that
+// the per-parameter events come in backward order with state at stable
+// addresses.
 #include <gtest/gtest.h>
 
 #include "hooks_test_util.h"
@@ -18,7 +19,8 @@ using pmsnap::testing::Mlp;
 using pmsnap::testing::OptimizerConfig;
 using pmsnap::testing::StepBothAndCompare;
 
-std::vector<std::pair<std::string, torch::Tensor>> Named(Mlp& model) {
+template <typename Model>
+std::vector<std::pair<std::string, torch::Tensor>> Named(Model& model) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
   return named;
@@ -121,6 +123,101 @@ TEST_P(StepperEquivalenceTest, StateLivesInTheSlotTensorsAtStableAddresses) {
 INSTANTIATE_TEST_SUITE_P(AllOptimizers, StepperEquivalenceTest,
                          ::testing::ValuesIn(AllOptimizerConfigs()),
                          [](const auto& info) { return info.param.name; });
+
+// Weights of 11100 and 90000 elements: many blocks, the last one partial.
+torch::nn::Sequential MakeWideModel(std::uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(37, 300), torch::nn::Tanh(),
+                               torch::nn::Linear(300, 300), torch::nn::Tanh(),
+                               torch::nn::Linear(300, 5));
+}
+
+void ForwardBackwardWide(torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
+                         std::uint64_t step) {
+  optimizer.zero_grad();
+  const auto phase = static_cast<float>(step % 89) * 0.29f + 0.07f;
+  torch::Tensor x =
+      torch::sin(torch::arange(16 * 37, torch::kFloat32).reshape({16, 37}) * 0.011f * phase +
+                 phase);
+  torch::Tensor y = torch::cos(x.narrow(1, 0, 5) * 1.3f);
+  torch::mse_loss(model->forward(x), y).backward();
+}
+
+struct BlockedCase {
+  std::string name;
+  std::size_t block_bytes;
+  int torch_threads;
+};
+
+class BlockedAdamTest : public ::testing::TestWithParam<BlockedCase> {
+ protected:
+  void SetUp() override { torch::set_num_threads(GetParam().torch_threads); }
+  void TearDown() override { pmsnap::testing::UseOneTorchThread(); }
+};
+
+TEST_P(BlockedAdamTest, BlockedUpdatesAreBitwiseIdenticalToPlainStep) {
+  for (const OptimizerConfig& config : AllOptimizerConfigs()) {
+    if (config.name.rfind("Adam", 0) != 0) continue;
+    SCOPED_TRACE(config.name);
+    torch::nn::Sequential plain_model = MakeWideModel(11);
+    torch::nn::Sequential stepped_model = MakeWideModel(11);
+    auto plain = config.make(plain_model->parameters());
+    auto wrapped = config.make(stepped_model->parameters());
+    auto stepper = ParameterStepper::Create(*wrapped, Named(stepped_model));
+    ASSERT_TRUE(stepper.ok()) << stepper.status().ToString();
+    (*stepper)->set_block_bytes(GetParam().block_bytes);
+    for (std::uint64_t k = 1; k <= 20; ++k) {
+      if (k == 11) {  // as an LR scheduler would: the blocked step must read it
+        for (torch::optim::Optimizer* optimizer : {plain.get(), wrapped.get()}) {
+          for (auto& group : optimizer->param_groups()) {
+            group.options().set_lr(group.options().get_lr() * 0.5);
+          }
+        }
+      }
+      ForwardBackwardWide(plain_model, *plain, k);
+      plain->step();
+      ForwardBackwardWide(stepped_model, *wrapped, k);
+      ASSERT_TRUE((*stepper)->Step(nullptr).ok());
+      ASSERT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, *plain, stepped_model,
+                                                         *wrapped),
+                "")
+          << "after step " << k;
+    }
+    // Small blocks split every weight and the two 300-element biases; default
+    // blocks only the 90000-element weight.
+    const std::size_t blocked_per_step = GetParam().block_bytes < 1024 ? 5 : 1;
+    EXPECT_EQ((*stepper)->blocked_updates(), 20 * blocked_per_step);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BlockSizesAndThreads, BlockedAdamTest,
+    ::testing::Values(BlockedCase{"Blocks256BytesOneThread", 256, 1},
+                      BlockedCase{"Blocks256BytesTwoThreads", 256, 2},
+                      BlockedCase{"DefaultBlocksOneThread", ParameterStepper::kDefaultBlockBytes, 1},
+                      BlockedCase{"DefaultBlocksTwoThreads", ParameterStepper::kDefaultBlockBytes,
+                                  2}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(BlockedAdamTest, OtherOptimizersAndSmallParametersUseTheOptimizersOwnStep) {
+  pmsnap::testing::UseOneTorchThread();
+  for (const OptimizerConfig& config : AllOptimizerConfigs()) {
+    SCOPED_TRACE(config.name);
+    const bool adam = config.name.rfind("Adam", 0) == 0;
+    torch::nn::Sequential model = MakeWideModel(3);
+    auto optimizer = config.make(model->parameters());
+    auto stepper = ParameterStepper::Create(*optimizer, Named(model));
+    ASSERT_TRUE(stepper.ok()) << stepper.status().ToString();
+    ForwardBackwardWide(model, *optimizer, 1);
+    ASSERT_TRUE((*stepper)->Step(nullptr).ok());
+    // Default blocks: only the 90000-element weight is larger than one.
+    EXPECT_EQ((*stepper)->blocked_updates(), adam ? 1u : 0u);
+    (*stepper)->set_block_bytes(0);
+    ForwardBackwardWide(model, *optimizer, 2);
+    ASSERT_TRUE((*stepper)->Step(nullptr).ok());
+    EXPECT_EQ((*stepper)->blocked_updates(), adam ? 1u : 0u);
+  }
+}
 
 TEST(StepperOrderTest, UpdatesRunLastParameterFirstBetweenTheirHooks) {
   pmsnap::testing::UseOneTorchThread();

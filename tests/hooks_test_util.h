@@ -118,8 +118,10 @@ inline ParamStateView StateOf(torch::optim::Optimizer& optimizer, const torch::T
 
 // "" if every parameter and every optimizer state tensor of (a, opt_a) is
 // bitwise equal to (b, opt_b), else what differs first.
-inline std::string FirstBitwiseDifference(Mlp& a, torch::optim::Optimizer& opt_a, Mlp& b,
-                                          torch::optim::Optimizer& opt_b) {
+// Model: any torch::nn::ModuleHolder (Mlp, Linear...).
+template <typename Model>
+std::string FirstBitwiseDifference(Model& a, torch::optim::Optimizer& opt_a, Model& b,
+                                   torch::optim::Optimizer& opt_b) {
   auto pa = a->named_parameters();
   auto pb = b->named_parameters();
   if (pa.size() != pb.size()) return "parameter count";
