@@ -78,33 +78,23 @@ State& StateAs(optim::Optimizer& optimizer, const std::string& key) {
   return static_cast<State&>(*optimizer.state().at(key));
 }
 
-// Elements per block of BlockedAdamUpdate: a multiple of 64, so that ATen's
+// Elements per block of a blocked update: a multiple of 64, so that ATen's
 // vectorized loops (at most 2 x 16 floats per iteration) leave the same
 // elements to their scalar tail in a block as in the whole tensor.
 std::size_t BlockElements(std::size_t block_bytes, std::size_t element_size) {
   return block_bytes / element_size / 64 * 64;
 }
 
-// libtorch's Adam / AdamW update of one parameter (torch/optim/adam.cpp,
-// adamw.cpp: the same ATen operations on the same scalars, in the same
-// order), applied to one block of the flattened tensors at a time. Every
-// operation is elementwise, so each element sees exactly the arithmetic of
-// the unblocked step. `scratch` holds the per-block temporaries.
-template <typename Options, typename State>
-void BlockedAdamUpdate(const Options& options, State& state, bool decoupled_decay,
-                       const torch::Tensor& param, const torch::Tensor& grad,
-                       std::size_t block_bytes, torch::Tensor& scratch) {
+// Runs `update(range, decayed_grad, temporary)` over consecutive blocks of the
+// flattened `param` and `grad`: `range(t)` is the block of `t`, a flattened
+// tensor shaped like param (Flat), `decayed_grad` the block's gradient plus weight_decay * param
+// (or the gradient itself when weight_decay is 0), `temporary` a block-sized
+// scratch tensor. Every operation of libtorch's update is elementwise, so
+// each element sees exactly the arithmetic of the unblocked step.
+template <typename Update>
+void ForEachBlock(const torch::Tensor& param, const torch::Tensor& grad, double weight_decay,
+                  std::size_t block_bytes, torch::Tensor& scratch, Update&& update) {
   torch::NoGradGuard no_grad;
-  state.step(state.step() + 1);
-  const double beta1 = std::get<0>(options.betas());
-  const double beta2 = std::get<1>(options.betas());
-  const double bias_correction1 = 1 - std::pow(beta1, state.step());
-  const double bias_correction2 = 1 - std::pow(beta2, state.step());
-  const double denom_scale = std::sqrt(bias_correction2);
-  const double step_size = options.lr() / bias_correction1;
-  const double weight_decay = options.weight_decay();
-  const bool amsgrad = options.amsgrad();
-
   const std::int64_t block =
       static_cast<std::int64_t>(BlockElements(block_bytes, param.element_size()));
   if (!scratch.defined() || scratch.dtype() != param.dtype() || scratch.numel() < 2 * block) {
@@ -112,37 +102,81 @@ void BlockedAdamUpdate(const Options& options, State& state, bool decoupled_deca
   }
   const torch::Tensor p = param.view({-1});
   const torch::Tensor g = grad.view({-1});
-  const torch::Tensor m = state.exp_avg().view({-1});
-  const torch::Tensor v = state.exp_avg_sq().view({-1});
-  const torch::Tensor v_max = amsgrad ? state.max_exp_avg_sq().view({-1}) : torch::Tensor();
   const std::int64_t n = p.numel();
   for (std::int64_t begin = 0; begin < n; begin += block) {
     const std::int64_t length = std::min(block, n - begin);
-    torch::Tensor p_block = p.narrow(0, begin, length);
+    auto range = [&](const torch::Tensor& flat) { return flat.narrow(0, begin, length); };
     torch::Tensor g_block = g.narrow(0, begin, length);
-    torch::Tensor m_block = m.narrow(0, begin, length);
-    torch::Tensor v_block = v.narrow(0, begin, length);
-    torch::Tensor denom = scratch.narrow(0, 0, length);
     if (weight_decay != 0) {
-      if (decoupled_decay) {
-        p_block.mul_(1 - options.lr() * weight_decay);
-      } else {
-        torch::Tensor decayed = scratch.narrow(0, block, length);
-        g_block = at::add_out(decayed, g_block, p_block, weight_decay);
-      }
+      // libtorch: grad = grad.add(p, weight_decay), a temporary per step.
+      torch::Tensor decayed = scratch.narrow(0, block, length);
+      g_block = at::add_out(decayed, g_block, p.narrow(0, begin, length), weight_decay);
     }
-    m_block.mul_(beta1).add_(g_block, 1 - beta1);
-    v_block.mul_(beta2).addcmul_(g_block, g_block, 1 - beta2);
-    if (amsgrad) {
-      torch::Tensor v_max_block = v_max.narrow(0, begin, length);
-      at::max_out(v_max_block, v_block, v_max_block);
-      at::sqrt_out(denom, v_max_block);
-    } else {
-      at::sqrt_out(denom, v_block);
-    }
-    denom.div_(denom_scale).add_(options.eps());
-    p_block.addcdiv_(m_block, denom, -step_size);
+    update(range, g_block, scratch.narrow(0, 0, length));
   }
+}
+
+torch::Tensor Flat(const torch::Tensor& t) { return t.defined() ? t.view({-1}) : t; }
+
+// libtorch's Adam and AdamW update of one parameter (torch/optim/adam.cpp,
+// adamw.cpp: the same ATen operations on the same scalars, in the same
+// order), block by block.
+template <typename Options, typename State>
+void BlockedAdamUpdate(const Options& options, State& state, bool decoupled_decay,
+                       const torch::Tensor& param, const torch::Tensor& grad,
+                       std::size_t block_bytes, torch::Tensor& scratch) {
+  state.step(state.step() + 1);
+  const double beta1 = std::get<0>(options.betas());
+  const double beta2 = std::get<1>(options.betas());
+  const double bias_correction1 = 1 - std::pow(beta1, state.step());
+  const double bias_correction2 = 1 - std::pow(beta2, state.step());
+  const double denom_scale = std::sqrt(bias_correction2);
+  const double step_size = options.lr() / bias_correction1;
+  const double decay_factor = 1 - options.lr() * options.weight_decay();
+  const bool amsgrad = options.amsgrad();
+  const bool decay_param = decoupled_decay && options.weight_decay() != 0;
+  const torch::Tensor params = Flat(param);
+  const torch::Tensor exp_avg = Flat(state.exp_avg());
+  const torch::Tensor exp_avg_sq = Flat(state.exp_avg_sq());
+  const torch::Tensor max_exp_avg_sq = Flat(state.max_exp_avg_sq());
+  ForEachBlock(param, grad, decoupled_decay ? 0.0 : options.weight_decay(), block_bytes, scratch,
+               [&](const auto& range, const torch::Tensor& g, torch::Tensor denom) {
+                 torch::Tensor p = range(params);
+                 torch::Tensor m = range(exp_avg);
+                 torch::Tensor v = range(exp_avg_sq);
+                 if (decay_param) p.mul_(decay_factor);
+                 m.mul_(beta1).add_(g, 1 - beta1);
+                 v.mul_(beta2).addcmul_(g, g, 1 - beta2);
+                 if (amsgrad) {
+                   torch::Tensor v_max = range(max_exp_avg_sq);
+                   at::max_out(v_max, v, v_max);
+                   at::sqrt_out(denom, v_max);
+                 } else {
+                   at::sqrt_out(denom, v);
+                 }
+                 denom.div_(denom_scale).add_(options.eps());
+                 p.addcdiv_(m, denom, -step_size);
+               });
+}
+
+// libtorch's dense Adagrad update (torch/optim/adagrad.cpp), block by block.
+void BlockedAdagradUpdate(const optim::AdagradOptions& options, optim::AdagradParamState& state,
+                          const torch::Tensor& param, const torch::Tensor& grad,
+                          std::size_t block_bytes, torch::Tensor& scratch) {
+  state.step(state.step() + 1);
+  const double clr =
+      options.lr() / (1 + static_cast<double>(state.step() - 1) * options.lr_decay());
+  const torch::Tensor params = Flat(param);
+  const torch::Tensor sums = Flat(state.sum());
+  ForEachBlock(param, grad, options.weight_decay(), block_bytes, scratch,
+               [&](const auto& range, const torch::Tensor& g, torch::Tensor std_dev) {
+                 torch::Tensor p = range(params);
+                 torch::Tensor sum = range(sums);
+                 sum.addcmul_(g, g, 1.0);
+                 at::sqrt_out(std_dev, sum);
+                 std_dev.add_(options.eps());
+                 p.addcdiv_(g, std_dev, -clr);
+               });
 }
 
 Status FromTorch(const c10::Error& error, const char* what) {
@@ -439,7 +473,7 @@ Status ParameterStepper::StepLocked(StepObserver* observer, std::vector<torch::T
       if (!first_error.ok()) observer = nullptr;
     }
     if (UsesBlockedStep(i, grads[i])) {
-      BlockedAdamStep(i, grads[i]);
+      BlockedStep(i, grads[i]);
     } else {
       torch::Tensor& param = slots_[i].param;
       param.mutable_grad() = grads[i];
@@ -456,28 +490,43 @@ Status ParameterStepper::StepLocked(StepObserver* observer, std::vector<torch::T
 }
 
 bool ParameterStepper::UsesBlockedStep(std::size_t index, const torch::Tensor& grad) const {
-  if (kind_ != OptimizerKind::kAdam && kind_ != OptimizerKind::kAdamW) return false;
+  if (kind_ != OptimizerKind::kAdam && kind_ != OptimizerKind::kAdamW &&
+      kind_ != OptimizerKind::kAdagrad) {
+    return false;
+  }
   const torch::Tensor& param = slots_[index].param;
   const std::size_t block_elements = BlockElements(block_bytes_, param.element_size());
-  // A sparse or oddly shaped gradient goes to libtorch, which reports it.
+  // A sparse or oddly shaped gradient goes to libtorch, which handles or reports it.
   return block_elements > 0 && param.numel() > static_cast<std::int64_t>(block_elements) &&
          param.is_floating_point() && grad.layout() == torch::kStrided && grad.is_contiguous() &&
          grad.sizes() == param.sizes() && grad.dtype() == param.dtype() &&
          grad.device() == param.device();
 }
 
-void ParameterStepper::BlockedAdamStep(std::size_t index, const torch::Tensor& grad) {
+void ParameterStepper::BlockedStep(std::size_t index, const torch::Tensor& grad) {
   ++blocked_updates_;
   const auto& options = optimizer_.param_groups()[group_of_slot_[index]].options();
   const std::string& key = state_keys_[index];
-  if (kind_ == OptimizerKind::kAdam) {
-    BlockedAdamUpdate(static_cast<const optim::AdamOptions&>(options),
-                      StateAs<optim::AdamParamState>(optimizer_, key), /*decoupled_decay=*/false,
-                      slots_[index].param, grad, block_bytes_, block_scratch_);
-  } else {
-    BlockedAdamUpdate(static_cast<const optim::AdamWOptions&>(options),
-                      StateAs<optim::AdamWParamState>(optimizer_, key), /*decoupled_decay=*/true,
-                      slots_[index].param, grad, block_bytes_, block_scratch_);
+  const torch::Tensor& param = slots_[index].param;
+  switch (kind_) {
+    case OptimizerKind::kAdam:
+      BlockedAdamUpdate(static_cast<const optim::AdamOptions&>(options),
+                        StateAs<optim::AdamParamState>(optimizer_, key), /*decoupled_decay=*/false,
+                        param, grad, block_bytes_, block_scratch_);
+      return;
+    case OptimizerKind::kAdamW:
+      BlockedAdamUpdate(static_cast<const optim::AdamWOptions&>(options),
+                        StateAs<optim::AdamWParamState>(optimizer_, key), /*decoupled_decay=*/true,
+                        param, grad, block_bytes_, block_scratch_);
+      return;
+    case OptimizerKind::kAdagrad:
+      BlockedAdagradUpdate(static_cast<const optim::AdagradOptions&>(options),
+                           StateAs<optim::AdagradParamState>(optimizer_, key), param, grad,
+                           block_bytes_, block_scratch_);
+      return;
+    case OptimizerKind::kSgd:
+    case OptimizerKind::kRmsprop:
+      break;  // UsesBlockedStep excludes them
   }
 }
 

@@ -1,9 +1,9 @@
 // ParameterStepper runs libtorch optimizers one parameter at a time; these
 // tests check that 50 such steps give bitwise the same parameters and
 // optimizer state as 50 plain optimizer.step() calls, for every supported
-// optimizer, that Adam's and AdamW's block-by-block updates do too, and that
-// the per-parameter events come in backward order with state at stable
-// addresses.
+// optimizer, that the block-by-block updates of Adam, AdamW and Adagrad do
+// too, and that the per-parameter events come in backward order with state
+// at stable addresses.
 #include <gtest/gtest.h>
 
 #include "hooks_test_util.h"
@@ -149,15 +149,20 @@ struct BlockedCase {
   int torch_threads;
 };
 
-class BlockedAdamTest : public ::testing::TestWithParam<BlockedCase> {
+// Adam, AdamW and Adagrad update large parameters block by block.
+bool UpdatesInBlocks(const OptimizerConfig& config) {
+  return config.name.rfind("Adam", 0) == 0 || config.name.rfind("Adagrad", 0) == 0;
+}
+
+class BlockedStepTest : public ::testing::TestWithParam<BlockedCase> {
  protected:
   void SetUp() override { torch::set_num_threads(GetParam().torch_threads); }
   void TearDown() override { pmsnap::testing::UseOneTorchThread(); }
 };
 
-TEST_P(BlockedAdamTest, BlockedUpdatesAreBitwiseIdenticalToPlainStep) {
+TEST_P(BlockedStepTest, BlockedUpdatesAreBitwiseIdenticalToPlainStep) {
   for (const OptimizerConfig& config : AllOptimizerConfigs()) {
-    if (config.name.rfind("Adam", 0) != 0) continue;
+    if (!UpdatesInBlocks(config)) continue;
     SCOPED_TRACE(config.name);
     torch::nn::Sequential plain_model = MakeWideModel(11);
     torch::nn::Sequential stepped_model = MakeWideModel(11);
@@ -191,7 +196,7 @@ TEST_P(BlockedAdamTest, BlockedUpdatesAreBitwiseIdenticalToPlainStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    BlockSizesAndThreads, BlockedAdamTest,
+    BlockSizesAndThreads, BlockedStepTest,
     ::testing::Values(BlockedCase{"Blocks256BytesOneThread", 256, 1},
                       BlockedCase{"Blocks256BytesTwoThreads", 256, 2},
                       BlockedCase{"DefaultBlocksOneThread", ParameterStepper::kDefaultBlockBytes, 1},
@@ -199,11 +204,11 @@ INSTANTIATE_TEST_SUITE_P(
                                   2}),
     [](const auto& info) { return info.param.name; });
 
-TEST(BlockedAdamTest, OtherOptimizersAndSmallParametersUseTheOptimizersOwnStep) {
+TEST(BlockedStepTest, OtherOptimizersAndSmallParametersUseTheOptimizersOwnStep) {
   pmsnap::testing::UseOneTorchThread();
   for (const OptimizerConfig& config : AllOptimizerConfigs()) {
     SCOPED_TRACE(config.name);
-    const bool adam = config.name.rfind("Adam", 0) == 0;
+    const bool blocked = UpdatesInBlocks(config);
     torch::nn::Sequential model = MakeWideModel(3);
     auto optimizer = config.make(model->parameters());
     auto stepper = ParameterStepper::Create(*optimizer, Named(model));
@@ -211,11 +216,11 @@ TEST(BlockedAdamTest, OtherOptimizersAndSmallParametersUseTheOptimizersOwnStep) 
     ForwardBackwardWide(model, *optimizer, 1);
     ASSERT_TRUE((*stepper)->Step(nullptr).ok());
     // Default blocks: only the 90000-element weight is larger than one.
-    EXPECT_EQ((*stepper)->blocked_updates(), adam ? 1u : 0u);
+    EXPECT_EQ((*stepper)->blocked_updates(), blocked ? 1u : 0u);
     (*stepper)->set_block_bytes(0);
     ForwardBackwardWide(model, *optimizer, 2);
     ASSERT_TRUE((*stepper)->Step(nullptr).ok());
-    EXPECT_EQ((*stepper)->blocked_updates(), adam ? 1u : 0u);
+    EXPECT_EQ((*stepper)->blocked_updates(), blocked ? 1u : 0u);
   }
 }
 

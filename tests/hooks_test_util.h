@@ -90,6 +90,10 @@ inline std::vector<OptimizerConfig> AllOptimizerConfigs() {
          return std::make_unique<o::Adagrad>(
              p, o::AdagradOptions(0.05).lr_decay(1e-3).initial_accumulator_value(0.1));
        }},
+      {"AdagradWeightDecay",
+       [](auto p) {
+         return std::make_unique<o::Adagrad>(p, o::AdagradOptions(0.05).weight_decay(1e-3));
+       }},
       {"Rmsprop", [](auto p) { return std::make_unique<o::RMSprop>(p, o::RMSpropOptions(1e-2)); }},
       {"RmspropCenteredMomentum",
        [](auto p) {

@@ -161,8 +161,8 @@ class CheckpointedOptimizer {
   runtime::Engine& engine() { return *engine_; }
   runtime::Stats stats() const { return engine_->stats(); }
   const ParameterStepper& stepper() const { return *stepper_; }
-  // Block size of Adam's and AdamW's cache-blocked update; 0 turns it off
-  // (ParameterStepper::set_block_bytes).
+  // Block size of the cache-blocked Adam, AdamW and Adagrad update; 0 turns
+  // it off (ParameterStepper::set_block_bytes).
   void set_optimizer_block_bytes(std::size_t bytes) { stepper_->set_block_bytes(bytes); }
   // The embedding checkpointer (null without EmbeddingTables): its
   // tracker(name), last_checkpoint(name) and options().
