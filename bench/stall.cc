@@ -567,7 +567,8 @@ class Method {
 
 std::vector<std::pair<std::string, torch::Tensor>> NamedParameters(const Workload& w) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (const auto& item : w.module->named_parameters()) named.emplace_back(item.key(), item.value());
+  for (const auto& item : w.module->named_parameters())
+    named.emplace_back(item.key(), item.value());
   return named;
 }
 
@@ -818,8 +819,8 @@ class CheckFreq final : public Method {
 class WeightFiles final : public Method, public hooks::StepObserver {
  public:
   static Result<std::unique_ptr<WeightFiles>> Create(Workload& w, runtime::Device& device,
-                                                     std::string dir, std::uint64_t k,
-                                                     int workers, std::size_t block_bytes) {
+                                                     std::string dir, std::uint64_t k, int workers,
+                                                     std::size_t block_bytes) {
     auto stepper = hooks::ParameterStepper::Create(*w.optimizer, NamedParameters(w));
     if (!stepper.ok()) return stepper.status();
     (*stepper)->set_block_bytes(block_bytes);
@@ -1120,14 +1121,13 @@ Trial RunTrial(Context& c, const MethodSpec& m, bool keep_files) {
   if (m.family == 1) {
     method = std::make_unique<NoCheckpoint>(c.w, block_bytes);
   } else if (m.family == 2) {
-    method =
-        std::make_unique<TorchSave>(c.w, c.device, c.dir + "/torch-save.pt", m.k, block_bytes);
+    method = std::make_unique<TorchSave>(c.w, c.device, c.dir + "/torch-save.pt", m.k, block_bytes);
   } else if (m.family == 3) {
-    method = std::make_unique<CheckFreq>(c.w, c.device, c.dir + "/" + m.name + ".pt", m.k,
-                                         block_bytes);
+    method =
+        std::make_unique<CheckFreq>(c.w, c.device, c.dir + "/" + m.name + ".pt", m.k, block_bytes);
   } else if (m.family == 4) {
-    auto wf = WeightFiles::Create(c.w, c.device, c.dir + "/" + m.name, m.k, c.o.workers,
-                                  block_bytes);
+    auto wf =
+        WeightFiles::Create(c.w, c.device, c.dir + "/" + m.name, m.k, c.o.workers, block_bytes);
     if (!wf.ok()) return fail(wf.status().ToString());
     method = std::move(wf).value();
   } else {
@@ -1444,7 +1444,8 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
   Context c{o, w, *device, label, dir, iterations};
   const auto methods = AllMethods(o);
   auto rounds_of = [&](const MethodSpec& m) {
-    return target_cell && InTargetCellMethods(m.name) ? std::max(o.repeats, o.target_rounds) : o.repeats;
+    return target_cell && InTargetCellMethods(m.name) ? std::max(o.repeats, o.target_rounds)
+                                                      : o.repeats;
   };
   int rounds = 0;
   for (const auto& m : methods) rounds = std::max(rounds, rounds_of(m));

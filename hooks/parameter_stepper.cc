@@ -85,12 +85,13 @@ std::size_t BlockElements(std::size_t block_bytes, std::size_t element_size) {
   return block_bytes / element_size / 64 * 64;
 }
 
-// Runs `update(range, decayed_grad, temporary)` over consecutive blocks of the
-// flattened `param` and `grad`: `range(t)` is the block of `t`, a flattened
-// tensor shaped like param (Flat), `decayed_grad` the block's gradient plus weight_decay * param
-// (or the gradient itself when weight_decay is 0), `temporary` a block-sized
-// scratch tensor. Every operation of libtorch's update is elementwise, so
-// each element sees exactly the arithmetic of the unblocked step.
+// Runs `update(range, decayed_grad, temporary)` over consecutive blocks of
+// the flattened `param` and `grad`: `range(t)` is the block of `t`, a
+// flattened tensor shaped like param (Flat); `decayed_grad` the block's
+// gradient plus weight_decay * param (the gradient itself when weight_decay
+// is 0); `temporary` a block-sized scratch tensor. Every operation of
+// libtorch's update is elementwise, so each element sees exactly the
+// arithmetic of the unblocked step.
 template <typename Update>
 void ForEachBlock(const torch::Tensor& param, const torch::Tensor& grad, double weight_decay,
                   std::size_t block_bytes, torch::Tensor& scratch, Update&& update) {

@@ -18,6 +18,7 @@ using pmsnap::testing::MakeMlp;
 using pmsnap::testing::Mlp;
 using pmsnap::testing::OptimizerConfig;
 using pmsnap::testing::StepBothAndCompare;
+using pmsnap::testing::UpdatesInBlocks;
 
 template <typename Model>
 std::vector<std::pair<std::string, torch::Tensor>> Named(Model& model) {
@@ -136,9 +137,8 @@ void ForwardBackwardWide(torch::nn::Sequential& model, torch::optim::Optimizer& 
                          std::uint64_t step) {
   optimizer.zero_grad();
   const auto phase = static_cast<float>(step % 89) * 0.29f + 0.07f;
-  torch::Tensor x =
-      torch::sin(torch::arange(16 * 37, torch::kFloat32).reshape({16, 37}) * 0.011f * phase +
-                 phase);
+  torch::Tensor x = torch::sin(
+      torch::arange(16 * 37, torch::kFloat32).reshape({16, 37}) * 0.011f * phase + phase);
   torch::Tensor y = torch::cos(x.narrow(1, 0, 5) * 1.3f);
   torch::mse_loss(model->forward(x), y).backward();
 }
@@ -148,11 +148,6 @@ struct BlockedCase {
   std::size_t block_bytes;
   int torch_threads;
 };
-
-// Adam, AdamW and Adagrad update large parameters block by block.
-bool UpdatesInBlocks(const OptimizerConfig& config) {
-  return config.name.rfind("Adam", 0) == 0 || config.name.rfind("Adagrad", 0) == 0;
-}
 
 class BlockedStepTest : public ::testing::TestWithParam<BlockedCase> {
  protected:
@@ -183,9 +178,8 @@ TEST_P(BlockedStepTest, BlockedUpdatesAreBitwiseIdenticalToPlainStep) {
       plain->step();
       ForwardBackwardWide(stepped_model, *wrapped, k);
       ASSERT_TRUE((*stepper)->Step(nullptr).ok());
-      ASSERT_EQ(pmsnap::testing::FirstBitwiseDifference(plain_model, *plain, stepped_model,
-                                                         *wrapped),
-                "")
+      ASSERT_EQ(
+          pmsnap::testing::FirstBitwiseDifference(plain_model, *plain, stepped_model, *wrapped), "")
           << "after step " << k;
     }
     // Small blocks split every weight and the two 300-element biases; default
@@ -195,14 +189,14 @@ TEST_P(BlockedStepTest, BlockedUpdatesAreBitwiseIdenticalToPlainStep) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    BlockSizesAndThreads, BlockedStepTest,
-    ::testing::Values(BlockedCase{"Blocks256BytesOneThread", 256, 1},
-                      BlockedCase{"Blocks256BytesTwoThreads", 256, 2},
-                      BlockedCase{"DefaultBlocksOneThread", ParameterStepper::kDefaultBlockBytes, 1},
-                      BlockedCase{"DefaultBlocksTwoThreads", ParameterStepper::kDefaultBlockBytes,
-                                  2}),
-    [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(BlockSizesAndThreads, BlockedStepTest,
+                         ::testing::Values(BlockedCase{"Blocks256BytesOneThread", 256, 1},
+                                           BlockedCase{"Blocks256BytesTwoThreads", 256, 2},
+                                           BlockedCase{"DefaultBlocksOneThread",
+                                                       ParameterStepper::kDefaultBlockBytes, 1},
+                                           BlockedCase{"DefaultBlocksTwoThreads",
+                                                       ParameterStepper::kDefaultBlockBytes, 2}),
+                         [](const auto& info) { return info.param.name; });
 
 TEST(BlockedStepTest, OtherOptimizersAndSmallParametersUseTheOptimizersOwnStep) {
   pmsnap::testing::UseOneTorchThread();

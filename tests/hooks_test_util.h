@@ -103,6 +103,12 @@ inline std::vector<OptimizerConfig> AllOptimizerConfigs() {
   };
 }
 
+// Whether ParameterStepper updates large parameters of this configuration's
+// optimizer block by block (Adam, AdamW, Adagrad).
+inline bool UpdatesInBlocks(const OptimizerConfig& config) {
+  return config.name.rfind("Adam", 0) == 0 || config.name.rfind("Adagrad", 0) == 0;
+}
+
 // libtorch's state for parameter `p`: its tensors (undefined ones skipped)
 // and its int64 step (-1 where the optimizer has none). Empty tensors and -2
 // when libtorch has no state for p.
