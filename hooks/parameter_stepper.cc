@@ -499,7 +499,7 @@ bool ParameterStepper::UsesBlockedStep(std::size_t index, const torch::Tensor& g
   const std::size_t block_elements = BlockElements(block_bytes_, param.element_size());
   // A sparse or oddly shaped gradient goes to libtorch, which handles or reports it.
   return block_elements > 0 && param.numel() > static_cast<std::int64_t>(block_elements) &&
-         param.is_floating_point() && grad.layout() == torch::kStrided && grad.is_contiguous() &&
+         param.nbytes() >= min_blocked_bytes_ && param.is_floating_point() && grad.layout() == torch::kStrided && grad.is_contiguous() &&
          grad.sizes() == param.sizes() && grad.dtype() == param.dtype() &&
          grad.device() == param.device();
 }

@@ -50,7 +50,7 @@ TEST_P(CheckpointedEquivalenceTest, FiftyCheckpointedStepsThenRestoreAreBitwiseI
     ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
     // Blocks of 64 floats split the test model's weights: the cache-blocked
     // update (Adam, AdamW, Adagrad) runs while the workers copy.
-    (*checkpointed)->set_optimizer_block_bytes(256);
+    (*checkpointed)->set_optimizer_block_bytes(256, /*min_parameter_bytes=*/0);
     // Each step's extra state is its number, read back by the restore below.
     ASSERT_EQ(StepBothAndCompare(plain_model, *plain, model, *optimizer, 1, 50,
                                  [&] {

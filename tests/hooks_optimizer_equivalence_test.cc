@@ -165,7 +165,7 @@ TEST_P(BlockedStepTest, BlockedUpdatesAreBitwiseIdenticalToPlainStep) {
     auto wrapped = config.make(stepped_model->parameters());
     auto stepper = ParameterStepper::Create(*wrapped, Named(stepped_model));
     ASSERT_TRUE(stepper.ok()) << stepper.status().ToString();
-    (*stepper)->set_block_bytes(GetParam().block_bytes);
+    (*stepper)->set_block_bytes(GetParam().block_bytes, /*min_parameter_bytes=*/0);
     for (std::uint64_t k = 1; k <= 20; ++k) {
       if (k == 11) {  // as an LR scheduler would: the blocked step must read it
         for (torch::optim::Optimizer* optimizer : {plain.get(), wrapped.get()}) {
@@ -207,12 +207,18 @@ TEST(BlockedStepTest, OtherOptimizersAndSmallParametersUseTheOptimizersOwnStep) 
     auto optimizer = config.make(model->parameters());
     auto stepper = ParameterStepper::Create(*optimizer, Named(model));
     ASSERT_TRUE(stepper.ok()) << stepper.status().ToString();
+    // Defaults: every weight here is under kDefaultMinBlockedBytes.
     ForwardBackwardWide(model, *optimizer, 1);
     ASSERT_TRUE((*stepper)->Step(nullptr).ok());
-    // Default blocks: only the 90000-element weight is larger than one.
-    EXPECT_EQ((*stepper)->blocked_updates(), blocked ? 1u : 0u);
-    (*stepper)->set_block_bytes(0);
+    EXPECT_EQ((*stepper)->blocked_updates(), 0u);
+    // Without the size floor only the 90000-element weight is larger than a
+    // default block.
+    (*stepper)->set_block_bytes(ParameterStepper::kDefaultBlockBytes, 0);
     ForwardBackwardWide(model, *optimizer, 2);
+    ASSERT_TRUE((*stepper)->Step(nullptr).ok());
+    EXPECT_EQ((*stepper)->blocked_updates(), blocked ? 1u : 0u);
+    (*stepper)->set_block_bytes(0, 0);
+    ForwardBackwardWide(model, *optimizer, 3);
     ASSERT_TRUE((*stepper)->Step(nullptr).ok());
     EXPECT_EQ((*stepper)->blocked_updates(), blocked ? 1u : 0u);
   }

@@ -161,9 +161,14 @@ class CheckpointedOptimizer {
   runtime::Engine& engine() { return *engine_; }
   runtime::Stats stats() const { return engine_->stats(); }
   const ParameterStepper& stepper() const { return *stepper_; }
-  // Block size of the cache-blocked Adam, AdamW and Adagrad update; 0 turns
-  // it off (ParameterStepper::set_block_bytes).
-  void set_optimizer_block_bytes(std::size_t bytes) { stepper_->set_block_bytes(bytes); }
+  // Block size of the cache-blocked Adam, AdamW and Adagrad update, and the
+  // smallest parameter it applies to; 0 turns it off
+  // (ParameterStepper::set_block_bytes).
+  void set_optimizer_block_bytes(
+      std::size_t bytes,
+      std::size_t min_parameter_bytes = ParameterStepper::kDefaultMinBlockedBytes) {
+    stepper_->set_block_bytes(bytes, min_parameter_bytes);
+  }
   // The embedding checkpointer (null without EmbeddingTables): its
   // tracker(name), last_checkpoint(name) and options().
   diff::EmbeddingCheckpointer* embedding_checkpointer() const { return embeddings_.get(); }

@@ -29,9 +29,10 @@
 // the cache and no temporary is larger than a block. Every element goes
 // through the same kernels as in libtorch's step, so the result is bitwise
 // the same (the equivalence tests check it with blocks small enough to split
-// the test model's tensors); on the 92M-parameter MLP of bench/stall.cc it
-// makes a training iteration about 30% shorter. Other optimizers, and
-// parameters no larger than one block, use the optimizer's own step().
+// the test model's tensors); on the 92M-parameter MLP of bench/stall.cc (64
+// MiB weights) it makes a training iteration about 30% shorter. Other
+// optimizers, and parameters under 32 MiB (kDefaultMinBlockedBytes) or no
+// larger than one block, use the optimizer's own step().
 // libtorch keeps optimizer step counts as int64 fields, not tensors: each
 // parameter gets a one-element int64 "step" tensor mirroring that field
 // (for SGD, the number of updates, which says whether the momentum buffer
@@ -132,7 +133,18 @@ class ParameterStepper {
   // scalar paths of ATen's kernels split every block as they split the whole
   // tensor. 0: the optimizer's own step() for every parameter.
   static constexpr std::size_t kDefaultBlockBytes = std::size_t{256} << 10;
-  void set_block_bytes(std::size_t bytes) { block_bytes_ = bytes; }
+  // Parameters smaller than this keep the optimizer's own step. Measured
+  // (bench/RESULTS.md, stall): below it an unblocked update's working set
+  // stays in the cache and blocks only add per-operation overhead; from 32
+  // MiB on, glibc maps every weight-sized temporary afresh each step (its
+  // mmap threshold never exceeds 32 MiB) and the unblocked update pays the
+  // page faults, which blocks avoid (Adagrad on 32 MiB: 19 ms -> 6.5 ms).
+  static constexpr std::size_t kDefaultMinBlockedBytes = std::size_t{32} << 20;
+  void set_block_bytes(std::size_t bytes,
+                       std::size_t min_parameter_bytes = kDefaultMinBlockedBytes) {
+    block_bytes_ = bytes;
+    min_blocked_bytes_ = min_parameter_bytes;
+  }
   std::size_t block_bytes() const { return block_bytes_; }
   // Parameter updates done block by block so far.
   std::uint64_t blocked_updates() const { return blocked_updates_; }
@@ -165,6 +177,7 @@ class ParameterStepper {
   // The parameter group of each slot (its options: learning rate, betas...).
   std::vector<std::size_t> group_of_slot_;
   std::size_t block_bytes_ = kDefaultBlockBytes;
+  std::size_t min_blocked_bytes_ = kDefaultMinBlockedBytes;
   // Room for BlockedStep's per-block temporaries (reused across steps).
   torch::Tensor block_scratch_;
   std::uint64_t blocked_updates_ = 0;
