@@ -5,9 +5,10 @@
 // Adam, a transformer-encoder stack with Adam, and a DLRM-like model (bottom
 // MLP, embedding-bag tables looked up with Zipf ids, top MLP) with Adagrad.
 // Methods, interleaved round-robin in one process on the same model, all
-// with the same optimizer step (pmsnap's ParameterStepper, whose Adam runs
-// cache-blocked, bitwise libtorch's arithmetic; --block-kib), so that the
-// overhead column is what checkpointing costs and nothing else:
+// with the same optimizer step (pmsnap's ParameterStepper, whose Adam and
+// Adagrad update parameters of 32 MiB or more in cache-sized blocks, bitwise
+// libtorch's arithmetic; --block-kib), so that the overhead column is what
+// checkpointing costs and nothing else:
 //   none               the step, no checkpoint (the reference)
 //   none-libtorch      libtorch's own optimizer.step(), no checkpoint: what a
 //                      libtorch user runs today (not with --block-kib=0)
@@ -116,8 +117,8 @@ struct Options {
   int threads = 1;                         // torch intra-op threads (training)
   int workers = 1;                         // checkpoint worker threads (all methods)
   std::uint64_t part_mib = 4;              // pmsnap part size
-  // Block size of the stepper's cache-blocked Adam update (pmsnap methods
-  // and weight-files); 0: libtorch's own step, as `none` runs it.
+  // Block size of the stepper's cache-blocked update, every method but
+  // none-libtorch; 0: libtorch's own step everywhere (and no none-libtorch).
   std::uint64_t block_kib = hooks::ParameterStepper::kDefaultBlockBytes >> 10;
   double sim_gbps = 12.0;
   double sim_memory_fraction = 0.25;  // simulated device memory / checkpoint bytes
@@ -148,8 +149,8 @@ const char* kUsage =
     "  --threads=N              torch intra-op threads for training (1)\n"
     "  --workers=N              checkpoint worker threads, every method (1)\n"
     "  --part-mib=N             pmsnap part size (4)\n"
-    "  --block-kib=N            block of the stepper's cache-blocked Adam update, pmsnap and\n"
-    "                           weight-files (256; 0: libtorch's own step, as `none`)\n"
+    "  --block-kib=N            block of the stepper's cache-blocked update, every method but\n"
+    "                           none-libtorch (256; 0: libtorch's own step everywhere)\n"
     "  --mlp-in=N --mlp-width=N --mlp-hidden=N --mlp-batch=N   (1024, 4096, 6, 16)\n"
     "  --tf-dim=N --tf-layers=N --tf-heads=N --tf-seq=N --tf-batch=N (512, 4, 8, 64, 8)\n"
     "  --dlrm-tables=N --dlrm-rows=N --dlrm-dim=N --dlrm-batch=N   (8, 100000, 32, 256)\n"
@@ -573,9 +574,10 @@ std::vector<std::pair<std::string, torch::Tensor>> NamedParameters(const Workloa
 }
 
 // The optimizer step every method runs, so that the overhead column measures
-// checkpointing alone: pmsnap's stepper (Adam, AdamW and Adagrad cache-blocked, bitwise
-// libtorch's arithmetic) with `block_bytes`, or libtorch's own step() when 0
-// (the `none-libtorch` reference: what a libtorch user runs today).
+// checkpointing alone: pmsnap's stepper (large Adam, AdamW and Adagrad
+// parameters cache-blocked, bitwise libtorch's arithmetic) with
+// `block_bytes`, or libtorch's own step() when 0 (the `none-libtorch`
+// reference: what a libtorch user runs today).
 class OptimizerStep {
  public:
   OptimizerStep(Workload& w, std::size_t block_bytes) : w_(w) {
