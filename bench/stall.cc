@@ -41,7 +41,10 @@
 // restore in a fresh process that builds the model as a restarted trainer
 // would, taking turns within each round; speedups paired by round.
 // Training runs on --threads cores (torch and OpenBLAS alike), leaving the
-// rest to the checkpoint workers.
+// rest to the checkpoint workers; unless --no-pin, the training thread is
+// pinned to the first CPUs and every method's checkpoint threads (pmsnap's
+// workers through EngineOptions::worker_cpus, CheckFreq's persister, the
+// weight-files workers) to the last --workers CPUs. Restores run unpinned.
 //
 //   pmsnap_bench_stall [--quick] [--help for flags]
 // CSV + PNG under bench/results/ (stall.csv, stall_trials.csv,
@@ -74,6 +77,7 @@
 
 #include "pmsnap/common/child_process.h"
 #include "pmsnap/common/command_line.h"
+#include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/conflict/strategies.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/hooks/optimizer_state.h"
@@ -120,6 +124,9 @@ struct Options {
   // Block size of the stepper's cache-blocked update, every method but
   // none-libtorch; 0: libtorch's own step everywhere (and no none-libtorch).
   std::uint64_t block_kib = hooks::ParameterStepper::kDefaultBlockBytes >> 10;
+  // Training thread on the first CPUs, every method's checkpoint threads on
+  // the last --workers (at least one CPU left for training).
+  bool pin = true;
   double sim_gbps = 12.0;
   double sim_memory_fraction = 0.25;  // simulated device memory / checkpoint bytes
   std::string out = PMSNAP_BENCH_RESULTS_DIR;
@@ -151,6 +158,9 @@ const char* kUsage =
     "  --part-mib=N             pmsnap part size (4)\n"
     "  --block-kib=N            block of the stepper's cache-blocked update, every method but\n"
     "                           none-libtorch (256; 0: libtorch's own step everywhere)\n"
+    "  --no-pin                 leave threads where the OS puts them (default: training on\n"
+    "                           the first CPUs, every method's checkpoint threads on the last\n"
+    "                           --workers CPUs)\n"
     "  --mlp-in=N --mlp-width=N --mlp-hidden=N --mlp-batch=N   (1024, 4096, 6, 16)\n"
     "  --tf-dim=N --tf-layers=N --tf-heads=N --tf-seq=N --tf-batch=N (512, 4, 8, 64, 8)\n"
     "  --dlrm-tables=N --dlrm-rows=N --dlrm-dim=N --dlrm-batch=N   (8, 100000, 32, 256)\n"
@@ -204,6 +214,8 @@ bool ParseFlag(const std::string& key, const std::string& v, Options* o) {
     o->workers = i32();
   } else if (key == "--part-mib") {
     o->part_mib = static_cast<std::uint64_t>(std::stoull(v));
+  } else if (key == "--no-pin") {
+    o->pin = false;
   } else if (key == "--block-kib") {
     o->block_kib = static_cast<std::uint64_t>(std::stoull(v));
   } else if (key == "--mlp-in") {
@@ -553,6 +565,15 @@ struct Counters {
   std::uint64_t conflicts = 0;
 };
 
+// CPUs of every method's checkpoint threads (empty: not pinned; see
+// Options::pin). Set once in main.
+std::vector<int> g_worker_cpus;
+
+// Called first on each checkpoint thread a method starts.
+void PinCheckpointThread() {
+  if (!g_worker_cpus.empty()) (void)PinCurrentThread(g_worker_cpus, "checkpoint threads");
+}
+
 class Method {
  public:
   virtual ~Method() = default;
@@ -666,7 +687,10 @@ class CheckFreq final : public Method {
   CheckFreq(Workload& w, runtime::Device& device, std::string path, std::uint64_t fixed_k,
             std::size_t block_bytes)
       : w_(w), step_(w, block_bytes), device_(device), path_(std::move(path)), fixed_k_(fixed_k) {
-    thread_ = std::thread([this] { Persister(); });
+    thread_ = std::thread([this] {
+      PinCheckpointThread();
+      Persister();
+    });
   }
   ~CheckFreq() override { (void)Finish(); }
 
@@ -905,7 +929,12 @@ class WeightFiles final : public Method, public hooks::StepObserver {
       u.staging = Staging(u.live);
       units_.push_back(std::move(u));
     }
-    for (int i = 0; i < std::max(1, workers); ++i) threads_.emplace_back([this] { Worker(); });
+    for (int i = 0; i < std::max(1, workers); ++i) {
+      threads_.emplace_back([this] {
+        PinCheckpointThread();
+        Worker();
+      });
+    }
   }
   std::string EpochDir(std::uint64_t e) const { return dir_ + "/e" + std::to_string(e); }
   void Enqueue(std::size_t i) {  // mutex_ held
@@ -1099,6 +1128,7 @@ runtime::EngineOptions PmsnapOptions(const Context& c, const MethodSpec& m) {
   e.pool_path = PoolPath(c, m.name);
   e.pool_options.part_bytes = c.o.part_mib << 20;
   e.workers = c.o.workers;
+  e.worker_cpus = g_worker_cpus;
   e.device = &c.device;
   if (m.never_checkpoints)
     e.policy = std::make_shared<NeverPolicy>();
@@ -1741,6 +1771,11 @@ int main(int argc, char** argv) {
   if (set_blas_threads != nullptr) set_blas_threads(o.threads);
   torch::manual_seed(1);
   if (!o.restore_child.empty()) {
+    // A restart is not pinned: undo the training CPU mask inherited from the
+    // parent, so the restore's workers may use every CPU.
+    std::vector<int> every_cpu(static_cast<std::size_t>(ConfiguredCpus()));
+    for (std::size_t cpu = 0; cpu < every_cpu.size(); ++cpu) every_cpu[cpu] = static_cast<int>(cpu);
+    (void)PinCurrentThread(every_cpu, "restore child");
     try {
       return RunRestoreChild(o);
     } catch (const std::exception& e) {
@@ -1750,12 +1785,26 @@ int main(int argc, char** argv) {
   }
   o.command_line.assign(argv, argv + argc);
   const auto start = Clock::now();
+  std::string pinning = "threads not pinned";
+  const std::vector<int> cpus = AllowedCpus();
+  if (o.pin && cpus.size() >= 2) {
+    const std::size_t workers = std::min<std::size_t>(cpus.size() - 1, o.workers);
+    const std::vector<int> training(cpus.begin(), cpus.end() - workers);
+    g_worker_cpus.assign(cpus.end() - workers, cpus.end());
+    Status pinned = PinCurrentThread(training, "training thread");
+    if (!pinned.ok()) {
+      std::fprintf(stderr, "pmsnap_bench_stall: %s\n", pinned.ToString().c_str());
+      return 1;
+    }
+    pinning = "training on CPU " + CpuList(training) + ", checkpoint threads on CPU " +
+              CpuList(g_worker_cpus);
+  }
   std::printf(
       "pmsnap_bench_stall: %u hardware threads, torch intra-op threads %d (OpenBLAS %s), %d "
-      "checkpoint worker(s) per method, pmsnap parts %llu MiB, stepper's Adam blocks %llu KiB, "
+      "checkpoint worker(s) per method, %s, pmsnap parts %llu MiB, stepper's blocks %llu KiB, "
       "files and pools in %s\n",
       std::thread::hardware_concurrency(), o.threads,
-      set_blas_threads != nullptr ? "capped alike" : "not found", o.workers,
+      set_blas_threads != nullptr ? "capped alike" : "not found", o.workers, pinning.c_str(),
       static_cast<unsigned long long>(o.part_mib), static_cast<unsigned long long>(o.block_kib),
       o.dir.c_str());
   Results results;

@@ -3,16 +3,20 @@
 #include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
+#include <tbb/task_scheduler_observer.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <unordered_map>
 
+#include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/runtime/cuda_device.h"
 
 namespace pmsnap::runtime {
@@ -61,6 +65,30 @@ struct Epoch {
 
 }  // namespace
 
+// Pins every worker thread that enters `arena` to `cpus`; `on_error` gets a
+// refusal (CPUs outside the process's cpuset), once per observer.
+class WorkerPinning final : public tbb::task_scheduler_observer {
+ public:
+  WorkerPinning(tbb::task_arena& arena, std::vector<int> cpus,
+                std::function<void(const Status&)> on_error)
+      : tbb::task_scheduler_observer(arena),
+        cpus_(std::move(cpus)),
+        on_error_(std::move(on_error)) {
+    observe(true);
+  }
+  ~WorkerPinning() override { observe(false); }
+  void on_scheduler_entry(bool is_worker) override {
+    if (!is_worker) return;
+    Status pinned = PinCurrentThread(cpus_, "EngineOptions::worker_cpus");
+    if (!pinned.ok() && !reported_.exchange(true)) on_error_(pinned);
+  }
+
+ private:
+  std::vector<int> cpus_;
+  std::function<void(const Status&)> on_error_;
+  std::atomic<bool> reported_{false};
+};
+
 struct Engine::Impl {
   EngineOptions options;
   std::vector<UnitRegistration> units;
@@ -76,6 +104,8 @@ struct Engine::Impl {
   std::unique_ptr<tbb::task_arena> arena;
   // One thread: device-side copies in order, like a GPU stream.
   std::unique_ptr<tbb::task_arena> device_stream;
+  // Declared after the arenas: stops observing before they go.
+  std::vector<std::unique_ptr<WorkerPinning>> pinning;
   std::uint64_t model_bytes = 0;
 
   std::atomic<std::uint64_t> outstanding_jobs{0};
@@ -451,6 +481,9 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
     return Status(StatusCode::kInvalidArgument,
                   "EngineOptions::workers must be >= 1, got " + std::to_string(options.workers));
   }
+  if (!options.worker_cpus.empty()) {
+    PMSNAP_RETURN_IF_ERROR(CheckCpus(options.worker_cpus, "EngineOptions::worker_cpus"));
+  }
   const layout::Manifest manifest = ManifestFor(units);
   PMSNAP_RETURN_IF_ERROR(manifest.Validate());
   for (const UnitRegistration& unit : units) {
@@ -530,6 +563,15 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   }
   impl->arena = std::make_unique<tbb::task_arena>(options.workers, /*reserved_for_masters=*/0);
   impl->device_stream = std::make_unique<tbb::task_arena>(1, /*reserved_for_masters=*/0);
+  if (!impl->options.worker_cpus.empty()) {
+    for (tbb::task_arena* arena : {impl->arena.get(), impl->device_stream.get()}) {
+      arena->initialize();
+      Impl* raw = impl.get();
+      impl->pinning.push_back(std::make_unique<WorkerPinning>(
+          *arena, impl->options.worker_cpus,
+          [raw](const Status& status) { raw->RecordError(status); }));
+    }
+  }
   impl->stats.device = impl->device->name();
   impl->stats.strategy = impl->strategy->name();
   impl->stats.policy = impl->policy->name();
@@ -727,6 +769,7 @@ Status Engine::Close(CloseMode mode) {
   impl.WaitEpochIdle();
   impl.ReapIfDone();
   impl.closed = true;
+  impl.pinning.clear();
   impl.arena->terminate();
   impl.device_stream->terminate();
   if (impl.options.print_summary) std::cerr << stats().Summary() << "\n";

@@ -3,10 +3,15 @@
 // hangs, restore is bit-exact.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
+#include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <random>
+#include <set>
 
+#include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/pmem_layout/pool.h"
 #include "pmsnap/runtime/cuda_device.h"
 #include "pmsnap/runtime/engine.h"
@@ -382,6 +387,71 @@ TEST(EngineTest, CloseAbandonDropsAnEndedEpoch) {
   // both leave a consistent, committed epoch.
   ASSERT_TRUE((*pool)->Latest().ok());
   EXPECT_EQ(model.CompareWithHistory(*(*pool)->Latest()), "");
+}
+
+// Host memory the workers copy through CopyToHost (not the host's fused
+// pool write), noting the CPU each copy ran on.
+class CpuRecordingDevice final : public HostMemoryDevice {
+ public:
+  CpuRecordingDevice() : HostMemoryDevice(1ull << 30) {}
+  DeviceKind kind() const override { return DeviceKind::kSimulated; }
+  std::string name() const override { return "cpu-recording"; }
+  Status CopyToHost(void* dst, const void* src, std::size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    cpus_.insert(sched_getcpu());
+    return Status::Ok();
+  }
+  Status CopyFromHost(void* dst, const void* src, std::size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status CopyInDevice(void* dst, const void* src, std::size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  double EstimateCopyToHostSeconds(std::uint64_t bytes) const override { return bytes / 1e10; }
+  double EstimateInDeviceCopySeconds(std::uint64_t bytes) const override { return bytes / 1e11; }
+  std::set<int> cpus() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cpus_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::set<int> cpus_;
+};
+
+TEST(EngineTest, WorkerCpusPinTheWorkersThatCopy) {
+  TempPoolPath path("engine-pinned");
+  ToyModel model(4, 20000);
+  CpuRecordingDevice device;
+  auto options = Options(path.path());
+  options.device = &device;
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  const int worker_cpu = AllowedCpus().back();
+  options.worker_cpus = {worker_cpu};
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  for (std::uint64_t k = 1; k <= 5; ++k) ASSERT_TRUE(model.Step(**engine, k).ok());
+  ASSERT_TRUE((*engine)->Close().ok());
+  EXPECT_EQ(device.cpus(), std::set<int>{worker_cpu});
+  EXPECT_EQ((*engine)->stats().epochs_committed, 5u);
+  ExpectPoolMatchesHistory(path.path(), model, 5);
+}
+
+TEST(EngineTest, WorkerCpuTheMachineDoesNotHaveIsNamed) {
+  TempPoolPath path("engine-pinned-bad");
+  ToyModel model(1, 100);
+  if (ConfiguredCpus() >= CPU_SETSIZE) GTEST_SKIP() << "every CPU slot exists";
+  auto options = Options(path.path());
+  options.worker_cpus = {0, ConfiguredCpus()};
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(engine.status().message(),
+              HasSubstr("EngineOptions::worker_cpus: CPU " + std::to_string(ConfiguredCpus()) +
+                        " does not exist"));
 }
 
 TEST(EngineTest, HookMisuseIsAnErrorNotACrash) {

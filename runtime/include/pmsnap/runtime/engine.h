@@ -65,6 +65,13 @@ struct EngineOptions {
   bool verify_on_open = true;
   // Worker threads copying and persisting parts.
   int workers = 2;
+  // CPUs the worker threads (and the device-stream thread) run on; empty:
+  // wherever the OS puts them. On a machine with few cores, give them CPUs of
+  // their own and pin the training thread to the others
+  // (pmsnap/common/cpu_affinity.h): the scheduler otherwise tends to run a
+  // worker on the training thread's core right after the training thread
+  // woke it. kInvalidArgument from Open for a CPU this process may not use.
+  std::vector<int> worker_cpus;
   // Where the registered tensors live. Not owned; nullptr: a HostDevice.
   Device* device = nullptr;
   // When epochs start. nullptr: continuous.
