@@ -66,7 +66,10 @@ struct Epoch {
 }  // namespace
 
 // Pins every worker thread that enters `arena` to `cpus`; `on_error` gets a
-// refusal (CPUs outside the process's cpuset), once per observer.
+// refusal (CPUs outside the process's cpuset), once per observer. oneTBB's
+// worker threads serve every arena of the process, and one that left stays
+// pinned: given its former CPUs back (often the training thread's, inherited
+// from whoever created it) it would spin there while idle.
 class WorkerPinning final : public tbb::task_scheduler_observer {
  public:
   WorkerPinning(tbb::task_arena& arena, std::vector<int> cpus,

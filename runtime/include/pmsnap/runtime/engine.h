@@ -70,7 +70,9 @@ struct EngineOptions {
   // their own and pin the training thread to the others
   // (pmsnap/common/cpu_affinity.h): the scheduler otherwise tends to run a
   // worker on the training thread's core right after the training thread
-  // woke it. kInvalidArgument from Open for a CPU this process may not use.
+  // woke it. kInvalidArgument from Open for a CPU the machine does not have;
+  // a CPU outside the process's cpuset surfaces at the next hook. oneTBB's
+  // worker threads that ran engine work stay on these CPUs.
   std::vector<int> worker_cpus;
   // Where the registered tensors live. Not owned; nullptr: a HostDevice.
   Device* device = nullptr;
