@@ -302,17 +302,13 @@ TEST(EngineTest, ExtraStateOverCapacityAbandonsThatEpochOnly) {
   ExpectPoolMatchesHistory(path.path(), model, 3);
 }
 
-// A device whose copies fail after a number of successes (an I/O error).
-class FailingDevice final : public HostMemoryDevice {
+// Host memory behind the device interface, as a device that is not the
+// host (the workers copy through CopyToHost rather than the host's fused pool
+// write); each test device decides what CopyToHost does.
+class MemcpyDevice : public HostMemoryDevice {
  public:
-  explicit FailingDevice(int successes) : HostMemoryDevice(1 << 20), left_(successes) {}
+  explicit MemcpyDevice(std::uint64_t capacity) : HostMemoryDevice(capacity) {}
   DeviceKind kind() const override { return DeviceKind::kSimulated; }
-  std::string name() const override { return "failing"; }
-  Status CopyToHost(void* dst, const void* src, std::size_t bytes) override {
-    if (left_.fetch_sub(1) <= 0) return Status(StatusCode::kIOError, "injected copy failure");
-    std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
   Status CopyFromHost(void* dst, const void* src, std::size_t bytes) override {
     std::memcpy(dst, src, bytes);
     return Status::Ok();
@@ -323,6 +319,18 @@ class FailingDevice final : public HostMemoryDevice {
   }
   double EstimateCopyToHostSeconds(std::uint64_t) const override { return 0; }
   double EstimateInDeviceCopySeconds(std::uint64_t) const override { return 0; }
+};
+
+// A device whose copies fail after a number of successes (an I/O error).
+class FailingDevice final : public MemcpyDevice {
+ public:
+  explicit FailingDevice(int successes) : MemcpyDevice(1 << 20), left_(successes) {}
+  std::string name() const override { return "failing"; }
+  Status CopyToHost(void* dst, const void* src, std::size_t bytes) override {
+    if (left_.fetch_sub(1) <= 0) return Status(StatusCode::kIOError, "injected copy failure");
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
 
  private:
   std::atomic<int> left_;
@@ -389,12 +397,10 @@ TEST(EngineTest, CloseAbandonDropsAnEndedEpoch) {
   EXPECT_EQ(model.CompareWithHistory(*(*pool)->Latest()), "");
 }
 
-// Host memory the workers copy through CopyToHost (not the host's fused
-// pool write), noting the CPU each copy ran on.
-class CpuRecordingDevice final : public HostMemoryDevice {
+// Notes the CPU each worker copy ran on.
+class CpuRecordingDevice final : public MemcpyDevice {
  public:
-  CpuRecordingDevice() : HostMemoryDevice(1ull << 30) {}
-  DeviceKind kind() const override { return DeviceKind::kSimulated; }
+  CpuRecordingDevice() : MemcpyDevice(1ull << 30) {}
   std::string name() const override { return "cpu-recording"; }
   Status CopyToHost(void* dst, const void* src, std::size_t bytes) override {
     std::memcpy(dst, src, bytes);
@@ -402,16 +408,6 @@ class CpuRecordingDevice final : public HostMemoryDevice {
     cpus_.insert(sched_getcpu());
     return Status::Ok();
   }
-  Status CopyFromHost(void* dst, const void* src, std::size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
-  Status CopyInDevice(void* dst, const void* src, std::size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
-  double EstimateCopyToHostSeconds(std::uint64_t bytes) const override { return bytes / 1e10; }
-  double EstimateInDeviceCopySeconds(std::uint64_t bytes) const override { return bytes / 1e11; }
   std::set<int> cpus() {
     std::lock_guard<std::mutex> lock(mutex_);
     return cpus_;
