@@ -68,6 +68,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -1774,7 +1775,7 @@ int main(int argc, char** argv) {
     // A restart is not pinned: undo the training CPU mask inherited from the
     // parent, so the restore's workers may use every CPU.
     std::vector<int> every_cpu(static_cast<std::size_t>(ConfiguredCpus()));
-    for (std::size_t cpu = 0; cpu < every_cpu.size(); ++cpu) every_cpu[cpu] = static_cast<int>(cpu);
+    std::iota(every_cpu.begin(), every_cpu.end(), 0);
     (void)PinCurrentThread(every_cpu, "restore child");
     try {
       return RunRestoreChild(o);

@@ -86,24 +86,23 @@ std::size_t BlockElements(std::size_t block_bytes, std::size_t element_size) {
 }
 
 // Runs `update(range, decayed_grad, temporary)` over consecutive blocks of
-// the flattened `param` and `grad`: `range(t)` is the block of `t`, a
-// flattened tensor shaped like param (Flat); `decayed_grad` the block's
-// gradient plus weight_decay * param (the gradient itself when weight_decay
-// is 0); `temporary` a block-sized scratch tensor. Every operation of
-// libtorch's update is elementwise, so each element sees exactly the
-// arithmetic of the unblocked step.
+// `params` (the flattened parameter, Flat) and `grad`: `range(t)` is the
+// block of `t`, a flattened tensor shaped like params; `decayed_grad` the
+// block's gradient plus weight_decay * param (the gradient itself when
+// weight_decay is 0); `temporary` a block-sized scratch tensor. Every
+// operation of libtorch's update is elementwise, so each element sees
+// exactly the arithmetic of the unblocked step.
 template <typename Update>
-void ForEachBlock(const torch::Tensor& param, const torch::Tensor& grad, double weight_decay,
+void ForEachBlock(const torch::Tensor& params, const torch::Tensor& grad, double weight_decay,
                   std::size_t block_bytes, torch::Tensor& scratch, Update&& update) {
   torch::NoGradGuard no_grad;
   const std::int64_t block =
-      static_cast<std::int64_t>(BlockElements(block_bytes, param.element_size()));
-  if (!scratch.defined() || scratch.dtype() != param.dtype() || scratch.numel() < 2 * block) {
-    scratch = torch::empty({2 * block}, param.options());
+      static_cast<std::int64_t>(BlockElements(block_bytes, params.element_size()));
+  if (!scratch.defined() || scratch.dtype() != params.dtype() || scratch.numel() < 2 * block) {
+    scratch = torch::empty({2 * block}, params.options());
   }
-  const torch::Tensor p = param.view({-1});
   const torch::Tensor g = grad.view({-1});
-  const std::int64_t n = p.numel();
+  const std::int64_t n = params.numel();
   for (std::int64_t begin = 0; begin < n; begin += block) {
     const std::int64_t length = std::min(block, n - begin);
     auto range = [&](const torch::Tensor& flat) { return flat.narrow(0, begin, length); };
@@ -111,7 +110,7 @@ void ForEachBlock(const torch::Tensor& param, const torch::Tensor& grad, double 
     if (weight_decay != 0) {
       // libtorch: grad = grad.add(p, weight_decay), a temporary per step.
       torch::Tensor decayed = scratch.narrow(0, block, length);
-      g_block = at::add_out(decayed, g_block, p.narrow(0, begin, length), weight_decay);
+      g_block = at::add_out(decayed, g_block, range(params), weight_decay);
     }
     update(range, g_block, scratch.narrow(0, 0, length));
   }
@@ -140,7 +139,7 @@ void BlockedAdamUpdate(const Options& options, State& state, bool decoupled_deca
   const torch::Tensor exp_avg = Flat(state.exp_avg());
   const torch::Tensor exp_avg_sq = Flat(state.exp_avg_sq());
   const torch::Tensor max_exp_avg_sq = Flat(state.max_exp_avg_sq());
-  ForEachBlock(param, grad, decoupled_decay ? 0.0 : options.weight_decay(), block_bytes, scratch,
+  ForEachBlock(params, grad, decoupled_decay ? 0.0 : options.weight_decay(), block_bytes, scratch,
                [&](const auto& range, const torch::Tensor& g, torch::Tensor denom) {
                  torch::Tensor p = range(params);
                  torch::Tensor m = range(exp_avg);
@@ -169,7 +168,7 @@ void BlockedAdagradUpdate(const optim::AdagradOptions& options, optim::AdagradPa
       options.lr() / (1 + static_cast<double>(state.step() - 1) * options.lr_decay());
   const torch::Tensor params = Flat(param);
   const torch::Tensor sums = Flat(state.sum());
-  ForEachBlock(param, grad, options.weight_decay(), block_bytes, scratch,
+  ForEachBlock(params, grad, options.weight_decay(), block_bytes, scratch,
                [&](const auto& range, const torch::Tensor& g, torch::Tensor std_dev) {
                  torch::Tensor p = range(params);
                  torch::Tensor sum = range(sums);
@@ -499,7 +498,8 @@ bool ParameterStepper::UsesBlockedStep(std::size_t index, const torch::Tensor& g
   const std::size_t block_elements = BlockElements(block_bytes_, param.element_size());
   // A sparse or oddly shaped gradient goes to libtorch, which handles or reports it.
   return block_elements > 0 && param.numel() > static_cast<std::int64_t>(block_elements) &&
-         param.nbytes() >= min_blocked_bytes_ && param.is_floating_point() && grad.layout() == torch::kStrided && grad.is_contiguous() &&
+         param.nbytes() >= min_blocked_bytes_ && param.is_floating_point() &&
+         grad.layout() == torch::kStrided && grad.is_contiguous() &&
          grad.sizes() == param.sizes() && grad.dtype() == param.dtype() &&
          grad.device() == param.device();
 }

@@ -164,9 +164,8 @@ class CheckpointedOptimizer {
   // Block size of the cache-blocked Adam, AdamW and Adagrad update, and the
   // smallest parameter it applies to; 0 turns it off
   // (ParameterStepper::set_block_bytes).
-  void set_optimizer_block_bytes(
-      std::size_t bytes,
-      std::size_t min_parameter_bytes = ParameterStepper::kDefaultMinBlockedBytes) {
+  void set_optimizer_block_bytes(std::size_t bytes, std::size_t min_parameter_bytes =
+                                                        ParameterStepper::kDefaultMinBlockedBytes) {
     stepper_->set_block_bytes(bytes, min_parameter_bytes);
   }
   // The embedding checkpointer (null without EmbeddingTables): its
