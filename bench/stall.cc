@@ -26,7 +26,7 @@
 //   pmsnap-hooks-only  control: steps through the hooks, never checkpoints; its
 //                      distance from `none` is hook cost plus the VM's noise
 // The overhead target's cell (mlp/host) runs none, none-libtorch,
-// pmsnap-adaptive-k1 and the control for --target-rounds rounds (5), the rest
+// pmsnap-adaptive-k1 and the control for --target-rounds rounds (16), the rest
 // for --repeats (2).
 // Devices: "host" (CPU tensors) and "simulated" (SimulatedDevice: the state
 // sits behind a modelled 12 GB/s link with limited device memory; every
@@ -36,7 +36,10 @@
 // `none` (paired per round, median and range of rounds), training-thread
 // stall split into conflict waits / boundary waits / copies / synchronous
 // saves / hook overhead, checkpoints committed per minute, bytes written, the
-// longest interval K for which overhead stays under 3.5%, and restore time of
+// longest interval K for which overhead stays under 3.5%, the training
+// thread's CPU cycles and instructions per iteration (perf_event_open, when
+// the kernel allows it: an overhead with the same instructions in more cycles
+// is interference, e.g. a worker's memory traffic), and restore time of
 // the newest checkpoint (pmsnap straight from the pool vs torch::load), each
 // restore in a fresh process that builds the model as a restarted trainer
 // would, taking turns within each round; speedups paired by round.
@@ -51,10 +54,14 @@
 // stall_restore.csv, stall.png).
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <linux/perf_event.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -74,6 +81,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "pmsnap/common/child_process.h"
@@ -116,8 +124,11 @@ struct Options {
   // up so a trial lasts about this long.
   double trial_seconds = 1.5;
   int restore_rounds = 5;  // restores timed per method (median)
-  int target_rounds = 5;   // rounds of the target cell's methods (InTargetCellMethods)
-  std::uint64_t k = 4;     // interval of torch-save-kK
+  // Rounds of the target cell's methods (InTargetCellMethods). Trials on this
+  // VM land on levels up to +-10% apart (cycles per iteration move with them:
+  // memory placement and neighbours), so the median needs many rounds.
+  int target_rounds = 16;
+  std::uint64_t k = 4;                     // interval of torch-save-kK
   std::vector<std::uint64_t> sweep = {2};  // extra pmsnap-adaptive-kK trials
   int threads = 1;                         // torch intra-op threads (training)
   int workers = 1;                         // checkpoint worker threads (all methods)
@@ -152,7 +163,7 @@ const char* kUsage =
     "  --restore-rounds=N       restores per method, each in a fresh process; median (5)\n"
     "  --target-rounds=N        rounds of none, none-libtorch, pmsnap-adaptive-k1 and\n"
     "                           pmsnap-hooks-only on mlp/host, the overhead target's cell\n"
-    "                           (5; at least --repeats)\n"
+    "                           (16; at least --repeats)\n"
     "  --sweep=2                extra pmsnap-adaptive-kK trials\n"
     "  --threads=N              torch intra-op threads for training (1)\n"
     "  --workers=N              checkpoint worker threads, every method (1)\n"
@@ -564,6 +575,60 @@ struct Counters {
   std::uint64_t commits = 0;
   std::uint64_t bytes = 0;
   std::uint64_t conflicts = 0;
+};
+
+// Hardware counters of the calling (training) thread, kernel time included
+// (page faults zero pages there): they tell whether an overhead is more work
+// on the training thread (instructions) or the same work done slower (cycles
+// per instruction, cache and TLB misses), e.g. memory traffic of a worker on
+// another core. Counters the kernel or the VM does not offer read as absent.
+class ThreadCounters {
+ public:
+  static constexpr int kCount = 5;
+  static constexpr const char* kNames[kCount] = {"cycles", "instructions", "llc_misses",
+                                                 "dtlb_misses", "page_faults"};
+  ThreadCounters() {
+    const std::pair<std::uint32_t, std::uint64_t> events[kCount] = {
+        {PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES},
+        {PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS},
+        {PERF_TYPE_HARDWARE, PERF_COUNT_HW_CACHE_MISSES},
+        {PERF_TYPE_HW_CACHE, PERF_COUNT_HW_CACHE_DTLB | (PERF_COUNT_HW_CACHE_OP_READ << 8) |
+                                 (PERF_COUNT_HW_CACHE_RESULT_MISS << 16)},
+        {PERF_TYPE_SOFTWARE, PERF_COUNT_SW_PAGE_FAULTS}};
+    for (int i = 0; i < kCount; ++i) {
+      perf_event_attr attr{};
+      attr.size = sizeof(attr);
+      attr.type = events[i].first;
+      attr.config = events[i].second;
+      attr.exclude_hv = 1;
+      fds_[i] = static_cast<int>(::syscall(SYS_perf_event_open, &attr, 0, -1, -1, 0));
+      if (fds_[i] < 0) {  // e.g. perf_event_paranoid >= 2 without privileges
+        attr.exclude_kernel = 1;
+        fds_[i] = static_cast<int>(::syscall(SYS_perf_event_open, &attr, 0, -1, -1, 0));
+      }
+    }
+  }
+  ~ThreadCounters() {
+    for (int fd : fds_)
+      if (fd >= 0) ::close(fd);
+  }
+  ThreadCounters(const ThreadCounters&) = delete;
+  ThreadCounters& operator=(const ThreadCounters&) = delete;
+
+  // Current values; -1 for a counter that is not available.
+  std::array<double, kCount> Read() const {
+    std::array<double, kCount> values;
+    for (int i = 0; i < kCount; ++i) {
+      std::uint64_t v = 0;
+      values[i] = fds_[i] >= 0 && ::read(fds_[i], &v, sizeof(v)) == sizeof(v)
+                      ? static_cast<double>(v)
+                      : -1.0;
+    }
+    return values;
+  }
+
+ private:
+  int fds_[kCount] = {-1, -1, -1, -1, -1};
 };
 
 // CPUs of every method's checkpoint threads (empty: not pinned; see
@@ -1033,12 +1098,20 @@ class Pmsnap final : public Method {
     std::uint64_t counts[5] = {0, 0, 0, 0, 0};
     for (const auto& u : last_.units)
       for (int i = 1; i <= 4; ++i) counts[i] += u.strategy_counts[i];
-    char b[160];
+    // The workers' copy rate into the pool over the measured iterations:
+    // slower copies mean longer overlap with training.
+    double copy_seconds = 0;
+    for (std::size_t u = 0; u < last_.units.size(); ++u)
+      copy_seconds += last_.units[u].total_copy_seconds -
+                      (u < base_.units.size() ? base_.units[u].total_copy_seconds : 0.0);
+    const double copied = static_cast<double>(last_.bytes_written - base_.bytes_written);
+    char b[200];
     std::snprintf(
-        b, sizeof(b), "choices s1/s2/s3/s4 %llu/%llu/%llu/%llu, fallbacks %llu",
+        b, sizeof(b), "choices s1/s2/s3/s4 %llu/%llu/%llu/%llu, fallbacks %llu, copies %.1f GB/s",
         static_cast<unsigned long long>(counts[1]), static_cast<unsigned long long>(counts[2]),
         static_cast<unsigned long long>(counts[3]), static_cast<unsigned long long>(counts[4]),
-        static_cast<unsigned long long>(last_.in_device_fallbacks));
+        static_cast<unsigned long long>(last_.in_device_fallbacks),
+        copy_seconds > 0 ? copied / copy_seconds / 1e9 : 0.0);
     return b;
   }
 
@@ -1102,8 +1175,28 @@ std::vector<MethodSpec> AllMethods(const Options& o) {
   return picked;
 }
 
+// "  training thread per iteration: ..." for a trial's progress line; only
+// the counters this machine offers.
+std::string CountersText(const std::array<double, ThreadCounters::kCount>& per_iteration) {
+  std::string text;
+  char item[64];
+  auto add = [&](const char* format, double value) {
+    std::snprintf(item, sizeof(item), format, value);
+    text += item;
+  };
+  const double cycles = per_iteration[0], instructions = per_iteration[1];
+  if (cycles > 0) add(" %.3f Gcycles", cycles / 1e9);
+  if (cycles > 0 && instructions >= 0) add(" IPC %.2f", instructions / cycles);
+  if (per_iteration[2] >= 0) add(" LLC-miss %.1fM", per_iteration[2] / 1e6);
+  if (per_iteration[3] >= 0) add(" dTLB-miss %.2fM", per_iteration[3] / 1e6);
+  if (per_iteration[4] >= 0) add(" faults %.0fK", per_iteration[4] / 1e3);
+  return text.empty() ? text : "  per it:" + text;
+}
+
 struct Trial {
   std::vector<double> iteration_seconds;
+  // Training-thread hardware counters per measured iteration (-1: absent).
+  std::array<double, ThreadCounters::kCount> per_iteration{};
   double wall = 0;
   Counters counters;
   std::string note;
@@ -1171,9 +1264,12 @@ Trial RunTrial(Context& c, const MethodSpec& m, bool keep_files) {
   }
   const int total = c.o.warmup + c.iterations;
   Clock::time_point start{};
+  ThreadCounters counters;
+  std::array<double, ThreadCounters::kCount> at_start{};
   for (int step = 1; step <= total; ++step) {
     if (step == c.o.warmup + 1) {
       method->Mark();
+      at_start = counters.Read();
       start = Clock::now();
     }
     const auto t = Clock::now();
@@ -1186,6 +1282,10 @@ Trial RunTrial(Context& c, const MethodSpec& m, bool keep_files) {
     if (step > c.o.warmup) trial.iteration_seconds.push_back(Since(t));
   }
   trial.wall = Since(start);
+  const auto at_end = counters.Read();
+  for (int i = 0; i < ThreadCounters::kCount; ++i)
+    trial.per_iteration[i] =
+        at_end[i] < 0 || at_start[i] < 0 ? -1.0 : (at_end[i] - at_start[i]) / c.iterations;
   trial.counters = method->Read();
   Status s = method->Finish();
   trial.note = method->Note();
@@ -1208,6 +1308,20 @@ double Quantile(std::vector<double> v, double q) {
   return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
 }
 double Median(const std::vector<double>& v) { return Quantile(v, 0.5); }
+
+// 95% percentile-bootstrap interval of the median of `v` (fixed seed, so a
+// run's table and CSV agree); a single value is its own interval.
+std::pair<double, double> MedianInterval95(const std::vector<double>& v) {
+  if (v.size() < 2) return {Median(v), Median(v)};
+  std::mt19937_64 random(0x5eed);
+  std::uniform_int_distribution<std::size_t> pick(0, v.size() - 1);
+  std::vector<double> medians, sample(v.size());
+  for (int i = 0; i < 4000; ++i) {
+    for (double& x : sample) x = v[pick(random)];
+    medians.push_back(Median(sample));
+  }
+  return {Quantile(medians, 0.025), Quantile(medians, 0.975)};
+}
 double Mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
@@ -1220,6 +1334,11 @@ struct Row {
   std::uint64_t k = 0;  // checkpoint interval (measured: iterations per commit)
   double median_ms = 0, p99_ms = 0, mean_ms = 0, overhead_pct = 0;
   double overhead_min_pct = 0, overhead_max_pct = 0;  // spread over rounds
+  // 95% bootstrap interval of the median overhead (resampled rounds).
+  double overhead_ci_low_pct = 0, overhead_ci_high_pct = 0;
+  // Training-thread CPU cycles per iteration over `none`'s, paired by round
+  // like overhead_pct, and instructions per cycle (medians; NaN: no counters).
+  double cycles_overhead_pct = std::nan(""), ipc = std::nan("");
   Stall stall_per_iter;  // seconds per measured iteration, medians of rounds
   double stall_per_checkpoint_ms = 0;
   double commits_per_min = 0, iterations_per_commit = 0;
@@ -1250,7 +1369,8 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
          "stall_ms_per_iter,conflict_ms,boundary_ms,copy_ms,save_ms,hook_ms,"
          "stall_ms_per_checkpoint,commits_per_min,iterations_per_commit,mb_written_per_iter,"
          "conflicts,cost_per_checkpoint_ms,k_under_3.5pct,rounds,note,overhead_min_pct,"
-         "overhead_max_pct\n";
+         "overhead_max_pct,overhead_ci95_low_pct,overhead_ci95_high_pct,cycles_overhead_pct,"
+         "training_ipc\n";
   for (const auto& r : rows) {
     const double n = 1e3;
     csv << r.workload << "," << r.device << "," << r.method << "," << r.family << "," << r.median_ms
@@ -1262,7 +1382,8 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
         << "," << r.bytes_per_iter / 1e6 << "," << r.conflicts << ","
         << r.cost_per_checkpoint_s * 1e3 << "," << r.k35 << "," << r.rounds_ok << ",\""
         << (r.error.empty() ? r.note : "ERROR " + r.error) << "\"," << r.overhead_min_pct << ","
-        << r.overhead_max_pct << "\n";
+        << r.overhead_max_pct << "," << r.overhead_ci_low_pct << "," << r.overhead_ci_high_pct
+        << "," << r.cycles_overhead_pct << "," << r.ipc << "\n";
   }
   std::ofstream rcsv(o.out + "/" + o.tag + "_restore.csv");
   rcsv << "workload,device,method,open_ms,restore_ms,total_ms,bytes,speedup_vs_torch_load,"
@@ -1499,11 +1620,12 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
       if (trial.ok) {
         std::printf(
             "  [%s/%s] round %d/%d %-22s median %8.1f ms  mean %8.1f ms  stall %7.2f ms/it"
-            "  %3llu ckpt  %s\n",
+            "  %3llu ckpt%s  %s\n",
             w.name.c_str(), label.c_str(), r + 1, rounds_of(m), m.name.c_str(),
             Median(trial.iteration_seconds) * 1e3, mean * 1e3,
             trial.counters.stall.total() / iterations * 1e3,
-            static_cast<unsigned long long>(trial.counters.commits), trial.note.c_str());
+            static_cast<unsigned long long>(trial.counters.commits),
+            CountersText(trial.per_iteration).c_str(), trial.note.c_str());
         for (std::size_t i = 0; i < trial.iteration_seconds.size(); ++i) {
           char line[256];
           std::snprintf(line, sizeof(line), "%s,%s,%s,%d,%zu,%.6f", w.name.c_str(), label.c_str(),
@@ -1528,7 +1650,7 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
     row.method = m.name;
     row.family = m.family;
     std::vector<double> all, means, overheads, conflict, boundary, copy, save, hook, cpm, bytes,
-        per_ckpt, cost, ipc;
+        per_ckpt, cost, ipc, cycle_overheads, instructions_per_cycle;
     for (std::size_t r = 0; r < trials[m.name].size(); ++r) {
       const Trial& t = trials[m.name][r];
       if (!t.ok) {
@@ -1542,6 +1664,10 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
       double base = 0;
       if (r < none.size() && none[r].ok) base = Mean(none[r].iteration_seconds);
       if (base > 0) overheads.push_back((mean / base - 1) * 100);
+      const double cycles = t.per_iteration[0], instructions = t.per_iteration[1];
+      if (cycles > 0 && instructions >= 0) instructions_per_cycle.push_back(instructions / cycles);
+      if (cycles > 0 && r < none.size() && none[r].ok && none[r].per_iteration[0] > 0)
+        cycle_overheads.push_back((cycles / none[r].per_iteration[0] - 1) * 100);
       const double n = static_cast<double>(t.iteration_seconds.size());
       conflict.push_back(t.counters.stall.conflict / n);
       boundary.push_back(t.counters.stall.boundary / n);
@@ -1562,6 +1688,9 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
     row.p99_ms = Quantile(all, 0.99) * 1e3;
     row.mean_ms = Median(means) * 1e3;
     row.overhead_pct = Median(overheads);
+    std::tie(row.overhead_ci_low_pct, row.overhead_ci_high_pct) = MedianInterval95(overheads);
+    if (!cycle_overheads.empty()) row.cycles_overhead_pct = Median(cycle_overheads);
+    if (!instructions_per_cycle.empty()) row.ipc = Median(instructions_per_cycle);
     if (!overheads.empty()) {
       row.overhead_min_pct = *std::min_element(overheads.begin(), overheads.end());
       row.overhead_max_pct = *std::max_element(overheads.begin(), overheads.end());
@@ -1701,11 +1830,19 @@ void PrintTargets(const Results& res) {
                     h->overhead_pct, h->overhead_min_pct, h->overhead_max_pct);
       control = text;
     }
+    std::string cycles;
+    if (!std::isnan(a->cycles_overhead_pct)) {
+      char text[128];
+      std::snprintf(text, sizeof(text), "; training-thread cycles per iteration %+.1f%%",
+                    a->cycles_overhead_pct);
+      cycles = text;
+    }
     std::printf(
         "  pmsnap adaptive every iteration, MLP, host: overhead %+.1f%% over none, the same "
         "optimizer step without checkpoints, i.e. what checkpointing costs (median of %d rounds, "
-        "%+.1f%% to %+.1f%%%s) (target <= 3.5%%): %s\n",
-        a->overhead_pct, a->rounds_ok, a->overhead_min_pct, a->overhead_max_pct, control.c_str(),
+        "95%% interval %+.1f%% to %+.1f%%, rounds %+.1f%% to %+.1f%%%s%s) (target <= 3.5%%): %s\n",
+        a->overhead_pct, a->rounds_ok, a->overhead_ci_low_pct, a->overhead_ci_high_pct,
+        a->overhead_min_pct, a->overhead_max_pct, cycles.c_str(), control.c_str(),
         a->overhead_pct <= 3.5 ? "MET" : "MISSED");
     if (const Row* l = Find(res, kTargetWorkload, kTargetDevice, "none-libtorch")) {
       // From the two medians against `none`.

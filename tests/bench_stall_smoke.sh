@@ -34,4 +34,15 @@ for device in host simulated; do
     }' <<<"$row" || fail "$device/$restore row is incomplete: $row"
   done
 done
+# The overhead's bootstrap interval brackets its median; training-thread
+# counters are positive where the kernel offers them (nan where it does not).
+python3 - "$out/stall.csv" <<'PY' || fail "stall.csv: overhead interval or training-thread counters wrong"
+import csv, math, sys
+for row in csv.DictReader(open(sys.argv[1])):
+    low, mid, high = (float(row[k]) for k in
+                      ("overhead_ci95_low_pct", "overhead_pct", "overhead_ci95_high_pct"))
+    assert low <= mid + 1e-9 <= high + 2e-9, row
+    ipc = float(row["training_ipc"])
+    assert math.isnan(ipc) or ipc > 0, row
+PY
 echo "bench_stall_smoke: restores in fresh processes on host and simulated: ok"
