@@ -133,6 +133,7 @@ struct Options {
   int threads = 1;                         // torch intra-op threads (training)
   int workers = 1;                         // checkpoint worker threads (all methods)
   std::uint64_t part_mib = 4;              // pmsnap part size
+  runtime::CopyStart copy_start = runtime::CopyStart::kAuto;  // pmsnap methods
   // Block size of the stepper's cache-blocked update, every method but
   // none-libtorch; 0: libtorch's own step everywhere (and no none-libtorch).
   std::uint64_t block_kib = hooks::ParameterStepper::kDefaultBlockBytes >> 10;
@@ -168,6 +169,8 @@ const char* kUsage =
     "  --threads=N              torch intra-op threads for training (1)\n"
     "  --workers=N              checkpoint worker threads, every method (1)\n"
     "  --part-mib=N             pmsnap part size (4)\n"
+    "  --copy-start=WHEN        when pmsnap's copies start: auto (after the step on the host,\n"
+    "                           after each update on a device), after-update, after-step\n"
     "  --block-kib=N            block of the stepper's cache-blocked update, every method but\n"
     "                           none-libtorch (256; 0: libtorch's own step everywhere)\n"
     "  --no-pin                 leave threads where the OS puts them (default: training on\n"
@@ -224,6 +227,14 @@ bool ParseFlag(const std::string& key, const std::string& v, Options* o) {
     o->threads = i32();
   } else if (key == "--workers") {
     o->workers = i32();
+  } else if (key == "--copy-start") {
+    const std::map<std::string, runtime::CopyStart> names = {
+        {"auto", runtime::CopyStart::kAuto},
+        {"after-update", runtime::CopyStart::kAfterUpdate},
+        {"after-step", runtime::CopyStart::kAfterStep}};
+    const auto it = names.find(v);
+    if (it == names.end()) return false;
+    o->copy_start = it->second;
   } else if (key == "--part-mib") {
     o->part_mib = static_cast<std::uint64_t>(std::stoull(v));
   } else if (key == "--no-pin") {
@@ -1195,6 +1206,9 @@ std::string CountersText(const std::array<double, ThreadCounters::kCount>& per_i
 
 struct Trial {
   std::vector<double> iteration_seconds;
+  // Of each iteration, the optimizer step with its checkpoint hooks (the
+  // rest is zero_grad + forward + backward): where an overhead lands.
+  std::vector<double> step_seconds;
   // Training-thread hardware counters per measured iteration (-1: absent).
   std::array<double, ThreadCounters::kCount> per_iteration{};
   double wall = 0;
@@ -1223,6 +1237,7 @@ runtime::EngineOptions PmsnapOptions(const Context& c, const MethodSpec& m) {
   e.pool_options.part_bytes = c.o.part_mib << 20;
   e.workers = c.o.workers;
   e.worker_cpus = g_worker_cpus;
+  e.copy_start = c.o.copy_start;
   e.device = &c.device;
   if (m.never_checkpoints)
     e.policy = std::make_shared<NeverPolicy>();
@@ -1274,12 +1289,16 @@ Trial RunTrial(Context& c, const MethodSpec& m, bool keep_files) {
     }
     const auto t = Clock::now();
     c.w.forward_backward(static_cast<std::uint64_t>(step));
+    const auto stepping = Clock::now();
     Status s = method->Step(static_cast<std::uint64_t>(step));
     if (!s.ok()) {
       (void)method->Finish();
       return fail("step " + std::to_string(step) + ": " + s.ToString());
     }
-    if (step > c.o.warmup) trial.iteration_seconds.push_back(Since(t));
+    if (step > c.o.warmup) {
+      trial.iteration_seconds.push_back(Since(t));
+      trial.step_seconds.push_back(Since(stepping));
+    }
   }
   trial.wall = Since(start);
   const auto at_end = counters.Read();
@@ -1339,6 +1358,10 @@ struct Row {
   // Training-thread CPU cycles per iteration over `none`'s, paired by round
   // like overhead_pct, and instructions per cycle (medians; NaN: no counters).
   double cycles_overhead_pct = std::nan(""), ipc = std::nan("");
+  // Mean optimizer step (hooks included) per iteration, and the extra time
+  // per iteration over `none` split into step and zero_grad + forward +
+  // backward (paired by round, medians).
+  double step_ms = 0, extra_step_ms = 0, extra_forward_backward_ms = 0;
   Stall stall_per_iter;  // seconds per measured iteration, medians of rounds
   double stall_per_checkpoint_ms = 0;
   double commits_per_min = 0, iterations_per_commit = 0;
@@ -1370,7 +1393,7 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
          "stall_ms_per_checkpoint,commits_per_min,iterations_per_commit,mb_written_per_iter,"
          "conflicts,cost_per_checkpoint_ms,k_under_3.5pct,rounds,note,overhead_min_pct,"
          "overhead_max_pct,overhead_ci95_low_pct,overhead_ci95_high_pct,cycles_overhead_pct,"
-         "training_ipc\n";
+         "training_ipc,step_ms,extra_step_ms,extra_forward_backward_ms\n";
   for (const auto& r : rows) {
     const double n = 1e3;
     csv << r.workload << "," << r.device << "," << r.method << "," << r.family << "," << r.median_ms
@@ -1383,7 +1406,8 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
         << r.cost_per_checkpoint_s * 1e3 << "," << r.k35 << "," << r.rounds_ok << ",\""
         << (r.error.empty() ? r.note : "ERROR " + r.error) << "\"," << r.overhead_min_pct << ","
         << r.overhead_max_pct << "," << r.overhead_ci_low_pct << "," << r.overhead_ci_high_pct
-        << "," << r.cycles_overhead_pct << "," << r.ipc << "\n";
+        << "," << r.cycles_overhead_pct << "," << r.ipc << "," << r.step_ms << ","
+        << r.extra_step_ms << "," << r.extra_forward_backward_ms << "\n";
   }
   std::ofstream rcsv(o.out + "/" + o.tag + "_restore.csv");
   rcsv << "workload,device,method,open_ms,restore_ms,total_ms,bytes,speedup_vs_torch_load,"
@@ -1393,7 +1417,7 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
          << r.restore_ms << "," << r.total_ms << "," << r.bytes << "," << r.speedup << ","
          << r.speedup_min << "," << r.speedup_max << "\n";
   std::ofstream tcsv(o.out + "/" + o.tag + "_trials.csv");
-  tcsv << "workload,device,method,round,iteration,seconds\n";
+  tcsv << "workload,device,method,round,iteration,seconds,step_seconds\n";
   for (const auto& line : trial_lines) tcsv << line << "\n";
 }
 
@@ -1619,17 +1643,19 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
       const double mean = Mean(trial.iteration_seconds);
       if (trial.ok) {
         std::printf(
-            "  [%s/%s] round %d/%d %-22s median %8.1f ms  mean %8.1f ms  stall %7.2f ms/it"
+            "  [%s/%s] round %d/%d %-22s median %8.1f ms  mean %8.1f ms  step %7.1f ms  stall "
+            "%7.2f ms/it"
             "  %3llu ckpt%s  %s\n",
             w.name.c_str(), label.c_str(), r + 1, rounds_of(m), m.name.c_str(),
-            Median(trial.iteration_seconds) * 1e3, mean * 1e3,
+            Median(trial.iteration_seconds) * 1e3, mean * 1e3, Mean(trial.step_seconds) * 1e3,
             trial.counters.stall.total() / iterations * 1e3,
             static_cast<unsigned long long>(trial.counters.commits),
             CountersText(trial.per_iteration).c_str(), trial.note.c_str());
         for (std::size_t i = 0; i < trial.iteration_seconds.size(); ++i) {
           char line[256];
-          std::snprintf(line, sizeof(line), "%s,%s,%s,%d,%zu,%.6f", w.name.c_str(), label.c_str(),
-                        m.name.c_str(), r + 1, i + 1, trial.iteration_seconds[i]);
+          std::snprintf(line, sizeof(line), "%s,%s,%s,%d,%zu,%.6f,%.6f", w.name.c_str(),
+                        label.c_str(), m.name.c_str(), r + 1, i + 1, trial.iteration_seconds[i],
+                        trial.step_seconds[i]);
           results->trial_lines.push_back(line);
         }
       } else {
@@ -1650,7 +1676,8 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
     row.method = m.name;
     row.family = m.family;
     std::vector<double> all, means, overheads, conflict, boundary, copy, save, hook, cpm, bytes,
-        per_ckpt, cost, ipc, cycle_overheads, instructions_per_cycle;
+        per_ckpt, cost, ipc, cycle_overheads, instructions_per_cycle, steps, extra_steps,
+        extra_forward_backwards;
     for (std::size_t r = 0; r < trials[m.name].size(); ++r) {
       const Trial& t = trials[m.name][r];
       if (!t.ok) {
@@ -1664,6 +1691,13 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
       double base = 0;
       if (r < none.size() && none[r].ok) base = Mean(none[r].iteration_seconds);
       if (base > 0) overheads.push_back((mean / base - 1) * 100);
+      const double step = Mean(t.step_seconds);
+      steps.push_back(step);
+      if (base > 0) {
+        const double base_step = Mean(none[r].step_seconds);
+        extra_steps.push_back(step - base_step);
+        extra_forward_backwards.push_back((mean - step) - (base - base_step));
+      }
       const double cycles = t.per_iteration[0], instructions = t.per_iteration[1];
       if (cycles > 0 && instructions >= 0) instructions_per_cycle.push_back(instructions / cycles);
       if (cycles > 0 && r < none.size() && none[r].ok && none[r].per_iteration[0] > 0)
@@ -1691,6 +1725,9 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
     std::tie(row.overhead_ci_low_pct, row.overhead_ci_high_pct) = MedianInterval95(overheads);
     if (!cycle_overheads.empty()) row.cycles_overhead_pct = Median(cycle_overheads);
     if (!instructions_per_cycle.empty()) row.ipc = Median(instructions_per_cycle);
+    row.step_ms = Median(steps) * 1e3;
+    row.extra_step_ms = Median(extra_steps) * 1e3;
+    row.extra_forward_backward_ms = Median(extra_forward_backwards) * 1e3;
     if (!overheads.empty()) {
       row.overhead_min_pct = *std::min_element(overheads.begin(), overheads.end());
       row.overhead_max_pct = *std::max_element(overheads.begin(), overheads.end());
@@ -1830,12 +1867,16 @@ void PrintTargets(const Results& res) {
                     h->overhead_pct, h->overhead_min_pct, h->overhead_max_pct);
       control = text;
     }
-    std::string cycles;
+    char where[160];
+    std::snprintf(where, sizeof(where),
+                  "; extra per iteration %+.1f ms in the step, %+.1f ms in forward+backward",
+                  a->extra_step_ms, a->extra_forward_backward_ms);
+    std::string cycles = where;
     if (!std::isnan(a->cycles_overhead_pct)) {
       char text[128];
       std::snprintf(text, sizeof(text), "; training-thread cycles per iteration %+.1f%%",
                     a->cycles_overhead_pct);
-      cycles = text;
+      cycles += text;
     }
     std::printf(
         "  pmsnap adaptive every iteration, MLP, host: overhead %+.1f%% over none, the same "

@@ -126,6 +126,11 @@ struct Engine::Impl {
   bool in_step = false;
   bool started_training = false;
   bool capturing = false;  // the current step is captured by `current`
+  // EngineOptions::copy_start resolved for the device.
+  bool copies_after_step = false;
+  // Parts of units captured in this step, held for EndStep when
+  // copies_after_step.
+  std::vector<std::pair<UnitTask*, std::uint32_t>> held_parts;
   std::uint64_t step = 0;
   Clock::time_point last_step_begin{};
   Clock::time_point first_update_in_step{};
@@ -427,10 +432,23 @@ struct Engine::Impl {
       ReleaseUnits(epoch, 1);
       return prepared;
     }
+    const bool hold = copies_after_step && !epoch.step_ended;
     for (std::uint32_t p = 0; p < raw->part_count(); ++p) {
-      if (raw->state(p) == PartState::kPending) Enqueue(&epoch, raw, p);
+      if (raw->state(p) != PartState::kPending) continue;
+      if (hold) {
+        held_parts.emplace_back(raw, p);
+      } else {
+        Enqueue(&epoch, raw, p);
+      }
     }
     return prepared;
+  }
+
+  // Hands the parts held for the end of the step to the workers (an
+  // abandoned epoch's too: its jobs skip the copy but release the epoch).
+  void ReleaseHeldParts() {
+    for (const auto& [task, part] : held_parts) Enqueue(current.get(), task, part);
+    held_parts.clear();
   }
 
   // Abandons the epoch in flight from the training thread.
@@ -444,6 +462,7 @@ struct Engine::Impl {
       epoch.step_ended = true;
     }
     epoch.captured_count = static_cast<std::uint32_t>(units.size());
+    ReleaseHeldParts();
     ReleaseUnits(epoch, never_captured);
     capturing = false;
   }
@@ -524,6 +543,9 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   } else {
     impl->device = options.device;
   }
+  impl->copies_after_step =
+      options.copy_start == CopyStart::kAfterStep ||
+      (options.copy_start == CopyStart::kAuto && impl->device->kind() == DeviceKind::kHost);
   impl->policy = options.policy ? options.policy : std::make_shared<ContinuousPolicy>();
   impl->strategy =
       options.strategy ? options.strategy : std::make_shared<WaitForSnapshotStrategy>();
@@ -736,6 +758,7 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
       }
       epoch.extra_state.assign(extra_state.begin(), extra_state.end());
       epoch.step_ended = true;
+      impl.ReleaseHeldParts();
       impl.ReleaseUnits(epoch, 1);
     }
     impl.capturing = false;

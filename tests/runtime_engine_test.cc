@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/pmem_layout/pool.h"
@@ -448,6 +450,131 @@ TEST(EngineTest, WorkerCpuTheMachineDoesNotHaveIsNamed) {
   EXPECT_THAT(engine.status().message(),
               HasSubstr("EngineOptions::worker_cpus: CPU " + std::to_string(ConfiguredCpus()) +
                         " does not exist"));
+}
+
+// Bytes of fully persisted units, polled until at least `bytes` or
+// `patience` is over.
+std::uint64_t BytesWrittenWithin(const Engine& engine, std::uint64_t bytes,
+                                 std::chrono::milliseconds patience) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  std::uint64_t written = engine.stats().bytes_written;
+  while (written < bytes && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    written = engine.stats().bytes_written;
+  }
+  return written;
+}
+
+std::uint64_t UnitBytes(const Engine& engine) {
+  std::uint64_t bytes = 0;
+  for (const UnitStats& unit : engine.stats().units) bytes += unit.bytes;
+  return bytes;
+}
+
+struct CopyStartCase {
+  const char* name;
+  bool host;  // the host device, or a copying non-host device
+  CopyStart copy_start;
+  bool copies_during_step;
+};
+
+class CopyStartTest : public ::testing::TestWithParam<CopyStartCase> {};
+
+// Whether a step's units are copied while the step still runs: kAuto holds
+// them for EndStep on the host device only. Either way the epoch holds
+// exactly the post-step values.
+TEST_P(CopyStartTest, CopiesStartWhereTheOptionSays) {
+  const CopyStartCase& c = GetParam();
+  TempPoolPath path(std::string("engine-copy-start-") + c.name);
+  ToyModel model(4, 20000);
+  CpuRecordingDevice device;  // any copying non-host device
+  auto options = Options(path.path());
+  if (!c.host) options.device = &device;
+  options.copy_start = c.copy_start;
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const std::uint64_t all = UnitBytes(**engine);
+  for (std::uint64_t k = 1; k <= 3; ++k) {
+    ASSERT_TRUE((*engine)->Flush().ok());
+    const std::uint64_t before = (*engine)->stats().bytes_written;
+    ASSERT_TRUE(model
+                    .Step(**engine, k, -1, "",
+                          [&] {
+                            // Every unit is updated: all of them, or none, get
+                            // copied before EndStep.
+                            const std::uint64_t during =
+                                BytesWrittenWithin(**engine, before + all,
+                                                   c.copies_during_step
+                                                       ? std::chrono::milliseconds(20000)
+                                                       : std::chrono::milliseconds(300)) -
+                                before;
+                            EXPECT_EQ(during, c.copies_during_step ? all : 0u) << "step " << k;
+                          })
+                    .ok());
+    ASSERT_TRUE((*engine)->Flush().ok());
+    EXPECT_EQ((*engine)->stats().bytes_written, before + all);
+    auto latest = (*engine)->pool().Latest();
+    ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+    EXPECT_EQ(latest->iteration(), k);
+    EXPECT_EQ(model.CompareWithHistory(*latest), "") << "step " << k;
+  }
+  ASSERT_TRUE((*engine)->Close().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CopyStartTest,
+    ::testing::Values(CopyStartCase{"HostAuto", true, CopyStart::kAuto, false},
+                      CopyStartCase{"HostAfterUpdate", true, CopyStart::kAfterUpdate, true},
+                      CopyStartCase{"DeviceAuto", false, CopyStart::kAuto, true},
+                      CopyStartCase{"DeviceAfterStep", false, CopyStart::kAfterStep, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Copies released at EndStep over a slow link: the next step's updates
+// conflict with them and wait, and every commit stays exact.
+TEST(EngineTest, CopiesHeldForTheEndOfTheStepStayExactUnderConflicts) {
+  TempPoolPath path("engine-held-conflicts");
+  ToyModel model(6, 30000);
+  SimulatedDeviceOptions sim;
+  sim.copy_bandwidth_gbps = 0.3;
+  SimulatedDevice device(sim);
+  auto options = Options(path.path());
+  options.device = &device;
+  options.copy_start = CopyStart::kAfterStep;
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  for (std::uint64_t k = 1; k <= 20; ++k) ASSERT_TRUE(model.Step(**engine, k).ok());
+  ASSERT_TRUE((*engine)->Close().ok());
+  const Stats stats = (*engine)->stats();
+  EXPECT_GT(stats.conflicts, 0u) << stats.Summary();
+  EXPECT_GE(stats.epochs_committed, 2u);
+  ExpectPoolMatchesHistory(path.path(), model, 1);
+}
+
+// Parts held for EndStep of a step that never ends are released with the
+// abandoned epoch: Close returns and the pool keeps its last commit.
+TEST(EngineTest, AbandonedStepWithHeldCopiesKeepsTheLastCommit) {
+  TempPoolPath path("engine-held-abandon");
+  ToyModel model(4, 20000);
+  auto options = Options(path.path());
+  options.copy_start = CopyStart::kAfterStep;
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE(model.Step(**engine, 1).ok());
+  ASSERT_TRUE((*engine)->Flush().ok());
+  ASSERT_TRUE((*engine)->BeginStep(2).ok());
+  for (std::uint32_t u = 0; u < 2; ++u) {
+    ASSERT_TRUE((*engine)->BeforeUpdate(u).ok());
+    model.Update(u, 2);
+    ASSERT_TRUE((*engine)->AfterUpdate(u).ok());
+  }
+  ASSERT_TRUE((*engine)->Close(CloseMode::kAbandon).ok());
+  auto pool = layout::Pool::Open(path.path());
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  ASSERT_TRUE((*pool)->Latest().ok());
+  EXPECT_EQ((*pool)->Latest()->iteration(), 1u);
+  EXPECT_EQ(model.CompareWithHistory(*(*pool)->Latest()), "");
 }
 
 TEST(EngineTest, HookMisuseIsAnErrorNotACrash) {

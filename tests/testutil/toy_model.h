@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,9 +55,11 @@ class ToyModel {
   }
 
   // One training step through the engine's hooks; units updated in reverse.
-  // `skip_unit` (if >= 0) has no gradient this step.
+  // `skip_unit` (if >= 0) has no gradient this step. `before_end_step` runs
+  // after the last update, before EndStep.
   Status Step(runtime::Engine& engine, std::uint64_t k, int skip_unit = -1,
-              const std::string& extra = "") {
+              const std::string& extra = "",
+              const std::function<void()>& before_end_step = nullptr) {
     Status s = engine.BeginStep(k);
     if (!s.ok()) return s;
     for (std::size_t i = params_.size(); i-- > 0;) {
@@ -67,6 +70,7 @@ class ToyModel {
       s = engine.AfterUpdate(static_cast<std::uint32_t>(i));
       if (!s.ok()) return s;
     }
+    if (before_end_step) before_end_step();
     s = engine.EndStep({reinterpret_cast<const std::byte*>(extra.data()), extra.size()});
     if (s.ok()) Remember(k);
     return s;

@@ -54,6 +54,20 @@ struct UnitRegistration {
   bool encoded = false;
 };
 
+// When the parts of a captured unit go to the workers.
+enum class CopyStart {
+  // kAfterStep on the host device, kAfterUpdate on any other.
+  kAuto,
+  // Right after the unit's update: the most time before its next update.
+  kAfterUpdate,
+  // At EndStep. An optimizer step streams every parameter and its state
+  // through memory; host-memory copies running beside it compete for the
+  // same bandwidth and slow it, while forward and backward, which come next,
+  // leave more of it free. The copies then have one step less to finish
+  // before the unit's next update (a conflict if they do not).
+  kAfterStep,
+};
+
 struct EngineOptions {
   std::string pool_path;
   // Used when the pool is created (an existing pool keeps its own).
@@ -80,6 +94,8 @@ struct EngineOptions {
   std::shared_ptr<IntervalPolicy> policy;
   // What a conflict does. nullptr: strategy 2 (wait for the snapshot).
   std::shared_ptr<ConflictStrategy> strategy;
+  // When captured units' copies start (see CopyStart).
+  CopyStart copy_start = CopyStart::kAuto;
   // Handles units registered with `encoded`; required if there are any.
   std::shared_ptr<Encoder> encoder;
   // Print the one-line stats summary (stderr) at Close.
