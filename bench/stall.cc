@@ -1116,13 +1116,17 @@ class Pmsnap final : public Method {
       copy_seconds += last_.units[u].total_copy_seconds -
                       (u < base_.units.size() ? base_.units[u].total_copy_seconds : 0.0);
     const double copied = static_cast<double>(last_.bytes_written - base_.bytes_written);
-    char b[200];
+    const double held = static_cast<double>(last_.held_bytes - base_.held_bytes);
+    char b[240];
     std::snprintf(
-        b, sizeof(b), "choices s1/s2/s3/s4 %llu/%llu/%llu/%llu, fallbacks %llu, copies %.1f GB/s",
+        b, sizeof(b),
+        "choices s1/s2/s3/s4 %llu/%llu/%llu/%llu, fallbacks %llu, copies %.1f GB/s, %.0f%% after "
+        "the step",
         static_cast<unsigned long long>(counts[1]), static_cast<unsigned long long>(counts[2]),
         static_cast<unsigned long long>(counts[3]), static_cast<unsigned long long>(counts[4]),
         static_cast<unsigned long long>(last_.in_device_fallbacks),
-        copy_seconds > 0 ? copied / copy_seconds / 1e9 : 0.0);
+        copy_seconds > 0 ? copied / copy_seconds / 1e9 : 0.0,
+        copied > 0 ? 100 * held / copied : 0.0);
     return b;
   }
 

@@ -31,6 +31,9 @@ double SecondsSince(Clock::time_point start) {
 constexpr std::size_t kBlockedHistory = 65536;
 // Pseudo part of an encoded unit: the encoder, not a slot, takes the bytes.
 constexpr std::uint32_t kEncodedPart = ~0u;
+// Share of the time between two steps that copies held for EndStep may fill
+// (CopyStart::kAuto on the host); the rest is slack for a slower drain.
+constexpr double kHeldWindowShare = 0.8;
 
 // Adds to an atomic<double> (no fetch_add for floating point before C++20 libs).
 void AtomicAdd(std::atomic<double>& target, double value) {
@@ -61,6 +64,10 @@ struct Epoch {
   std::atomic<bool> committed{false};
   std::atomic<std::int64_t> snapshot_done_ns{0};  // latest part snapshot, since `started`
   std::atomic<std::int64_t> finished_ns{0};
+  // Copies held for EndStep (CopyStart): bytes, and when EndStep released
+  // them (since `started`).
+  std::uint64_t held_bytes = 0;
+  double held_released_seconds = 0;
 };
 
 }  // namespace
@@ -126,10 +133,22 @@ struct Engine::Impl {
   bool in_step = false;
   bool started_training = false;
   bool capturing = false;  // the current step is captured by `current`
-  // EngineOptions::copy_start resolved for the device.
-  bool copies_after_step = false;
-  // Parts of units captured in this step, held for EndStep when
-  // copies_after_step.
+  // EngineOptions::copy_start resolved for the device: kAfterStep holds
+  // every capture for EndStep, kAuto on the host the step's last captures
+  // that fit hold_budget_bytes.
+  bool hold_every_capture = false;
+  bool hold_within_budget = false;
+  // Bytes the workers copy in kHeldWindowShare of the time between EndStep
+  // and the next step's start, at their measured rate (BeginStep).
+  std::uint64_t hold_budget_bytes = 0;
+  std::uint64_t captured_bytes_in_step = 0;
+  Clock::time_point last_step_end{};
+  // The workers' rate, last committed epoch: copying alone (bytes per second
+  // of one worker), and draining held copies from EndStep to the commit
+  // (what the budget needs; 0 until an epoch held some).
+  double worker_bytes_per_second = 0;
+  double held_drain_bytes_per_second = 0;
+  // Parts of units captured in this step, held for EndStep.
   std::vector<std::pair<UnitTask*, std::uint32_t>> held_parts;
   std::uint64_t step = 0;
   Clock::time_point last_step_begin{};
@@ -144,6 +163,7 @@ struct Engine::Impl {
   std::deque<double> blocked_history;
   Clock::time_point opened_at = Clock::now();
   std::atomic<std::uint64_t> bytes_written{0};
+  std::atomic<std::uint64_t> held_bytes{0};
   std::atomic<std::uint64_t> epochs_committed{0};
 
   ~Impl() = default;
@@ -329,11 +349,16 @@ struct Engine::Impl {
     Epoch& epoch = *current;
     std::vector<UnitProfile> profiles;
     const bool committed = epoch.committed.load(std::memory_order_relaxed);
+    double copied_bytes = 0, copy_seconds = 0;
     {
       std::lock_guard<std::mutex> lock(stats_mutex);
       for (std::uint32_t u = 0; u < epoch.tasks.size(); ++u) {
         const UnitTask* task = epoch.tasks[u].get();
         if (task == nullptr) continue;
+        if (!units[u].encoded) {
+          copied_bytes += static_cast<double>(task->bytes());
+          copy_seconds += task->copy_seconds.load();
+        }
         UnitProfile profile;
         profile.unit = u;
         profile.bytes = task->bytes();
@@ -366,6 +391,13 @@ struct Engine::Impl {
         policy_inputs.snapshot_seconds = snapshot;
         policy_inputs.persist_seconds = std::max(0.0, finished - snapshot);
         policy_inputs.have_profile = true;
+        if (copy_seconds > 0) worker_bytes_per_second = copied_bytes / copy_seconds;
+        // Counts only the held bytes as drained after EndStep (others may
+        // still have been copying): errs towards a smaller budget.
+        const double drain = finished - epoch.held_released_seconds;
+        if (epoch.held_bytes > 0 && drain > 0) {
+          held_drain_bytes_per_second = static_cast<double>(epoch.held_bytes) / drain;
+        }
       } else {
         stats.epochs_abandoned += 1;
       }
@@ -432,7 +464,18 @@ struct Engine::Impl {
       ReleaseUnits(epoch, 1);
       return prepared;
     }
-    const bool hold = copies_after_step && !epoch.step_ended;
+    // The first captures of a step are the first updates of the next one:
+    // what cannot be copied between the steps starts now.
+    const std::uint64_t uncaptured =
+        model_bytes - std::min(model_bytes, captured_bytes_in_step);  // this unit's included
+    const bool hold =
+        !epoch.step_ended &&
+        (hold_every_capture || (hold_within_budget && uncaptured <= hold_budget_bytes));
+    captured_bytes_in_step += raw->bytes();
+    if (hold) {
+      held_bytes.fetch_add(raw->bytes(), std::memory_order_relaxed);
+      epoch.held_bytes += raw->bytes();
+    }
     for (std::uint32_t p = 0; p < raw->part_count(); ++p) {
       if (raw->state(p) != PartState::kPending) continue;
       if (hold) {
@@ -543,9 +586,9 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   } else {
     impl->device = options.device;
   }
-  impl->copies_after_step =
-      options.copy_start == CopyStart::kAfterStep ||
-      (options.copy_start == CopyStart::kAuto && impl->device->kind() == DeviceKind::kHost);
+  impl->hold_every_capture = options.copy_start == CopyStart::kAfterStep;
+  impl->hold_within_budget =
+      options.copy_start == CopyStart::kAuto && impl->device->kind() == DeviceKind::kHost;
   impl->policy = options.policy ? options.policy : std::make_shared<ContinuousPolicy>();
   impl->strategy =
       options.strategy ? options.strategy : std::make_shared<WaitForSnapshotStrategy>();
@@ -636,6 +679,16 @@ Status Engine::BeginStep(std::uint64_t step) {
   impl.saw_update_in_step = false;
   impl.blocked_this_step = 0;
   impl.ReapIfDone();
+  impl.captured_bytes_in_step = 0;
+  if (impl.hold_within_budget && impl.last_step_end != Clock::time_point{}) {
+    // Forward and backward: from the last EndStep to this step (a wait in
+    // BeginStep is not time the next copies can have).
+    const double between_steps = std::chrono::duration<double>(start - impl.last_step_end).count();
+    const double rate = impl.held_drain_bytes_per_second > 0
+                            ? impl.held_drain_bytes_per_second
+                            : impl.worker_bytes_per_second * impl.options.workers;
+    impl.hold_budget_bytes = static_cast<std::uint64_t>(kHeldWindowShare * between_steps * rate);
+  }
 
   impl.policy_inputs.device_free_bytes = impl.device->free_bytes();
   if (impl.policy->ShouldCheckpoint(step, impl.policy_inputs)) {
@@ -758,12 +811,14 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
       }
       epoch.extra_state.assign(extra_state.begin(), extra_state.end());
       epoch.step_ended = true;
+      epoch.held_released_seconds = SecondsSince(epoch.started);
       impl.ReleaseHeldParts();
       impl.ReleaseUnits(epoch, 1);
     }
     impl.capturing = false;
   }
   impl.in_step = false;
+  impl.last_step_end = Clock::now();
   impl.AddBlocked(SecondsSince(start));
   {
     std::lock_guard<std::mutex> lock(impl.stats_mutex);
@@ -845,6 +900,7 @@ Stats Engine::stats() const {
   out.policy = impl.policy->name();
   out.epochs_committed = impl.epochs_committed.load(std::memory_order_relaxed);
   out.bytes_written = impl.bytes_written.load(std::memory_order_relaxed);
+  out.held_bytes = impl.held_bytes.load(std::memory_order_relaxed);
   if (impl.encoder) out.encoded_bytes_written = impl.encoder->bytes_written();
   out.peak_device_extra_bytes = impl.device->peak_allocated_bytes();
   out.in_device_fallbacks = impl.strategy->fallbacks();

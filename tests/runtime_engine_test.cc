@@ -480,9 +480,8 @@ struct CopyStartCase {
 
 class CopyStartTest : public ::testing::TestWithParam<CopyStartCase> {};
 
-// Whether a step's units are copied while the step still runs: kAuto holds
-// them for EndStep on the host device only. Either way the epoch holds
-// exactly the post-step values.
+// Whether a step's units are copied while the step still runs. Either way
+// the epoch holds exactly the post-step values.
 TEST_P(CopyStartTest, CopiesStartWhereTheOptionSays) {
   const CopyStartCase& c = GetParam();
   TempPoolPath path(std::string("engine-copy-start-") + c.name);
@@ -524,11 +523,66 @@ TEST_P(CopyStartTest, CopiesStartWhereTheOptionSays) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, CopyStartTest,
-    ::testing::Values(CopyStartCase{"HostAuto", true, CopyStart::kAuto, false},
+    ::testing::Values(CopyStartCase{"HostAfterStep", true, CopyStart::kAfterStep, false},
                       CopyStartCase{"HostAfterUpdate", true, CopyStart::kAfterUpdate, true},
                       CopyStartCase{"DeviceAuto", false, CopyStart::kAuto, true},
                       CopyStartCase{"DeviceAfterStep", false, CopyStart::kAfterStep, false}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// kAuto on the host: with time between steps (forward and backward) for the
+// workers to copy a whole step's captures, they all wait for EndStep, once a
+// committed epoch measured the workers' rate.
+TEST(EngineTest, OnTheHostCopiesThatFitBetweenStepsWaitForTheEndOfTheStep) {
+  TempPoolPath path("engine-auto-hold");
+  ToyModel model(4, 20000);
+  auto options = Options(path.path());
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  const std::uint64_t all = UnitBytes(**engine);
+  for (std::uint64_t k = 1; k <= 4; ++k) {
+    ASSERT_TRUE((*engine)->Flush().ok());
+    const std::uint64_t written = (*engine)->stats().bytes_written;
+    const std::uint64_t held = (*engine)->stats().held_bytes;
+    ASSERT_TRUE(model
+                    .Step(**engine, k, -1, "",
+                          [&] {
+                            if (k < 3) return;  // the rate is known after epoch 1
+                            EXPECT_EQ(BytesWrittenWithin(**engine, written + all,
+                                                         std::chrono::milliseconds(300)),
+                                      written)
+                                << "step " << k;
+                          })
+                    .ok());
+    if (k >= 3) EXPECT_EQ((*engine)->stats().held_bytes - held, all) << "step " << k;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // "forward and backward"
+  }
+  ASSERT_TRUE((*engine)->Close().ok());
+  EXPECT_THAT((*engine)->stats().Summary(), HasSubstr("copied after their step"));
+  ExpectPoolMatchesHistory(path.path(), model, 4);
+}
+
+// kAuto on the host with no time between steps: nothing can be copied
+// there, so every capture is copied right away, as with kAfterUpdate.
+TEST(EngineTest, OnTheHostBackToBackStepsCopyRightAfterEachUpdate) {
+  TempPoolPath path("engine-auto-no-hold");
+  ToyModel model(4, 1000000);
+  auto options = Options(path.path());
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  for (std::uint64_t k = 1; k <= 6; ++k) {
+    ASSERT_TRUE((*engine)->BeginStep(k).ok());
+    for (std::uint32_t u = 0; u < model.unit_count(); ++u) {
+      ASSERT_TRUE((*engine)->BeforeUpdate(u).ok());
+      ASSERT_TRUE((*engine)->AfterUpdate(u).ok());  // no update: only the timing matters
+    }
+    ASSERT_TRUE((*engine)->EndStep().ok());
+  }
+  ASSERT_TRUE((*engine)->Close().ok());
+  EXPECT_GE((*engine)->stats().epochs_committed, 2u);
+  EXPECT_EQ((*engine)->stats().held_bytes, 0u);
+}
 
 // Copies released at EndStep over a slow link: the next step's updates
 // conflict with them and wait, and every commit stays exact.

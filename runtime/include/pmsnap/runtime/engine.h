@@ -56,15 +56,21 @@ struct UnitRegistration {
 
 // When the parts of a captured unit go to the workers.
 enum class CopyStart {
-  // kAfterStep on the host device, kAfterUpdate on any other.
+  // On the host device, the step's last captures wait for EndStep, as many
+  // as the workers copied in the time between the last two steps (forward
+  // and backward) at the rate they drained such copies before (80% of it);
+  // the first captures, whose units the next step updates first, are copied
+  // right away. kAfterUpdate until an epoch measured the rate, and on any
+  // other device.
   kAuto,
   // Right after the unit's update: the most time before its next update.
   kAfterUpdate,
-  // At EndStep. An optimizer step streams every parameter and its state
-  // through memory; host-memory copies running beside it compete for the
-  // same bandwidth and slow it, while forward and backward, which come next,
-  // leave more of it free. The copies then have one step less to finish
-  // before the unit's next update (a conflict if they do not).
+  // Every capture waits for EndStep. An optimizer step streams every
+  // parameter and its state through memory; host-memory copies running
+  // beside it compete for the same bandwidth and slow it, while forward and
+  // backward, which come next, leave more of it free. The copies then have
+  // one step less to finish before the units' next updates: a wait at the
+  // next checkpoint or update if they do not.
   kAfterStep,
 };
 

@@ -33,6 +33,7 @@ struct Stats {
   std::uint64_t epochs_abandoned = 0;
   std::uint64_t bytes_written = 0;          // unit bytes persisted into slots
   std::uint64_t encoded_bytes_written = 0;  // chunk bytes written by the encoder
+  std::uint64_t held_bytes = 0;  // captured bytes whose copies waited for EndStep (CopyStart)
   std::uint64_t conflicts = 0;
   std::uint64_t in_device_fallbacks = 0;  // strategy wanted device memory and fell back to 2
   double blocked_seconds = 0;             // training thread inside hooks, all steps
