@@ -15,7 +15,9 @@
 // after the parameter. Step runs the optimizer one parameter at a time
 // (ParameterStepper: bitwise identical to adam.step()) and calls the
 // Engine's BeginStep / BeforeUpdate / AfterUpdate / EndStep around it, so
-// the workers copy each unit out as soon as its update is done. Restore
+// each unit is captured as soon as its update is done (its copy starts then,
+// or on the host device at the end of the step when it fits between steps:
+// EngineOptions::copy_start). Restore
 // copies the newest committed epoch from the pool mapping straight into the
 // parameters and state tensors (no deserialization).
 //
