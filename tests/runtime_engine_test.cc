@@ -554,7 +554,9 @@ TEST(EngineTest, OnTheHostCopiesThatFitBetweenStepsWaitForTheEndOfTheStep) {
                                 << "step " << k;
                           })
                     .ok());
-    if (k >= 3) EXPECT_EQ((*engine)->stats().held_bytes - held, all) << "step " << k;
+    if (k >= 3) {
+      EXPECT_EQ((*engine)->stats().held_bytes - held, all) << "step " << k;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // "forward and backward"
   }
   ASSERT_TRUE((*engine)->Close().ok());
