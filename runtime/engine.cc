@@ -393,9 +393,10 @@ struct Engine::Impl {
         policy_inputs.have_profile = true;
         if (copy_seconds > 0) worker_bytes_per_second = copied_bytes / copy_seconds;
         // Counts only the held bytes as drained after EndStep (others may
-        // still have been copying): errs towards a smaller budget.
+        // still have been copying): errs towards a smaller budget. A small
+        // held set would mostly time the commit, not the copies.
         const double drain = finished - epoch.held_released_seconds;
-        if (epoch.held_bytes > 0 && drain > 0) {
+        if (epoch.held_bytes >= model_bytes / 4 && drain > 0) {
           held_drain_bytes_per_second = static_cast<double>(epoch.held_bytes) / drain;
         }
       } else {
@@ -465,25 +466,28 @@ struct Engine::Impl {
       return prepared;
     }
     // The first captures of a step are the first updates of the next one:
-    // what cannot be copied between the steps starts now.
-    const std::uint64_t uncaptured =
-        model_bytes - std::min(model_bytes, captured_bytes_in_step);  // this unit's included
-    const bool hold =
-        !epoch.step_ended &&
-        (hold_every_capture || (hold_within_budget && uncaptured <= hold_budget_bytes));
-    captured_bytes_in_step += raw->bytes();
-    if (hold) {
-      held_bytes.fetch_add(raw->bytes(), std::memory_order_relaxed);
-      epoch.held_bytes += raw->bytes();
+    // what cannot be copied between the steps starts now. Slot bytes only:
+    // an encoded unit's encoder writes far less than its table.
+    bool hold = false;
+    if (!epoch.step_ended && !units[u].encoded) {
+      const std::uint64_t uncaptured =
+          model_bytes - std::min(model_bytes, captured_bytes_in_step);  // this unit's included
+      hold = hold_every_capture ||
+             (hold_within_budget && hold_budget_bytes > 0 && uncaptured <= hold_budget_bytes);
+      captured_bytes_in_step += raw->bytes();
     }
+    std::uint64_t held = 0;
     for (std::uint32_t p = 0; p < raw->part_count(); ++p) {
-      if (raw->state(p) != PartState::kPending) continue;
+      if (raw->state(p) != PartState::kPending) continue;  // a strategy took it
       if (hold) {
         held_parts.emplace_back(raw, p);
+        held += raw->part(p).bytes;
       } else {
         Enqueue(&epoch, raw, p);
       }
     }
+    held_bytes.fetch_add(held, std::memory_order_relaxed);
+    epoch.held_bytes += held;
     return prepared;
   }
 
@@ -806,8 +810,12 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
       impl.AbandonCurrent();
     } else {
       // Units without an update this step hold their post-step value now.
-      for (std::uint32_t u = 0; u < impl.units.size() && result.ok(); ++u) {
-        if (epoch.tasks[u] == nullptr) result = impl.Capture(u);
+      // Every one is captured even after an error (the epoch then fails),
+      // or the epoch would wait for them forever.
+      for (std::uint32_t u = 0; u < impl.units.size(); ++u) {
+        if (epoch.tasks[u] != nullptr) continue;
+        Status captured = impl.Capture(u);
+        if (result.ok()) result = captured;
       }
       epoch.extra_state.assign(extra_state.begin(), extra_state.end());
       epoch.step_ended = true;

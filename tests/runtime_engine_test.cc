@@ -565,10 +565,12 @@ TEST(EngineTest, OnTheHostCopiesThatFitBetweenStepsWaitForTheEndOfTheStep) {
 }
 
 // kAuto on the host with no time between steps: nothing can be copied
-// there, so every capture is copied right away, as with kAfterUpdate.
+// there, so captures are copied right away, as with kAfterUpdate. (A unit
+// is 32 MB: only a multi-millisecond preemption between two steps would
+// let one wait, and never the first of a step.)
 TEST(EngineTest, OnTheHostBackToBackStepsCopyRightAfterEachUpdate) {
   TempPoolPath path("engine-auto-no-hold");
-  ToyModel model(4, 1000000);
+  ToyModel model(4, 4000000);
   auto options = Options(path.path());
   options.policy = std::make_shared<EveryKPolicy>(1);
   auto engine = Engine::Open(options, model.Registrations());
@@ -582,8 +584,9 @@ TEST(EngineTest, OnTheHostBackToBackStepsCopyRightAfterEachUpdate) {
     ASSERT_TRUE((*engine)->EndStep().ok());
   }
   ASSERT_TRUE((*engine)->Close().ok());
-  EXPECT_GE((*engine)->stats().epochs_committed, 2u);
-  EXPECT_EQ((*engine)->stats().held_bytes, 0u);
+  const Stats stats = (*engine)->stats();
+  EXPECT_GE(stats.epochs_committed, 2u);
+  EXPECT_LT(stats.held_bytes, stats.bytes_written / 4) << stats.Summary();
 }
 
 // Copies released at EndStep over a slow link: the next step's updates
@@ -603,6 +606,7 @@ TEST(EngineTest, CopiesHeldForTheEndOfTheStepStayExactUnderConflicts) {
   ASSERT_TRUE((*engine)->Close().ok());
   const Stats stats = (*engine)->stats();
   EXPECT_GT(stats.conflicts, 0u) << stats.Summary();
+  EXPECT_GT(stats.held_bytes, 0u);
   EXPECT_GE(stats.epochs_committed, 2u);
   ExpectPoolMatchesHistory(path.path(), model, 1);
 }
@@ -631,6 +635,52 @@ TEST(EngineTest, AbandonedStepWithHeldCopiesKeepsTheLastCommit) {
   ASSERT_TRUE((*pool)->Latest().ok());
   EXPECT_EQ((*pool)->Latest()->iteration(), 1u);
   EXPECT_EQ(model.CompareWithHistory(*(*pool)->Latest()), "");
+}
+
+// A strategy whose preparation of one unit fails once (e.g. device memory
+// it could not get).
+class FailingPreparationStrategy final : public ConflictStrategy {
+ public:
+  explicit FailingPreparationStrategy(std::uint32_t unit) : unit_(unit) {}
+  std::string name() const override { return "failing-preparation"; }
+  Status OnCaptured(UnitTask& task) override {
+    if (task.unit() != unit_ || failed_.exchange(true)) return Status::Ok();
+    return Status(StatusCode::kIOError, "injected preparation failure");
+  }
+  Status Resolve(UnitTask& task) override {
+    task.WaitSnapshotted();
+    return Status::Ok();
+  }
+  StrategyChoice choice(std::uint32_t) const override { return StrategyChoice::kWaitSnapshot; }
+
+ private:
+  std::uint32_t unit_;
+  std::atomic<bool> failed_{false};
+};
+
+// EndStep captures the units the step did not update; one failing must not
+// leave the others uncaptured (the epoch would never finish and Close would
+// hang): the error surfaces and the pool keeps its last commit.
+TEST(EngineTest, CaptureFailureAtEndStepFailsTheEpochWithoutHanging) {
+  TempPoolPath path("engine-endstep-capture-failure");
+  ToyModel model(3, 1000);
+  auto options = Options(path.path());
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  options.strategy = std::make_shared<FailingPreparationStrategy>(0);
+  options.copy_start = CopyStart::kAfterStep;
+  auto engine = Engine::Open(options, model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE((*engine)->BeginStep(1).ok());
+  ASSERT_TRUE((*engine)->BeforeUpdate(2).ok());
+  model.Update(2, 1);
+  ASSERT_TRUE((*engine)->AfterUpdate(2).ok());
+  // Units 0 (fails) and 1 are captured here.
+  EXPECT_EQ((*engine)->EndStep().code(), StatusCode::kIOError);
+  EXPECT_EQ((*engine)->BeginStep(2).code(), StatusCode::kIOError);  // the error stays
+  EXPECT_EQ((*engine)->Close().code(), StatusCode::kIOError);
+  auto pool = layout::Pool::Open(path.path());
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ((*pool)->Latest().status().code(), StatusCode::kNotFound);
 }
 
 TEST(EngineTest, HookMisuseIsAnErrorNotACrash) {
