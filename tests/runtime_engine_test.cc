@@ -36,6 +36,13 @@ EngineOptions Options(const std::string& path) {
   return options;
 }
 
+// Options(path) with a checkpoint at every step.
+EngineOptions EveryStepOptions(const std::string& path) {
+  EngineOptions options = Options(path);
+  options.policy = std::make_shared<EveryKPolicy>(1);
+  return options;
+}
+
 // Reopens the pool read-only-ish and compares its newest epoch with history.
 void ExpectPoolMatchesHistory(const std::string& path, const ToyModel& model,
                               std::uint64_t min_iteration) {
@@ -50,8 +57,7 @@ void ExpectPoolMatchesHistory(const std::string& path, const ToyModel& model,
 TEST(EngineTest, EveryStepWithFlushCommitsExactlyThePostStepValues) {
   TempPoolPath path("engine-every");
   ToyModel model(4, 20000);
-  auto options = Options(path.path());
-  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto options = EveryStepOptions(path.path());
   auto engine = Engine::Open(options, model.Registrations());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   for (std::uint64_t k = 1; k <= 20; ++k) {
@@ -121,8 +127,7 @@ TEST(EngineTest, RestoreCopiesTheNewestEpochIntoTheTensors) {
   TempPoolPath path("engine-restore");
   ToyModel model(3, 5000);
   {
-    auto options = Options(path.path());
-    options.policy = std::make_shared<EveryKPolicy>(1);
+    auto options = EveryStepOptions(path.path());
     auto engine = Engine::Open(options, model.Registrations());
     ASSERT_TRUE(engine.ok());
     for (std::uint64_t k = 1; k <= 7; ++k) ASSERT_TRUE(model.Step(**engine, k, -1, "rng").ok());
@@ -384,8 +389,7 @@ TEST(EngineTest, CloseInsideAStepAbandonsTheEpochAndNeverHangs) {
 TEST(EngineTest, CloseAbandonDropsAnEndedEpoch) {
   TempPoolPath path("engine-close-abandon");
   ToyModel model(3, 1000);
-  auto options = Options(path.path());
-  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto options = EveryStepOptions(path.path());
   auto engine = Engine::Open(options, model.Registrations());
   ASSERT_TRUE(engine.ok());
   ASSERT_TRUE(model.Step(**engine, 1).ok());
@@ -536,8 +540,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(EngineTest, OnTheHostCopiesThatFitBetweenStepsWaitForTheEndOfTheStep) {
   TempPoolPath path("engine-auto-hold");
   ToyModel model(4, 20000);
-  auto options = Options(path.path());
-  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto options = EveryStepOptions(path.path());
   auto engine = Engine::Open(options, model.Registrations());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   const std::uint64_t all = UnitBytes(**engine);
@@ -572,8 +575,7 @@ TEST(EngineTest, OnTheHostCopiesThatFitBetweenStepsWaitForTheEndOfTheStep) {
 TEST(EngineTest, OnTheHostBackToBackStepsCopyRightAfterEachUpdate) {
   TempPoolPath path("engine-auto-no-hold");
   ToyModel model(4, 4000000);
-  auto options = Options(path.path());
-  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto options = EveryStepOptions(path.path());
   auto engine = Engine::Open(options, model.Registrations());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   for (std::uint64_t k = 1; k <= 6; ++k) {
@@ -598,8 +600,7 @@ TEST(EngineTest, OnTheHostBackToBackStepsCopyRightAfterEachUpdate) {
 TEST(EngineTest, OnTheHostOnlyTheLastCapturesOfAStepWait) {
   TempPoolPath path("engine-auto-tail");
   ToyModel model(4, 4000000);
-  auto options = Options(path.path());
-  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto options = EveryStepOptions(path.path());
   auto engine = Engine::Open(options, model.Registrations());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   std::vector<std::uint64_t> unit_bytes;
@@ -701,8 +702,7 @@ class FailingPreparationStrategy final : public ConflictStrategy {
 TEST(EngineTest, CaptureFailureAtEndStepFailsTheEpochWithoutHanging) {
   TempPoolPath path("engine-endstep-capture-failure");
   ToyModel model(3, 1000);
-  auto options = Options(path.path());
-  options.policy = std::make_shared<EveryKPolicy>(1);
+  auto options = EveryStepOptions(path.path());
   options.strategy = std::make_shared<FailingPreparationStrategy>(0);
   options.copy_start = CopyStart::kAfterStep;
   auto engine = Engine::Open(options, model.Registrations());
