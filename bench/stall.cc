@@ -1873,19 +1873,19 @@ void PrintTargets(const Results& res) {
     std::snprintf(where, sizeof(where),
                   "; extra per iteration %+.1f ms in the step, %+.1f ms in forward+backward",
                   a->extra_step_ms, a->extra_forward_backward_ms);
-    std::string cycles = where;
+    std::string details = where;  // where the time went, then cycles
     if (!std::isnan(a->cycles_overhead_pct)) {
       char text[128];
       std::snprintf(text, sizeof(text), "; training-thread cycles per iteration %+.1f%%",
                     a->cycles_overhead_pct);
-      cycles += text;
+      details += text;
     }
     std::printf(
         "  pmsnap adaptive every iteration, MLP, host: overhead %+.1f%% over none, the same "
         "optimizer step without checkpoints, i.e. what checkpointing costs (median of %d rounds, "
         "95%% interval %+.1f%% to %+.1f%%, rounds %+.1f%% to %+.1f%%%s%s) (target <= 3.5%%): %s\n",
         a->overhead_pct, a->rounds_ok, a->overhead_ci_low_pct, a->overhead_ci_high_pct,
-        a->overhead_min_pct, a->overhead_max_pct, cycles.c_str(), control.c_str(),
+        a->overhead_min_pct, a->overhead_max_pct, details.c_str(), control.c_str(),
         a->overhead_pct <= 3.5 ? "MET" : "MISSED");
     if (const Row* l = Find(res, kTargetWorkload, kTargetDevice, "none-libtorch")) {
       // From the two medians against `none`.

@@ -145,7 +145,7 @@ struct Engine::Impl {
   Clock::time_point last_step_end{};
   // The workers' rate, last committed epoch: copying alone (bytes per second
   // of one worker), and draining held copies from EndStep to the commit
-  // (what the budget needs; 0 until an epoch held some).
+  // (what the budget needs; 0 until an epoch held a quarter of the model).
   double worker_bytes_per_second = 0;
   double held_drain_bytes_per_second = 0;
   // Parts of units captured in this step, held for EndStep.
