@@ -378,7 +378,11 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
     options.encoder = checkpointer;
   }
   const std::string pool_path = options.pool_path;
+  // While the pool opens (mostly libpmemobj's boot), the state's pages are
+  // faulted in: the restore or the fill below then writes to mapped memory.
+  stepper->StartPrefault();
   auto engine = runtime::Engine::Open(std::move(options), std::move(units));
+  stepper->FinishPrefault();
   if (!engine.ok()) {
     const Status& status = engine.status();
     if (status.code() == StatusCode::kModelMismatch) {

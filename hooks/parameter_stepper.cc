@@ -205,7 +205,7 @@ const char* OptimizerKindName(OptimizerKind kind) {
 ParameterStepper::ParameterStepper(optim::Optimizer& optimizer, OptimizerKind kind)
     : optimizer_(optimizer), kind_(kind), state_arena_(std::make_unique<StateArena>()) {}
 
-ParameterStepper::~ParameterStepper() = default;
+ParameterStepper::~ParameterStepper() { FinishPrefault(); }
 
 Result<std::unique_ptr<ParameterStepper>> ParameterStepper::Create(
     optim::Optimizer& optimizer,
@@ -428,6 +428,7 @@ void ParameterStepper::AfterOptimizerStep(std::size_t index) {
 }
 
 Status ParameterStepper::InitializeDeferredState() {
+  FinishPrefault();
   try {
     torch::NoGradGuard no_grad;
     while (!deferred_fills_.empty()) {
@@ -440,7 +441,27 @@ Status ParameterStepper::InitializeDeferredState() {
   return Status::Ok();
 }
 
-void ParameterStepper::DiscardDeferredState() { deferred_fills_.clear(); }
+void ParameterStepper::DiscardDeferredState() {
+  FinishPrefault();
+  deferred_fills_.clear();
+}
+
+void ParameterStepper::StartPrefault() {
+  if (prefault_ != nullptr) return;
+  std::vector<std::pair<std::byte*, std::size_t>> ranges;
+  for (const auto& [tensor, fill] : deferred_fills_) {
+    if (tensor.is_cpu()) {
+      ranges.emplace_back(static_cast<std::byte*>(tensor.data_ptr()), tensor.nbytes());
+    }
+  }
+  prefault_ = std::make_unique<PageWarmer>(ranges);
+}
+
+void ParameterStepper::FinishPrefault() {
+  if (prefault_ == nullptr) return;
+  prefault_->Finish();
+  prefault_.reset();
+}
 
 Status ParameterStepper::Step(StepObserver* observer) {
   PMSNAP_RETURN_IF_ERROR(CheckUnchanged());

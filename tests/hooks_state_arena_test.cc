@@ -1,12 +1,15 @@
 // StateArena (hooks/state_arena.h): optimizer state packed into huge-page
 // advised regions. Checks the packing, the alignment the kernel needs for
 // huge pages, and that the memory lives exactly as long as its tensors.
+// PageWarmer: faults in exactly its ranges' pages and changes no byte.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <set>
 #include <vector>
 
 #include "state_arena.h"
@@ -84,6 +87,66 @@ TEST(StateArenaTest, NonCpuTensorsComeFromLibtorch) {
   torch::Tensor meta = arena.EmptyLike(torch::empty({4, 4}, torch::Device(torch::kMeta)));
   EXPECT_TRUE(meta.is_meta());
   EXPECT_EQ(meta.sizes(), (std::vector<std::int64_t>{4, 4}));
+}
+
+// Anonymous memory in 4 KiB pages (no huge page makes one touch fault in
+// its neighbours), unmapped on destruction.
+class SmallPages {
+ public:
+  explicit SmallPages(std::size_t pages)
+      : page_(static_cast<std::size_t>(::sysconf(_SC_PAGESIZE))), bytes_(pages * page_) {
+    base_ = static_cast<std::byte*>(
+        ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    EXPECT_NE(base_, MAP_FAILED);
+    (void)::madvise(base_, bytes_, MADV_NOHUGEPAGE);
+  }
+  ~SmallPages() { ::munmap(base_, bytes_); }
+  std::byte* page(std::size_t i) const { return base_ + i * page_; }
+  std::size_t page_bytes() const { return page_; }
+  std::set<std::size_t> Resident() const {
+    std::vector<unsigned char> residency(bytes_ / page_);
+    EXPECT_EQ(::mincore(base_, bytes_, residency.data()), 0);
+    std::set<std::size_t> resident;
+    for (std::size_t i = 0; i < residency.size(); ++i) {
+      if (residency[i] & 1) resident.insert(i);
+    }
+    return resident;
+  }
+
+ private:
+  std::size_t page_;
+  std::size_t bytes_;
+  std::byte* base_;
+};
+
+TEST(PageWarmerTest, FaultsInExactlyTheRangesPagesAndChangesNoByte) {
+  SmallPages memory(16);
+  const std::size_t page = memory.page_bytes();
+  // Page 5 already holds data; the warmer must leave it as it is.
+  std::memset(memory.page(5), 0xab, page);
+  ASSERT_EQ(memory.Resident(), (std::set<std::size_t>{5}));
+  {
+    // Unaligned ends: pages 2 to 6, and one byte of page 10.
+    PageWarmer warmer({{memory.page(2) + 100, 4 * page + 10 - 100}, {memory.page(10), 1}});
+    warmer.Finish();
+  }
+  EXPECT_EQ(memory.Resident(), (std::set<std::size_t>{2, 3, 4, 5, 6, 10}));
+  for (std::size_t b = 0; b < page; ++b) {
+    ASSERT_EQ(static_cast<unsigned char>(memory.page(5)[b]), 0xab) << "byte " << b;
+  }
+  for (std::size_t b = 0; b < page; ++b) {
+    ASSERT_EQ(static_cast<unsigned char>(memory.page(2)[b]), 0) << "byte " << b;
+  }
+}
+
+TEST(PageWarmerTest, DestructionFinishesTheWorkAndAnEmptyWarmerFinishesAtOnce) {
+  constexpr std::size_t kPages = 4096;  // 16 MiB: several pieces for both threads
+  SmallPages memory(kPages);
+  { PageWarmer warmer({{memory.page(0), kPages * memory.page_bytes()}}); }
+  EXPECT_EQ(memory.Resident().size(), kPages);
+  PageWarmer idle({});
+  idle.Finish();
+  idle.Finish();
 }
 
 }  // namespace

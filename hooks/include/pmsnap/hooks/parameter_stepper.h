@@ -56,6 +56,7 @@
 
 namespace pmsnap::hooks {
 
+class PageWarmer;
 class StateArena;
 
 enum class OptimizerKind : std::uint8_t { kSgd, kAdam, kAdamW, kAdagrad, kRmsprop };
@@ -106,6 +107,17 @@ class ParameterStepper {
   // Forgets the pending fills after every slot tensor was overwritten (a
   // restore).
   void DiscardDeferredState();
+  // Starts faulting in the pages of the state created under
+  // NewState::kDeferred on a thread of its own (see PageWarmer in
+  // state_arena.h), for a caller with other work to do first, such as
+  // opening the pool: the kernel's zeroing of fresh pages then happens beside
+  // that work instead of inside the restore's copy or the fill. Changes no
+  // value. A second call before FinishPrefault does nothing.
+  void StartPrefault();
+  // Helps the prefault finish and waits for it. InitializeDeferredState,
+  // DiscardDeferredState, Step and the destructor call it first: a caller
+  // that writes the state otherwise (a restore) calls it before.
+  void FinishPrefault();
 
   // One optimizer step over every parameter with a defined gradient, last
   // slot first, calling observer->BeforeUpdate(i) / AfterUpdate(i) around
@@ -188,6 +200,7 @@ class ParameterStepper {
   std::vector<std::pair<torch::Tensor, double>> deferred_fills_;
   // Where created state tensors live (huge-page backed, see state_arena.h).
   std::unique_ptr<StateArena> state_arena_;
+  std::unique_ptr<PageWarmer> prefault_;  // while StartPrefault's work runs
 };
 
 }  // namespace pmsnap::hooks
