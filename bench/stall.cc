@@ -1102,7 +1102,13 @@ class Pmsnap final : public Method {
     last_ = s;
     return c;
   }
-  Status Finish() override { return opt_->Close(); }
+  Status Finish() override {
+    Status closed = opt_->Close();
+    // Close drains the epochs still in flight: only now are the bytes held
+    // for the last steps also counted as written.
+    last_ = opt_->stats();
+    return closed;
+  }
   std::string Note() const override {
     std::uint64_t counts[5] = {0, 0, 0, 0, 0};
     for (const auto& u : last_.units)
