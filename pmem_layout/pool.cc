@@ -690,6 +690,25 @@ Status Pool::ReadPart(const SnapshotView& view, std::uint32_t part, void* dst) c
   return CopyAndVerifyPart(view, part, static_cast<std::byte*>(dst));
 }
 
+Status Pool::CopyPart(const SnapshotView& view, std::uint32_t part, void* dst) const {
+  if (dst == nullptr) {
+    return Status(StatusCode::kInvalidArgument, "pool '" + path_ + "': CopyPart into nullptr");
+  }
+  PMSNAP_ASSIGN_OR_RETURN(const std::byte* src, PartSource(view, part));
+  PrefaultPart(view, part);
+  // Not PMEM_F_MEM_NODRAIN: the streaming stores are fenced before return.
+  pmem_memcpy(dst, src, layout_.parts[part].bytes, PMEM_F_MEM_NONTEMPORAL);
+  return Status::Ok();
+}
+
+Result<const std::byte*> Pool::PartSource(const SnapshotView& view, std::uint32_t part) const {
+  if (part >= layout_.parts.size() || view.layout_ != &layout_) {
+    return Status(StatusCode::kInvalidArgument,
+                  "pool '" + path_ + "': no part " + std::to_string(part) + " in this pool's view");
+  }
+  return view.slot_data_ + layout_.parts[part].slot_offset;
+}
+
 Status Pool::VerifyPart(const SnapshotView& view, std::uint32_t part) const {
   return CopyAndVerifyPart(view, part, nullptr);
 }
@@ -709,12 +728,8 @@ void Pool::PrefaultPart(const SnapshotView& view, std::uint32_t part) const {
 }
 
 Status Pool::CopyAndVerifyPart(const SnapshotView& view, std::uint32_t part, std::byte* dst) const {
-  if (part >= layout_.parts.size() || view.layout_ != &layout_) {
-    return Status(StatusCode::kInvalidArgument,
-                  "pool '" + path_ + "': no part " + std::to_string(part) + " in this pool's view");
-  }
+  PMSNAP_ASSIGN_OR_RETURN(const std::byte* src, PartSource(view, part));
   const PartLayout& p = layout_.parts[part];
-  const std::byte* src = view.slot_data_ + p.slot_offset;
   PrefaultPart(view, part);
   std::uint64_t digest = 0;
   std::size_t streamed = 0;

@@ -175,7 +175,9 @@ struct Engine::Impl {
   Result<std::optional<std::uint32_t>> RestoreParts(const layout::SnapshotView& view) {
     const std::vector<layout::PartLayout>& parts = pool->layout().parts;
     const bool verify = pool->data_verification_pending();
-    const bool fused = verify && device->kind() == DeviceKind::kHost;
+    // On the host the pool copies straight into the tensors; a device gets
+    // the part across its link after the check.
+    const bool host = device->kind() == DeviceKind::kHost;
     constexpr std::uint32_t kNone = ~0u;
     std::atomic<std::uint32_t> damaged{kNone};
     std::mutex failure_mutex;
@@ -184,12 +186,16 @@ struct Engine::Impl {
       const layout::PartLayout& part = parts[p];
       std::byte* dst = static_cast<std::byte*>(units[part.unit].tensors[part.tensor].data) +
                        part.offset_in_tensor;
-      if (!verify) pool->PrefaultPart(view, p);
-      Status status = fused ? pool->ReadPart(view, p, dst)
-                            : (verify ? pool->VerifyPart(view, p) : Status::Ok());
-      if (status.ok() && !fused) {
-        status = device->CopyFromHost(
-            dst, view.tensor(part.unit, part.tensor).data() + part.offset_in_tensor, part.bytes);
+      Status status;
+      if (host) {
+        status = verify ? pool->ReadPart(view, p, dst) : pool->CopyPart(view, p, dst);
+      } else {
+        if (!verify) pool->PrefaultPart(view, p);
+        status = verify ? pool->VerifyPart(view, p) : Status::Ok();
+        if (status.ok()) {
+          status = device->CopyFromHost(
+              dst, view.tensor(part.unit, part.tensor).data() + part.offset_in_tensor, part.bytes);
+        }
       }
       if (status.code() == StatusCode::kCorruption) {
         std::uint32_t expected = kNone;
@@ -201,7 +207,7 @@ struct Engine::Impl {
     };
     // The caller joins the workers. A device copy waits on its link while
     // the CPU could check the next part: one more thread keeps both busy.
-    tbb::task_arena restore_arena(options.workers + (fused ? 1 : 2));
+    tbb::task_arena restore_arena(options.workers + (host ? 1 : 2));
     restore_arena.execute([&] {
       tbb::parallel_for(std::uint32_t{0}, static_cast<std::uint32_t>(parts.size()),
                         [&](std::uint32_t p) {

@@ -180,10 +180,12 @@ TEST(PoolTest, PartDestinationAndSealPartPersistExternallyCopiedBytes) {
   EXPECT_EQ(CheckSeededView(manifest, *(*pool)->Latest(), 4), "");
 }
 
+enum class PartRead { kVerified, kUnverified };  // ReadPart, CopyPart
+
 // Reads every part of `view` into per-tensor buffers starting `misalign`
 // bytes past a 64-byte boundary; "" if each equals its seeded content.
 std::string ReadAllPartsAndCompare(const Pool& pool, const SnapshotView& view, std::uint64_t seed,
-                                   std::size_t misalign) {
+                                   std::size_t misalign, PartRead how = PartRead::kVerified) {
   const Manifest& manifest = pool.manifest();
   std::vector<std::vector<std::vector<std::byte>>> buffers(manifest.units.size());
   for (std::uint32_t u = 0; u < manifest.units.size(); ++u) {
@@ -197,7 +199,9 @@ std::string ReadAllPartsAndCompare(const Pool& pool, const SnapshotView& view, s
   };
   for (std::uint32_t p = 0; p < pool.layout().parts.size(); ++p) {
     const PartLayout& part = pool.layout().parts[p];
-    Status read = pool.ReadPart(view, p, at(part.unit, part.tensor) + part.offset_in_tensor);
+    std::byte* dst = at(part.unit, part.tensor) + part.offset_in_tensor;
+    Status read = how == PartRead::kVerified ? pool.ReadPart(view, p, dst)
+                                             : pool.CopyPart(view, p, dst);
     if (!read.ok()) return read.ToString();
   }
   for (std::uint32_t u = 0; u < manifest.units.size(); ++u) {
@@ -245,6 +249,20 @@ TEST(PoolTest, ReadPartCopiesEveryPartBitwiseAndCompletesDeferredVerification) {
   deferred.defer_data_verification = true;
   auto missing = Pool::Open(path.path() + ".missing", deferred);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+}
+
+TEST(PoolTest, CopyPartCopiesEveryPartBitwiseWithoutVerifying) {
+  TempPoolPath path("copy-part");
+  auto pool = OpenDeferredAfterOneEpoch(path, 3, 11);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(ReadAllPartsAndCompare(**pool, *latest, 11, 4, PartRead::kUnverified), "");
+  EXPECT_EQ(ReadAllPartsAndCompare(**pool, *latest, 11, 0, PartRead::kUnverified), "");
+  EXPECT_TRUE((*pool)->data_verification_pending()) << "CopyPart checks nothing";
+  std::vector<std::byte> sink(1 << 20);
+  EXPECT_EQ((*pool)->CopyPart(*latest, 100000, sink.data()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*pool)->CopyPart(*latest, 0, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(PoolTest, PrefaultPartChangesNothingObservableAndIgnoresBadParts) {

@@ -205,6 +205,26 @@ TEST_P(RestoreDeviceTest, RestoreOfADamagedNewestEpochRestoresTheOlderOneBitwise
   ExpectPoolMatchesHistory(path.path(), fresh, 6);
 }
 
+TEST_P(RestoreDeviceTest, RestoreWithoutVerificationCopiesTheNewestEpochBitwise) {
+  auto device = MakeDevice(GetParam());
+  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  TempPoolPath path("engine-restore-unverified");
+  ToyModel model(3, 5000);
+  TrainAndCommitEveryStep(path.path(), model, 6, 0);
+  ToyModel fresh(3, 5000);
+  fresh.Zero();
+  EngineOptions options = Options(path.path());
+  options.device = device->get();
+  options.verify_on_open = false;
+  auto engine = Engine::Open(options, fresh.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto restored = (*engine)->Restore();
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  EXPECT_EQ(restored->iteration, 6u);
+  EXPECT_EQ(fresh.CompareLive(model, 6), "");
+  ASSERT_TRUE((*engine)->Close().ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, RestoreDeviceTest, ::testing::Values("host", "simulated:50:64"),
                          [](const auto& info) {
                            return std::string(info.param).substr(0, info.param[0] == 'h' ? 4 : 9);

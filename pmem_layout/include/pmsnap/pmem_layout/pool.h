@@ -186,6 +186,11 @@ class Pool {
   // Checks a part's checksum without copying it, for callers that copy it by
   // other means (to a GPU).
   Status VerifyPart(const SnapshotView& view, std::uint32_t part) const;
+  // Copies a part of `view` to `dst` without checking its checksum (data
+  // verification off, or already done), with streaming stores as ReadPart:
+  // a restore writes far more than the cache holds. Thread-safe for
+  // distinct parts.
+  Status CopyPart(const SnapshotView& view, std::uint32_t part, void* dst) const;
   // Maps the pages of a part of `view` into the page table ahead of a copy
   // that reads them (ReadPart and VerifyPart do it themselves). Only a hint:
   // on file systems without huge-page mappings (tmpfs) a first read of a
@@ -265,6 +270,9 @@ class Pool {
   std::string PartProblem(std::uint32_t part) const;
   // ReadPart, or with dst == nullptr VerifyPart.
   Status CopyAndVerifyPart(const SnapshotView& view, std::uint32_t part, std::byte* dst) const;
+  // Where part `part` of `view` starts; kInvalidArgument if `view` is not
+  // this pool's or the part is out of range.
+  Result<const std::byte*> PartSource(const SnapshotView& view, std::uint32_t part) const;
   // Records a verified part of the slot awaiting deferred verification.
   void NotePartVerified(int slot, std::uint32_t part) const;
   Result<SnapshotView> MakeView(int slot) const;
