@@ -96,7 +96,10 @@ class CheckpointedOptimizer {
   // Registers every parameter of `optimizer` (named after `module`'s
   // parameters) with its optimizer state as one unit each, then opens the
   // pool at options.pool_path, or creates it if missing. Register every
-  // parameter group before this call.
+  // parameter group before this call. While the pool opens, a second thread
+  // faults in the pages of the optimizer state this object allocates (the
+  // kernel zeroes fresh pages on first touch), so a restart's Restore copies
+  // into mapped memory; it has finished when Create returns.
   // Errors: kModelMismatch if the pool was made for another model, naming
   // the first unit that differs (e.g. a parameter whose shape or dtype
   // changed); kNoSpace if the file system cannot hold a new pool;
