@@ -72,26 +72,43 @@ TEST_P(StepperEquivalenceTest, FiftyStepsAreBitwiseIdenticalToPlainStep) {
             "");
 }
 
+// Two identical models and optimizers, the second stepped by a stepper that
+// defers the state it creates.
+struct DeferredStepperSetup {
+  explicit DeferredStepperSetup(const OptimizerConfig& config)
+      : plain_model(MakeMlp(7)),
+        stepped_model(MakeMlp(7)),
+        plain(config.make(plain_model->parameters())),
+        wrapped(config.make(stepped_model->parameters())),
+        // libtorch's Adagrad makes its state in its constructor: adopted, never deferred.
+        adopts_state(!wrapped->state().empty()),
+        stepper(ParameterStepper::Create(*wrapped, Named(stepped_model),
+                                         ParameterStepper::NewState::kDeferred)) {}
+  // "" if 5 steps of both give bitwise the same parameters and state.
+  std::string StepBothAndCompare() {
+    return pmsnap::testing::StepBothAndCompare(plain_model, *plain, stepped_model, *wrapped, 1, 5,
+                                               [&] { return (*stepper)->Step(nullptr).ok(); });
+  }
+
+  Mlp plain_model;
+  Mlp stepped_model;
+  std::unique_ptr<torch::optim::Optimizer> plain;
+  std::unique_ptr<torch::optim::Optimizer> wrapped;
+  bool adopts_state;
+  Result<std::unique_ptr<ParameterStepper>> stepper;
+};
+
 TEST_P(StepperEquivalenceTest, DeferredStateIsGivenItsInitialValuesBeforeTheFirstStep) {
-  Mlp plain_model = MakeMlp(7);
-  Mlp stepped_model = MakeMlp(7);
-  auto plain = GetParam().make(plain_model->parameters());
-  auto wrapped = GetParam().make(stepped_model->parameters());
-  // libtorch's Adagrad makes its state in its constructor: adopted, never deferred.
-  const bool adopts_state = !wrapped->state().empty();
-  auto stepper = ParameterStepper::Create(*wrapped, Named(stepped_model),
-                                          ParameterStepper::NewState::kDeferred);
-  ASSERT_TRUE(stepper.ok()) << stepper.status().ToString();
+  DeferredStepperSetup setup(GetParam());
+  ASSERT_TRUE(setup.stepper.ok()) << setup.stepper.status().ToString();
   // Whatever the memory held before the fill (here NaN) must not leak into training.
   for (const ParameterSlot& slot :
-       adopts_state ? std::vector<ParameterSlot>{} : (*stepper)->slots()) {
+       setup.adopts_state ? std::vector<ParameterSlot>{} : (*setup.stepper)->slots()) {
     for (const auto& [role, tensor] : slot.state) {
       if (tensor.is_floating_point()) tensor.fill_(std::nan(""));
     }
   }
-  EXPECT_EQ(StepBothAndCompare(plain_model, *plain, stepped_model, *wrapped, 1, 5,
-                               [&] { return (*stepper)->Step(nullptr).ok(); }),
-            "");
+  EXPECT_EQ(setup.StepBothAndCompare(), "");
 }
 
 // Pages of `tensor` that are in memory, and its page count.
@@ -108,19 +125,13 @@ std::pair<std::size_t, std::size_t> ResidentPages(const torch::Tensor& tensor) {
 }
 
 TEST_P(StepperEquivalenceTest, PrefaultMapsTheDeferredStateAndChangesNoValue) {
-  Mlp plain_model = MakeMlp(7);
-  Mlp stepped_model = MakeMlp(7);
-  auto plain = GetParam().make(plain_model->parameters());
-  auto wrapped = GetParam().make(stepped_model->parameters());
-  // libtorch's Adagrad makes its state in its constructor: adopted, never deferred.
-  const bool adopts_state = !wrapped->state().empty();
-  auto stepper = ParameterStepper::Create(*wrapped, Named(stepped_model),
-                                          ParameterStepper::NewState::kDeferred);
-  ASSERT_TRUE(stepper.ok()) << stepper.status().ToString();
+  DeferredStepperSetup setup(GetParam());
+  ASSERT_TRUE(setup.stepper.ok()) << setup.stepper.status().ToString();
+  ParameterStepper& stepper = **setup.stepper;
   // The stepper's own state (not the one-element "step" mirrors) is fresh
   // arena memory: not in memory before its first touch. Adopted state is.
   std::size_t resident_before = 0, pages = 0;
-  for (const ParameterSlot& slot : (*stepper)->slots()) {
+  for (const ParameterSlot& slot : stepper.slots()) {
     for (const auto& [role, tensor] : slot.state) {
       if (role == "step") continue;
       const auto [resident, count] = ResidentPages(tensor);
@@ -128,35 +139,33 @@ TEST_P(StepperEquivalenceTest, PrefaultMapsTheDeferredStateAndChangesNoValue) {
       pages += count;
     }
   }
-  if (!adopts_state && pages > 0) {
+  if (!setup.adopts_state && pages > 0) {
     EXPECT_LT(resident_before, pages);
   }
 
-  (*stepper)->StartPrefault();
-  (*stepper)->FinishPrefault();
-  for (const ParameterSlot& slot : (*stepper)->slots()) {
+  stepper.StartPrefault();
+  stepper.FinishPrefault();
+  for (const ParameterSlot& slot : stepper.slots()) {
     for (const auto& [role, tensor] : slot.state) {
       const auto [resident, count] = ResidentPages(tensor);
       EXPECT_EQ(resident, count) << slot.name << " " << role;
     }
   }
-  if (adopts_state) return;  // the fills below would change training
+  if (setup.adopts_state) return;  // the fills below would change training
 
   // Values set before the prefault survive it (a restore's would too).
-  for (const ParameterSlot& slot : (*stepper)->slots()) {
+  for (const ParameterSlot& slot : stepper.slots()) {
     for (const auto& [role, tensor] : slot.state) tensor.fill_(3);
   }
-  (*stepper)->StartPrefault();
-  (*stepper)->FinishPrefault();
-  for (const ParameterSlot& slot : (*stepper)->slots()) {
+  stepper.StartPrefault();
+  stepper.FinishPrefault();
+  for (const ParameterSlot& slot : stepper.slots()) {
     for (const auto& [role, tensor] : slot.state) {
       EXPECT_TRUE(torch::all(tensor == 3).item<bool>()) << slot.name << " " << role;
     }
   }
   // The initial values still come before the first step.
-  EXPECT_EQ(StepBothAndCompare(plain_model, *plain, stepped_model, *wrapped, 1, 5,
-                               [&] { return (*stepper)->Step(nullptr).ok(); }),
-            "");
+  EXPECT_EQ(setup.StepBothAndCompare(), "");
 }
 
 TEST_P(StepperEquivalenceTest, StateLivesInTheSlotTensorsAtStableAddresses) {

@@ -200,8 +200,8 @@ std::string ReadAllPartsAndCompare(const Pool& pool, const SnapshotView& view, s
   for (std::uint32_t p = 0; p < pool.layout().parts.size(); ++p) {
     const PartLayout& part = pool.layout().parts[p];
     std::byte* dst = at(part.unit, part.tensor) + part.offset_in_tensor;
-    Status read = how == PartRead::kVerified ? pool.ReadPart(view, p, dst)
-                                             : pool.CopyPart(view, p, dst);
+    Status read =
+        how == PartRead::kVerified ? pool.ReadPart(view, p, dst) : pool.CopyPart(view, p, dst);
     if (!read.ok()) return read.ToString();
   }
   for (std::uint32_t u = 0; u < manifest.units.size(); ++u) {
