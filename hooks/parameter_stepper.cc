@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -448,13 +449,17 @@ void ParameterStepper::DiscardDeferredState() {
 
 void ParameterStepper::StartPrefault() {
   if (prefault_ != nullptr) return;
-  std::vector<std::pair<std::byte*, std::size_t>> ranges;
-  for (const auto& [tensor, fill] : deferred_fills_) {
-    if (tensor.is_cpu()) {
-      ranges.emplace_back(static_cast<std::byte*>(tensor.data_ptr()), tensor.nbytes());
+  try {
+    std::vector<std::pair<std::byte*, std::size_t>> ranges;
+    for (const auto& [tensor, fill] : deferred_fills_) {
+      if (tensor.is_cpu()) {
+        ranges.emplace_back(static_cast<std::byte*>(tensor.data_ptr()), tensor.nbytes());
+      }
     }
+    prefault_ = std::make_unique<PageWarmer>(ranges);
+  } catch (const std::bad_alloc&) {
+    // Only a head start: the first writes fault the pages in as before.
   }
-  prefault_ = std::make_unique<PageWarmer>(ranges);
 }
 
 void ParameterStepper::FinishPrefault() {

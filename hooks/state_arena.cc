@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <system_error>
 
 namespace pmsnap::hooks {
 
@@ -65,7 +66,12 @@ PageWarmer::PageWarmer(const std::vector<std::pair<std::byte*, std::size_t>>& ra
       start = piece_end;
     }
   }
-  if (!pieces_.empty()) thread_ = std::jthread([this] { Work(); });
+  if (pieces_.empty()) return;
+  try {
+    thread_ = std::jthread([this] { Work(); });
+  } catch (const std::system_error&) {
+    // No thread to spare: Finish does all the work on the caller's.
+  }
 }
 
 void PageWarmer::Work() {
@@ -74,19 +80,25 @@ void PageWarmer::Work() {
     const auto start = reinterpret_cast<std::uintptr_t>(pieces_[i].first);
     const std::uintptr_t end = start + pieces_[i].second;
     // One write per page, inside the range, that leaves the byte as it was
-    // even if someone else wrote it. A plain fault rather than
-    // MADV_POPULATE_WRITE: beside libpmemobj's open (which maps and unmaps)
-    // that madvise ran up to ten times slower on a 740 MB state.
+    // even if someone else wrote it: a compare-and-swap of the value with
+    // itself, which compilers keep as a write (clang turns an atomic
+    // `or 0` into a plain load, and a read fault maps only the shared zero
+    // page). A plain fault rather than MADV_POPULATE_WRITE: beside
+    // libpmemobj's open (which maps and unmaps) that madvise ran up to ten
+    // times slower on a 740 MB state.
     for (std::uintptr_t at = start; at < end; at = (at / page + 1) * page) {
-      __atomic_fetch_or(reinterpret_cast<unsigned char*>(at), 0, __ATOMIC_RELAXED);
+      auto* byte = reinterpret_cast<unsigned char*>(at);
+      unsigned char value = __atomic_load_n(byte, __ATOMIC_RELAXED);
+      while (!__atomic_compare_exchange_n(byte, &value, value, /*weak=*/false, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED)) {
+      }
     }
   }
 }
 
 void PageWarmer::Finish() {
-  if (!thread_.joinable()) return;
   Work();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 }  // namespace pmsnap::hooks

@@ -53,7 +53,8 @@ class StateArena {
 // optimizer state is fresh memory: the kernel zeroes each page on its first
 // touch, which would otherwise happen inside the restore's copy, after the
 // pool has opened, rather than beside the open.
-// The ranges must stay mapped until Finish returns.
+// The ranges must stay mapped until Finish returns. If no thread can be
+// started, Finish does the whole work on the caller's.
 // Thread-safety: Finish (and the destructor) from the owner thread only.
 class PageWarmer {
  public:
@@ -63,6 +64,7 @@ class PageWarmer {
   PageWarmer& operator=(const PageWarmer&) = delete;
 
   // Faults in the pieces the thread has not started, then waits for it.
+  // Idempotent.
   void Finish();
 
  private:

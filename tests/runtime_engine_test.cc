@@ -218,6 +218,7 @@ TEST_P(RestoreDeviceTest, RestoreWithoutVerificationCopiesTheNewestEpochBitwise)
   options.verify_on_open = false;
   auto engine = Engine::Open(options, fresh.Registrations());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_FALSE((*engine)->pool().data_verification_pending()) << "the unverified copy is tested";
   auto restored = (*engine)->Restore();
   ASSERT_TRUE(restored.ok()) << restored.status().ToString();
   EXPECT_EQ(restored->iteration, 6u);

@@ -115,8 +115,9 @@ class ParameterStepper {
   // value. A second call before FinishPrefault does nothing.
   void StartPrefault();
   // Helps the prefault finish and waits for it. InitializeDeferredState,
-  // DiscardDeferredState, Step and the destructor call it first: a caller
-  // that writes the state otherwise (a restore) calls it before.
+  // DiscardDeferredState, Step and the destructor call it before touching
+  // the state: a caller that writes the state otherwise (a restore) calls
+  // it before.
   void FinishPrefault();
 
   // One optimizer step over every parameter with a defined gradient, last
