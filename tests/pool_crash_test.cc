@@ -1,18 +1,17 @@
 // Crash consistency: a child process commits epochs (and chunk-heap chunks)
 // continuously and reports each commit on a pipe; the parent SIGKILLs it at
-// random moments and checks the reopened pool against what was reported.
+// random moments measured in the child's own epoch time (crash_trials.h) and
+// checks the reopened pool against what was reported.
 // Trials: 200, or $PMSNAP_CRASH_TRIALS.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdlib>
-#include <random>
+#include <algorithm>
+#include <cstdio>
 
 #include "pmsnap/pmem_layout/pool.h"
-#include "testutil/kill_delay.h"
+#include "testutil/crash_trials.h"
 #include "testutil/pool_fixtures.h"
 #include "testutil/temp_pool.h"
 
@@ -20,11 +19,17 @@ namespace pmsnap::layout {
 namespace {
 
 using pmsnap::testing::CheckSeededView;
+using pmsnap::testing::CrashChild;
+using pmsnap::testing::CrashTrials;
 using pmsnap::testing::FillSeeded;
-using pmsnap::testing::KillDelay;
 using pmsnap::testing::TempPoolPath;
 
 constexpr std::uint64_t kChunkTag = 5;
+
+// What the writer is doing, for the tally of where kills landed.
+enum WriterPhase : int { kOpening, kFreeing, kWriting, kCommitting, kReporting };
+const std::vector<std::string> kPhaseNames = {"opening", "freeing chunks", "writing", "committing",
+                                              "reporting"};
 
 Manifest CrashManifest() {
   // Units of several sizes so kills land inside large multi-part copies too.
@@ -44,17 +49,20 @@ std::vector<std::byte> ChunkContent(std::uint64_t epoch) {
 }
 
 // Child: continue from the last committed epoch forever, report each commit.
-[[noreturn]] void RunWriter(const std::string& path, int report_fd) {
+[[noreturn]] void RunWriter(const std::string& path, CrashChild& crash) {
   SetWarningSink(nullptr);
   auto pool = Pool::Open(path);
   if (!pool.ok()) _exit(3);
+  crash.StartEpochs();
   for (;;) {
     const std::uint64_t epoch = (*pool)->last_committed_epoch().value_or(0) + 1;
+    crash.Phase(kFreeing);
     // Each epoch: one new chunk, and chunks older than two epochs freed.
     for (const ChunkInfo& chunk : (*pool)->ListChunks()) {
       if (chunk.epoch + 2 < epoch && !(*pool)->FreeChunk(chunk.id).ok()) _exit(4);
     }
     if (!(*pool)->BeginEpoch(epoch * 10).ok()) _exit(5);
+    crash.Phase(kWriting);
     const std::vector<std::byte> content = ChunkContent(epoch);
     auto chunk = (*pool)->AllocChunk(content.size(), epoch, kChunkTag);
     if (!chunk.ok()) _exit(6);
@@ -68,16 +76,13 @@ std::vector<std::byte> ChunkContent(std::uint64_t epoch) {
       }
     }
     const std::string extra = "epoch=" + std::to_string(epoch);
+    crash.Phase(kCommitting);
     if (!(*pool)->Commit({reinterpret_cast<const std::byte*>(extra.data()), extra.size()}).ok()) {
       _exit(9);
     }
-    if (::write(report_fd, &epoch, sizeof(epoch)) != sizeof(epoch)) _exit(10);
+    crash.Phase(kReporting);
+    crash.Committed(epoch);
   }
-}
-
-int TrialCount() {
-  const char* env = std::getenv("PMSNAP_CRASH_TRIALS");
-  return env != nullptr ? std::max(1, std::atoi(env)) : 200;
 }
 
 TEST(PoolCrashTest, RandomSigkillAlwaysRecoversALaterOrEqualCommittedEpochBitExact) {
@@ -89,43 +94,24 @@ TEST(PoolCrashTest, RandomSigkillAlwaysRecoversALaterOrEqualCommittedEpochBitExa
     options.chunk_heap_bytes = 1 << 20;
     ASSERT_TRUE(Pool::Create(path.path(), manifest, options).ok());
   }
-  std::mt19937_64 rng(20261121);
-  KillDelay delay(0, 15000);
-  std::uint64_t last_reported = 0;
-  int trials_with_progress = 0;
-  const int trials = TrialCount();
+  CrashTrials kills(20261121, kPhaseNames);
+  std::uint64_t newest = 0;  // epoch: reported by a child or recovered
+  const int trials = pmsnap::testing::CrashTrialCount(200);
   for (int trial = 0; trial < trials; ++trial) {
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      ::close(fds[0]);
-      RunWriter(path.path(), fds[1]);
-    }
-    ::close(fds[1]);
-    ::usleep(delay.Next(rng, static_cast<std::uint64_t>(trials_with_progress)));
-    ::kill(child, SIGKILL);
-    int wstatus = 0;
-    ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
-    ASSERT_TRUE(WIFSIGNALED(wstatus))
-        << "writer exited by itself with code " << WEXITSTATUS(wstatus) << " in trial " << trial;
-    std::uint64_t reported = 0;
-    bool progressed = false;
-    while (::read(fds[0], &reported, sizeof(reported)) == sizeof(reported)) {
-      last_reported = reported;
-      progressed = true;
-    }
-    ::close(fds[0]);
-    trials_with_progress += progressed ? 1 : 0;
+    const auto kill = kills.Run([&](CrashChild& crash) { RunWriter(path.path(), crash); });
+    ASSERT_TRUE(kill.killed) << "trial " << trial << ": " << kill.Describe(kPhaseNames);
+    // Every commit the child reported is durable, the newest included. The
+    // first trial waits for a commit (crash_trials.h): from then on there is one.
+    newest = std::max(newest, kill.last_reported);
 
     auto pool = Pool::Open(path.path());
     ASSERT_TRUE(pool.ok()) << "trial " << trial << ": " << pool.status().ToString();
     ASSERT_TRUE((*pool)->warnings().empty()) << (*pool)->warnings()[0];
-    if (last_reported == 0 && !(*pool)->last_committed_epoch()) continue;
     auto latest = (*pool)->Latest();
     ASSERT_TRUE(latest.ok()) << "trial " << trial << ": " << latest.status().ToString();
-    ASSERT_GE(latest->epoch(), last_reported) << "trial " << trial;
+    ASSERT_GE(latest->epoch(), newest)
+        << "trial " << trial << ": expected the newest commit reported or recovered so far; "
+        << kill.Describe(kPhaseNames);
     ASSERT_EQ(latest->iteration(), latest->epoch() * 10);
     ASSERT_EQ(CheckSeededView(manifest, *latest, latest->epoch()), "") << "trial " << trial;
     const std::string extra(reinterpret_cast<const char*>(latest->extra_state().data()),
@@ -143,10 +129,13 @@ TEST(PoolCrashTest, RandomSigkillAlwaysRecoversALaterOrEqualCommittedEpochBitExa
       found_latest_chunk |= chunk.epoch == latest->epoch();
     }
     ASSERT_TRUE(found_latest_chunk) << "trial " << trial;
-    last_reported = latest->epoch();
+    newest = latest->epoch();
   }
-  EXPECT_GT(trials_with_progress, trials / 4) << "kills came too early to test anything";
-  EXPECT_GT(last_reported, static_cast<std::uint64_t>(trials));
+  std::printf("pool crash: %s; newest epoch %llu\n", kills.Summary().c_str(),
+              static_cast<unsigned long long>(newest));
+  // Each child but the planned early kills committed at least once before it
+  // was killed, from the epoch the previous one left behind.
+  EXPECT_GE(newest, kills.commits_waited_for()) << "the pool lost commits: " << kills.Summary();
 
   // PMDK's own checker agrees the pool is consistent.
   const std::string command = "pmempool check -v '" + path.path() + "' 2>&1";
