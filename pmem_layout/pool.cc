@@ -21,6 +21,7 @@
 
 #include "detail/file_system.h"
 #include "detail/format.h"
+#include "detail/prefault_order.h"
 #include "detail/xxh3_kernels.h"
 #include "pmsnap/pmem_layout/checksum.h"
 
@@ -214,7 +215,11 @@ struct Pool::Impl {
   std::unordered_map<std::uint64_t, ChunkInfo> chunks;
   std::string chunk_list_problem;  // set at open if the list walk stopped early
 
+  // Background prefault of the mapping (OpenOptions::prefault_mapping).
+  std::unique_ptr<PagePrefaulter> prefault;
+
   ~Impl() {
+    prefault.reset();  // its thread writes into the mapping: stop it before unmapping
     if (pop != nullptr) pmemobj_close(pop);
   }
 
@@ -379,6 +384,8 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   }
   OpenOptions open_options;
   open_options.verify_data = false;  // nothing committed yet
+  open_options.prefault_mapping = options.prefault_mapping;
+  open_options.prefault_method = options.prefault_method;
   return OpenImpl(path, &manifest, open_options);
 }
 
@@ -458,7 +465,45 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
                                                   "' was made for another model: pool has " +
                                                   difference + " (pool vs this model)");
   }
+  if (options.prefault_mapping) pool->StartPrefault(options.prefault_method);
   return pool;
+}
+
+void Pool::StartPrefault(PrefaultMethod method) {
+  Impl& impl = *impl_;
+  // Only a hint: tmpfs maps huge pages only where shmem huge pages are
+  // enabled, and only for pages the file does not already hold as 4 KiB
+  // pages (until khugepaged collapses them).
+  (void)::madvise(impl.base, file_bytes_, MADV_HUGEPAGE);
+  // Page-aligned file ranges in the order the writers meet them: the next
+  // epoch's commit record and slot, the other slot, then the rest of the
+  // file (chunk heap, libpmemobj's metadata); each page once.
+  const PoolHeader& header = impl.header();
+  const int first_slot = static_cast<int>((impl.last_committed.value_or(0) + 1) % 2);
+  std::vector<FileRegion> wanted;
+  for (int slot : {first_slot, 1 - first_slot}) {
+    wanted.push_back({header.slot_record_offset[slot], header.record_bytes});
+    wanted.push_back({header.slot_data_offset[slot], header.slot_bytes});
+  }
+  std::vector<PrefaultRange> ranges;
+  for (const FileRegion& region : detail::PrefaultOrder(wanted, file_bytes_, PageBytes())) {
+    ranges.push_back({impl.At(region.offset), region.bytes});
+  }
+  impl.prefault = std::make_unique<PagePrefaulter>(ranges, method);
+}
+
+PrefaultProgress Pool::prefault_progress() const {
+  if (impl_->prefault == nullptr) {
+    PrefaultProgress off;
+    off.state = PrefaultProgress::State::kDone;
+    off.method = "off";
+    return off;
+  }
+  return impl_->prefault->progress();
+}
+
+bool Pool::WaitForPrefault(std::chrono::nanoseconds timeout) const {
+  return impl_->prefault == nullptr || impl_->prefault->WaitUntilSettled(timeout);
 }
 
 Status Pool::LoadAndRecover(const OpenOptions& options) {

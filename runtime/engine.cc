@@ -608,6 +608,8 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   open_options.verify_data = options.verify_on_open;
   // An encoder reads its own state at Attach, from the slot chosen at open.
   open_options.defer_data_verification = encoded_units.empty();
+  open_options.prefault_mapping = options.pool_options.prefault_mapping;
+  open_options.prefault_method = options.pool_options.prefault_method;
   Result<std::unique_ptr<layout::Pool>> pool =
       std::filesystem::exists(options.pool_path, ec)
           ? layout::Pool::Open(options.pool_path, manifest, open_options)

@@ -10,3 +10,5 @@ target_compile_definitions(cli_test PRIVATE PMSNAP_CLI_PATH="$<TARGET_FILE:pmsna
 add_dependencies(cli_test pmsnap)
 pmsnap_add_test(checksum_test SOURCES checksum_test.cc LIBS pmsnap::layout PkgConfig::XXHASH)
 target_include_directories(checksum_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)
+pmsnap_add_pool_test(pool_prefault_test SOURCES pool_prefault_test.cc LIBS pmsnap::layout)
+target_include_directories(pool_prefault_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)

@@ -76,7 +76,8 @@ enum class CopyStart {
 
 struct EngineOptions {
   std::string pool_path;
-  // Used when the pool is created (an existing pool keeps its own).
+  // Used when the pool is created (an existing pool keeps its own), except
+  // prefault_mapping / prefault_method, which apply at every open.
   layout::PoolOptions pool_options;
   // Verify every data checksum of the recovered slot. Without an encoder the
   // check runs inside Restore's copy (one read of the slot, not two) or, if
