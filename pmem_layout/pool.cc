@@ -335,7 +335,13 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
     };
     header.manifest_offset = alloc(manifest_bytes.size(), 0);
     for (int s = 0; s < 2; ++s) {
-      header.slot_alloc_offset[s] = alloc(layout.slot_bytes + detail::kSlotDataAlignment, 0);
+      // Not flushed at commit: on the PM path libpmemobj flushes every byte
+      // of a new allocation, which faults in and zeroes each page of both
+      // slots through Create's own mapping (a 2 GiB pool in tmpfs: Create
+      // 1.75-1.97 s with the flush, 0.51-0.65 s without), and a slot holds
+      // nothing until an epoch writes and persists its parts.
+      header.slot_alloc_offset[s] =
+          alloc(layout.slot_bytes + detail::kSlotDataAlignment, POBJ_XALLOC_NO_FLUSH);
       header.slot_record_offset[s] = alloc(record_bytes, POBJ_XALLOC_ZERO);
       if (header.slot_alloc_offset[s] == 0 || header.slot_record_offset[s] == 0) return ENOMEM;
     }
