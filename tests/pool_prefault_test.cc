@@ -246,6 +246,26 @@ TEST_P(PagePrefaulterTest, StopReturnsWithoutWaitingForTheWholeWork) {
   EXPECT_TRUE(memory.unchanged());
 }
 
+TEST_P(PagePrefaulterTest, PauseHoldsTheThreadBackUntilResume) {
+  SeededFileMapping memory("pause", 64u << 20);
+  ASSERT_NE(memory.data(), nullptr);
+  PagePrefaulter prefaulter({{memory.data(), memory.bytes()}}, GetParam(), 1u << 20);
+  prefaulter.Pause();
+  prefaulter.Pause();  // counted
+  // The piece in progress when Pause came may still finish.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const std::uint64_t paused_at = prefaulter.progress().bytes_done;
+  prefaulter.Resume();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(prefaulter.progress().bytes_done, paused_at);
+  EXPECT_EQ(prefaulter.progress().state, State::kRunning);
+  prefaulter.Resume();
+  ASSERT_TRUE(prefaulter.WaitUntilSettled(kSettleTimeout));
+  EXPECT_EQ(prefaulter.progress().state, State::kDone);
+  EXPECT_EQ(prefaulter.progress().bytes_done, memory.bytes());
+  EXPECT_TRUE(memory.unchanged());
+}
+
 TEST_P(PagePrefaulterTest, FinishHelpsAndEmptyWorkIsDoneAtOnce) {
   SeededFileMapping memory("finish", 8u << 20);
   ASSERT_NE(memory.data(), nullptr);

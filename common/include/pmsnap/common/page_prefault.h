@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <system_error>
@@ -143,7 +144,8 @@ struct PrefaultProgress {
   State state = State::kRunning;
   std::uint64_t bytes_total = 0;
   std::uint64_t bytes_done = 0;  // in pieces finished
-  // From the constructor to settling (or to now while running).
+  // From the constructor to settling (or to now while running), pauses
+  // included.
   double seconds = 0;
   // PrefaultMethodName of the method (kTouch once a kernel without
   // MADV_POPULATE_WRITE made it fall back).
@@ -224,6 +226,17 @@ class PagePrefaulter {
     if (thread_.joinable()) thread_.join();
   }
 
+  // While a Pause is outstanding, and for kResumeGraceMs after the last
+  // Resume, the background thread starts no new piece: for work that needs
+  // the CPUs now (a restore reading the pool) and would share them with the
+  // prefault otherwise. Counted; any thread. Finish's caller is not paused.
+  static constexpr int kResumeGraceMs = 5;
+  void Pause() { pauses_.fetch_add(1, std::memory_order_acq_rel); }
+  void Resume() {
+    last_resume_ns_.store(NowNs(), std::memory_order_relaxed);
+    pauses_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+
   // The calling thread faults in the pieces nobody started (also after a
   // failed thread start), then waits for the thread. Idempotent.
   void Finish() {
@@ -249,6 +262,17 @@ class PagePrefaulter {
   }
 
  private:
+  static std::int64_t NowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  bool Paused() const {
+    return pauses_.load(std::memory_order_acquire) > 0 ||
+           NowNs() - last_resume_ns_.load(std::memory_order_relaxed) < kResumeGraceMs * 1000000ll;
+  }
+
   double SecondsSinceStart() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   }
@@ -257,6 +281,10 @@ class PagePrefaulter {
     active_.fetch_add(1, std::memory_order_acq_rel);
     const std::uint64_t faults_before = ThreadMinorFaults();
     while (!stop_.load(std::memory_order_relaxed)) {
+      if (background && Paused()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
       const std::size_t index = next_.fetch_add(1, std::memory_order_relaxed);
       if (index >= pieces_.size()) break;
       if (!FaultIn(pieces_[index])) break;
@@ -342,6 +370,8 @@ class PagePrefaulter {
   std::atomic<std::uint64_t> bytes_done_{0};
   std::atomic<std::uint64_t> bytes_populated_{0};
   std::atomic<int> active_{0};  // threads inside Work
+  std::atomic<int> pauses_{0};  // outstanding Pause calls
+  std::atomic<std::int64_t> last_resume_ns_{std::numeric_limits<std::int64_t>::min() / 2};
   std::chrono::steady_clock::time_point started_;
 
   mutable std::mutex mutex_;  // guards result_, failed_, settled_
