@@ -94,6 +94,8 @@ struct OpenOptions {
   //    otherwise take themselves (one per 4 KiB page, ~6x slower in the
   //    first epochs), page tables for the whole mapping (2 MiB per GiB with
   //    4 KiB pages). No memory: the file is allocated in full at creation.
+  //  - It holds back while the pool is read in bulk (ReadPart, VerifyPart,
+  //    CopyPart, deep checks, and 5 ms after), which a restore waits for.
   //  - Destroying the Pool stops it, waiting for at most the piece in
   //    progress (milliseconds). A failure (prefault_progress().problem)
   //    only loses the head start.
