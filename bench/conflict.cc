@@ -344,7 +344,7 @@ int main(int argc, char** argv) {
   }
   csv.close();  // the plot script reads it next
   std::printf("\ntargets met in %d of %d cells; csv: %s/conflict.csv\n", met, total, out.c_str());
-  const std::string plot = std::string("/usr/bin/python3 ") + PMSNAP_BENCH_SOURCE_DIR +
+  const std::string plot = std::string(PMSNAP_BENCH_PYTHON " ") + PMSNAP_BENCH_SOURCE_DIR +
                            "/conflict_plot.py " + out + " >/dev/null 2>&1";
   if (std::system(plot.c_str()) == 0) std::printf("plot: %s/conflict.png\n", out.c_str());
   return 0;

@@ -2,7 +2,7 @@
 """Plot bench/conflict results: training-thread stall per iteration for every
 method in every (bandwidth, memory) cell, one panel per workload.
 
-    /usr/bin/python3 bench/conflict_plot.py [results_dir]   (needs python3-matplotlib)
+    .venv/bin/python bench/conflict_plot.py [results_dir]   (matplotlib: scripts/requirements.txt)
 """
 import csv
 import sys

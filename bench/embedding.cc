@@ -352,7 +352,7 @@ int main(int argc, char** argv) {
   std::printf("csv: %s/embedding_intervals.csv, %s/embedding_recovery.csv\n", out.c_str(),
               out.c_str());
   const std::string plot =
-      std::string("/usr/bin/python3 ") + PMSNAP_BENCH_SOURCE_DIR + "/embedding_plot.py " + out;
+      std::string(PMSNAP_BENCH_PYTHON " ") + PMSNAP_BENCH_SOURCE_DIR + "/embedding_plot.py " + out;
   if (std::system(plot.c_str()) == 0) std::printf("plot: %s/embedding.png\n", out.c_str());
   return 0;
 }

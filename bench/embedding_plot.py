@@ -3,7 +3,7 @@
 capacity over time, and recovery time of every checkpoint with and without
 the baseline copy, per policy.
 
-    /usr/bin/python3 bench/embedding_plot.py [results_dir]   (needs python3-matplotlib)
+    .venv/bin/python bench/embedding_plot.py [results_dir]   (matplotlib: scripts/requirements.txt)
 """
 import csv
 import sys

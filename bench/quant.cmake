@@ -6,7 +6,6 @@ target_compile_definitions(pmsnap_bench_quant PRIVATE
   PMSNAP_BENCH_RESULTS_DIR="${PMSNAP_BENCH_RESULTS_DIR}")
 target_link_libraries(pmsnap_bench_quant PRIVATE pmsnap::quant)
 if(PMSNAP_WITH_TORCH)
-  find_package(Torch REQUIRED)
   target_compile_definitions(pmsnap_bench_quant PRIVATE PMSNAP_BENCH_WITH_TORCH=1)
-  target_link_libraries(pmsnap_bench_quant PRIVATE ${TORCH_LIBRARIES})
+  target_link_libraries(pmsnap_bench_quant PRIVATE pmsnap::libtorch)
 endif()

@@ -3,7 +3,7 @@
 Check-N-Run Figure 9) and single-core throughput. Reads the CSVs written by
 pmsnap_bench_quant; needs python3-matplotlib (Debian package).
 
-    /usr/bin/python3 bench/quant_plot.py [results_dir]
+    .venv/bin/python bench/quant_plot.py [results_dir]
 """
 import csv
 import os

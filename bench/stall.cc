@@ -227,13 +227,9 @@ bool ParseFlag(const std::string& key, const std::string& v, Options* o) {
   } else if (key == "--workers") {
     o->workers = i32();
   } else if (key == "--copy-start") {
-    const std::map<std::string, runtime::CopyStart> names = {
-        {"auto", runtime::CopyStart::kAuto},
-        {"after-update", runtime::CopyStart::kAfterUpdate},
-        {"after-step", runtime::CopyStart::kAfterStep}};
-    const auto it = names.find(v);
-    if (it == names.end()) return false;
-    o->copy_start = it->second;
+    auto copy_start = runtime::ParseCopyStart(v);
+    if (!copy_start.ok()) return false;
+    o->copy_start = *copy_start;
   } else if (key == "--part-mib") {
     o->part_mib = static_cast<std::uint64_t>(std::stoull(v));
   } else if (key == "--no-pin") {
@@ -2018,7 +2014,7 @@ int main(int argc, char** argv) {
   std::printf("\ncsv: %s/%s.csv, %s_restore.csv, %s_trials.csv; total %.0f s\n", o.out.c_str(),
               o.tag.c_str(), o.tag.c_str(), o.tag.c_str(), Since(start));
   if (o.plot) {
-    const std::string cmd = std::string("/usr/bin/python3 ") + PMSNAP_BENCH_SOURCE_DIR +
+    const std::string cmd = std::string(PMSNAP_BENCH_PYTHON " ") + PMSNAP_BENCH_SOURCE_DIR +
                             "/stall_plot.py " + o.out + " " + o.tag;
     if (std::system(cmd.c_str()) == 0)
       std::printf("plot: %s/%s.png\n", o.out.c_str(), o.tag.c_str());

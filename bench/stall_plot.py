@@ -4,7 +4,7 @@
 One row of panels per (workload, device): overhead over no checkpointing,
 training-thread stall by cause, and restore time.
 
-    /usr/bin/python3 bench/stall_plot.py [results_dir] [tag]   (needs python3-matplotlib)
+    .venv/bin/python bench/stall_plot.py [results_dir] [tag]   (matplotlib: scripts/requirements.txt)
 """
 import csv
 import sys

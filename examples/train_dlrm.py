@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Train a DLRM-like recommendation model with pmsnap checkpointing every iteration.
 
 The model follows DLRM's shape: a bottom MLP over dense features, a few
@@ -19,11 +19,12 @@ optionally quantized with --quantize-bits): only the rows an interval
 touched are written, and the script reports bytes per table checkpoint
 against the table size and the retained checkpoints it can recover.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/train_dlrm.py
-    PYTHONPATH=build/python /usr/bin/python3 examples/train_dlrm.py --iterations 400 \
+In an environment with pmsnap installed (README, "Python"):
+
+    python3 examples/train_dlrm.py
+    python3 examples/train_dlrm.py --iterations 400 \
         --device simulated:12:256 --strategy adaptive
-    PYTHONPATH=build/python /usr/bin/python3 examples/train_dlrm.py --fresh \
-        --embedding-policy incrcp --retain 4
+    python3 examples/train_dlrm.py --fresh --embedding-policy incrcp --retain 4
 
 Thread-safety: a single-threaded script.
 """

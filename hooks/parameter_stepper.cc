@@ -25,10 +25,8 @@ namespace {
 
 namespace optim = torch::optim;
 
-std::string StateKey(const torch::Tensor& param) {
-  // libtorch's own key for a parameter's state (see e.g. optim/adam.cpp).
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
-}
+// libtorch's own key for a parameter's state (see e.g. optim/adam.cpp).
+void* StateKeyOf(const torch::Tensor& param) { return param.unsafeGetTensorImpl(); }
 
 Result<OptimizerKind> KindOf(optim::Optimizer& optimizer) {
   // AdamW does not derive from Adam in libtorch, so the order is irrelevant.
@@ -75,7 +73,7 @@ std::int64_t& StepOf(ParameterSlot& slot) {
 }
 
 template <typename State>
-State& StateAs(optim::Optimizer& optimizer, const std::string& key) {
+State& StateAs(optim::Optimizer& optimizer, void* key) {
   return static_cast<State&>(*optimizer.state().at(key));
 }
 
@@ -247,7 +245,7 @@ Result<std::unique_ptr<ParameterStepper>> ParameterStepper::Create(
                         "parameter '" + name + "' is not contiguous: pmsnap copies raw bytes");
         }
         stepper->slots_.push_back({std::move(name), p, {}});
-        stepper->state_keys_.push_back(StateKey(p));
+        stepper->state_keys_.push_back(StateKeyOf(p));
         stepper->has_momentum_.push_back(false);
         stepper->group_of_slot_.push_back(g);
         stepper->registered_data_.push_back(p.data_ptr());
@@ -269,7 +267,7 @@ Status ParameterStepper::AdoptOrCreateState(std::size_t index,
                                             const optim::OptimizerOptions& options) {
   ParameterSlot& slot = slots_[index];
   const torch::Tensor& p = slot.param;
-  const std::string& key = state_keys_[index];
+  void* const key = state_keys_[index];
   auto& state_map = optimizer_.state();
   auto existing = state_map.find(key);
   const bool has_state = existing != state_map.end();
@@ -398,7 +396,7 @@ Status ParameterStepper::CheckUnchanged() const {
 // the stepper's tensors in line with libtorch's state.
 void ParameterStepper::AfterOptimizerStep(std::size_t index) {
   ParameterSlot& slot = slots_[index];
-  const std::string& key = state_keys_[index];
+  void* const key = state_keys_[index];
   switch (kind_) {
     case OptimizerKind::kSgd: {
       if (has_momentum_[index]) {
@@ -533,7 +531,7 @@ bool ParameterStepper::UsesBlockedStep(std::size_t index, const torch::Tensor& g
 void ParameterStepper::BlockedStep(std::size_t index, const torch::Tensor& grad) {
   ++blocked_updates_;
   const auto& options = optimizer_.param_groups()[group_of_slot_[index]].options();
-  const std::string& key = state_keys_[index];
+  void* const key = state_keys_[index];
   const torch::Tensor& param = slots_[index].param;
   switch (kind_) {
     case OptimizerKind::kAdam:
@@ -561,7 +559,7 @@ Status ParameterStepper::SyncFromSlots() {
   try {
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       ParameterSlot& slot = slots_[i];
-      const std::string& key = state_keys_[i];
+      void* const key = state_keys_[i];
       const std::int64_t step = StepOf(slot);
       switch (kind_) {
         case OptimizerKind::kSgd: {
@@ -603,7 +601,7 @@ Status ParameterStepper::SyncFromSlots() {
 
 OptimizerStateView ViewOptimizerState(optim::Optimizer& optimizer, const torch::Tensor& param) {
   OptimizerStateView view;
-  auto it = optimizer.state().find(StateKey(param));
+  auto it = optimizer.state().find(StateKeyOf(param));
   if (it == optimizer.state().end()) return view;
   view.present = true;
   auto add = [&](const torch::Tensor& t) {

@@ -72,6 +72,14 @@ struct Epoch {
 
 }  // namespace
 
+Result<CopyStart> ParseCopyStart(std::string_view name) {
+  if (name == "auto") return CopyStart::kAuto;
+  if (name == "after-update") return CopyStart::kAfterUpdate;
+  if (name == "after-step") return CopyStart::kAfterStep;
+  return Status(StatusCode::kInvalidArgument, "unknown copy start '" + std::string(name) +
+                                                  "' (expected auto, after-update or after-step)");
+}
+
 // Pins every worker thread that enters `arena` to `cpus`; `on_error` gets a
 // refusal (CPUs outside the process's cpuset), once per observer. oneTBB's
 // worker threads serve every arena of the process, and one that left stays

@@ -101,9 +101,12 @@ TEST_F(ResumeTest, KilledAtRandomStepsResumesBitwiseEqualToUninterruptedRun) {
     const std::string optimizer = optimizers[point % optimizers.size()];
     const std::string policy = point % 2 == 0 ? "every1" : "continuous";
     const std::uint64_t kill_step = 1 + rng() % (kSteps - 2);
-    const auto delay = std::chrono::microseconds(rng() % 400);
-    SCOPED_TRACE(optimizer + " " + policy + " kill after step " + std::to_string(kill_step) +
-                 " + " + std::to_string(delay.count()) + " us");
+    // Kills land 0..2 of this machine's own step times after step kill_step
+    // ended: inside the next step's update, its checkpoint, or between steps,
+    // on a fast machine and a slow one alike.
+    const double steps_later = std::uniform_real_distribution<double>(0.0, 2.0)(rng);
+    SCOPED_TRACE(optimizer + " " + policy + " kill " + std::to_string(steps_later) +
+                 " steps after step " + std::to_string(kill_step));
     const std::string reference = Reference(optimizer);
     TempPoolPath pool("hooks-resume");
     const std::string out = out_dir_ + "/resumed-" + std::to_string(point);
@@ -113,19 +116,32 @@ TEST_F(ResumeTest, KilledAtRandomStepsResumesBitwiseEqualToUninterruptedRun) {
         "--out=" + out,       "--steps=" + std::to_string(kSteps)};
     std::uint64_t last_reported = 0;
     {
-      pmsnap::ChildProcess victim = Trainer(args);
+      std::vector<std::string> victim_args = args;
+      victim_args.push_back("--linger");  // a late kill still finds it
+      pmsnap::ChildProcess victim = Trainer(victim_args);
       ASSERT_TRUE(victim.started());
       std::string line;
       while (victim.ReadLine(&line)) {
-        if (line.rfind("step ", 0) != 0) continue;
-        last_reported = std::stoull(line.substr(5));
+        if (line == "done") {
+          victim.Kill();
+          break;
+        }
+        unsigned long long step = 0;
+        long long step_ns = 0;
+        long long ended_ns = 0;
+        if (std::sscanf(line.c_str(), "step %llu %lld %lld", &step, &step_ns, &ended_ns) != 3) {
+          continue;
+        }
+        last_reported = step;
         if (last_reported >= kill_step) {
-          std::this_thread::sleep_for(delay);
+          const auto kill_at = std::chrono::steady_clock::time_point(
+              std::chrono::nanoseconds(ended_ns + static_cast<long long>(steps_later * step_ns)));
+          std::this_thread::sleep_until(kill_at);
           victim.Kill();
           break;
         }
       }
-      EXPECT_EQ(victim.Wait(), -SIGKILL) << "the trainer ended before the kill";
+      EXPECT_EQ(victim.Wait(), -SIGKILL) << "the trainer ended on its own";
     }
     std::uint64_t restored = 0;
     ASSERT_EQ(RunToEnd(args, &restored), 0);

@@ -9,9 +9,15 @@
 //                      holds a commit, including the data position and the
 //                      RNG state (the model has dropout).
 //
-// Prints "restored K" once, then "step k" after every step (flushed), so the
-// parent can SIGKILL it at a chosen step. Exit status 0 on success, 2 with a
-// message on stderr otherwise.
+// Prints "restored K" once, then "step k STEP_NS NOW_NS" after every step
+// (flushed): how long step k took and when it ended on the steady clock,
+// which parent and child share, so the parent can time a kill by this
+// machine's own step time. --linger: after the last step, print "done" and
+// wait for the parent's kill instead of exiting, so that a kill drawn late
+// still lands. Exit status 0 on success, 2 with a message on stderr otherwise.
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -35,7 +41,14 @@ struct Args {
   std::string out;
   std::string policy = "every1";
   std::uint64_t steps = 40;
+  bool linger = false;
 };
+
+std::int64_t SteadyNanoseconds() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 int Fail(const std::string& message) {
   std::cerr << "hooks_resume_trainer: " << message << std::endl;
@@ -101,6 +114,7 @@ int Run(const Args& args) {
   std::fflush(stdout);
 
   for (std::uint64_t step = done + 1; step <= args.steps; ++step) {
+    const std::int64_t step_start = SteadyNanoseconds();
     pmsnap::testing::ForwardBackward(model, *optimizer, step);
     pmsnap::hooks::ExtraState extra;
     extra.data_position = step;
@@ -109,12 +123,20 @@ int Run(const Args& args) {
     extra.rng_state = std::move(rng).value();
     Status status = (*checkpointed)->Step(pmsnap::hooks::PackExtraState(extra));
     if (!status.ok()) return Fail("step " + std::to_string(step) + ": " + status.ToString());
-    std::printf("step %llu\n", static_cast<unsigned long long>(step));
+    const std::int64_t now = SteadyNanoseconds();
+    std::printf("step %llu %lld %lld\n", static_cast<unsigned long long>(step),
+                static_cast<long long>(now - step_start), static_cast<long long>(now));
     std::fflush(stdout);
   }
   Status closed = (*checkpointed)->Close();
   if (!closed.ok()) return Fail(closed.ToString());
-  return WriteState(args.out, model, *optimizer) ? 0 : Fail("writing " + args.out);
+  if (!WriteState(args.out, model, *optimizer)) return Fail("writing " + args.out);
+  if (args.linger) {
+    std::printf("done\n");
+    std::fflush(stdout);
+    for (;;) ::pause();
+  }
+  return 0;
 }
 
 }  // namespace
@@ -139,6 +161,8 @@ int main(int argc, char** argv) {
       args.policy = v;
     else if (const char* v = value("--steps="))
       args.steps = std::stoull(v);
+    else if (arg == "--linger")
+      args.linger = true;
     else
       return Fail("unknown argument " + arg);
   }

@@ -1,11 +1,19 @@
-# pytest suite of the Python binding (python/, issue 8), run with Debian's
-# /usr/bin/python3 (python3-torch, python3-pytest) against the build tree's
-# package: PYTHONPATH=<build>/python. Only when the binding is built.
+# pytest suite of the Python binding (python/), run with the interpreter the
+# binding was built for (scripts/pmsnap.sh's venv: torch 2.x, pytest) against
+# the build tree's package: PYTHONPATH=<build>/python. Only when it is built.
 if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
   add_test(NAME python_tests
-           COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider
+           COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
                    ${CMAKE_CURRENT_SOURCE_DIR}/python)
   set(_pmsnap_python_env PYTHONPATH=${PMSNAP_PYTHON_BUILD_DIR} PMEM_IS_PMEM_FORCE=1
-                         PYTHONDONTWRITEBYTECODE=1)
+                         PYTHONDONTWRITEBYTECODE=1 PMSNAP_CLI=$<TARGET_FILE:pmsnap>)
   set_tests_properties(python_tests PROPERTIES ENVIRONMENT "${_pmsnap_python_env}" TIMEOUT 300)
+endif()
+
+# `pip install .` into a fresh venv, then checkpoint, SIGKILL and restore with
+# the installed package (pyproject.toml). Builds the extension once more.
+if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
+  add_test(NAME python_package_test
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/python_package_test.sh ${Python_EXECUTABLE})
+  set_tests_properties(python_package_test PROPERTIES TIMEOUT 900)
 endif()

@@ -17,8 +17,7 @@ target_include_directories(quant_simd_equivalence_test PRIVATE ${PROJECT_SOURCE_
 # Byte equality with PyTorch's fused rowwise prepack ops, through libtorch's
 # dispatcher (slow to compile, so only when torch is enabled).
 if(PMSNAP_WITH_TORCH)
-  find_package(Torch REQUIRED)
   pmsnap_add_test(quant_torch_interop_test
                   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/quant_torch_interop_test.cc
-                  LIBS pmsnap::quant ${TORCH_LIBRARIES})
+                  LIBS pmsnap::quant pmsnap::libtorch)
 endif()

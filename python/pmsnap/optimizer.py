@@ -420,6 +420,17 @@ class CheckpointedOptimizer:
       embedding_rows: "auto" (lookups of the table's module if `model` has
         one, else gradients), "lookups" or "gradients".
       workers: copy/persist worker threads (default 2, 1 on a 2-core machine).
+      update_in_backward: update each parameter inside backward, the moment
+        its gradient is accumulated (Tensor.register_post_accumulate_grad_hook),
+        so its checkpoint copy starts while backward still runs on earlier
+        layers; step() then only finishes the iteration. Bitwise the same
+        result as backward() then step(); several backward passes before one
+        step() (gradient accumulation) raise InvalidArgumentError instead of
+        silently changing the result. Copies start right after each update
+        (copy_start "after-update") unless copy_start says otherwise.
+      copy_start: when a captured weight's copy starts: "auto" (host: the
+        step's last captures wait for its end), "after-update" or
+        "after-step"; see runtime::CopyStart.
       Other keyword arguments tune the engine and a newly created pool:
       part_bytes, extra_state_capacity, verify_on_open,
       check_free_space, reserve_bytes, checkfreq_overhead, print_summary.
@@ -433,7 +444,8 @@ class CheckpointedOptimizer:
                  reserve_bytes=0, checkfreq_overhead=0.035, start_iteration=0, capture_rng=True,
                  track_embeddings=False, print_summary=False, embeddings=None,
                  embedding_policy=None, quantize_bits=None, expected_resumes=1.0, retain=None,
-                 embedding_options=None, embedding_rows="auto"):
+                 embedding_options=None, embedding_rows="auto", update_in_backward=False,
+                 copy_start=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise _error(_pmsnap.InvalidArgumentError,
                          f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -470,8 +482,10 @@ class CheckpointedOptimizer:
             # oneTBB lends an arena at most cpu_count - 1 worker threads (and
             # warns when asked for more), so 2 workers need 3 cores.
             workers = max(1, min(2, (os.cpu_count() or 2) - 1))
+        if copy_start is None:
+            copy_start = "after-update" if update_in_backward else "auto"
         self._engine_kwargs = dict(
-            device=device, policy=mode, every=every or 1, checkfreq_overhead=checkfreq_overhead,
+            copy_start=copy_start, device=device, policy=mode, every=every or 1, checkfreq_overhead=checkfreq_overhead,
             strategy=strategy, workers=workers, part_bytes=part_bytes,
             extra_state_capacity=extra_state_capacity, verify_on_open=verify_on_open,
             check_free_space=check_free_space, reserve_bytes=reserve_bytes,
@@ -513,6 +527,14 @@ class CheckpointedOptimizer:
             if model is None:
                 raise _error(_pmsnap.InvalidArgumentError, "track_embeddings needs model=")
             self.embedding_tracker = EmbeddingTracker(model)
+        # update_in_backward: indices updated since the last step(), whether
+        # this iteration's epoch step has begun, the first hook error.
+        self._backward_hooks = []
+        self._updated_in_backward = set()
+        self._backward_step_begun = False
+        self._backward_error = None
+        if update_in_backward:
+            self._register_backward_hooks()
 
     # --- the torch.optim surface -------------------------------------------------
 
@@ -551,6 +573,8 @@ class CheckpointedOptimizer:
                 raise _error(_pmsnap.InvalidArgumentError, "extra_state must be a dict")
             self.extra_state = extra_state
         step = self.iteration + 1
+        if self._backward_hooks:
+            return self._finish_backward_step(step, loss)
         if self._engine is None:
             # First step: let torch create its state, then lay out the pool.
             self._check_resumes_pool(step)
@@ -626,6 +650,9 @@ class CheckpointedOptimizer:
         if self._closed:
             return
         self._closed = True
+        for handle in self._backward_hooks:
+            handle.remove()
+        self._backward_hooks = []
         if self.embedding_tracker is not None:
             self.embedding_tracker.remove()
         if self._table_tracker is not None:
@@ -744,18 +771,22 @@ class CheckpointedOptimizer:
 
     def _mark_tables(self):
         """Hands each table's changed rows to its C++ RowTracker."""
-        for name, table in self._tables.items():
-            grad = table.param.grad
-            if table.source == "lookups":
-                # Also without a gradient: the marks wait for the next update.
-                self._engine.take_marks(name, self._table_tracker.row_tracker(table.module_name))
-            if grad is None:
-                continue
-            if table.mark_all:
-                self._engine.mark_all_rows(name)
-            elif table.source == "gradients":
-                rows = _gradient_rows(grad)
-                self._engine.mark_rows(name, rows.data_ptr(), rows.numel(), "int64")
+        for name in self._tables:
+            self._mark_table(name)
+
+    def _mark_table(self, name):
+        table = self._tables[name]
+        grad = table.param.grad
+        if table.source == "lookups":
+            # Also without a gradient: the marks wait for the next update.
+            self._engine.take_marks(name, self._table_tracker.row_tracker(table.module_name))
+        if grad is None:
+            return
+        if table.mark_all:
+            self._engine.mark_all_rows(name)
+        elif table.source == "gradients":
+            rows = _gradient_rows(grad)
+            self._engine.mark_rows(name, rows.data_ptr(), rows.numel(), "int64")
 
     def _fail(self):
         engine, self._engine = self._engine, None
@@ -767,45 +798,165 @@ class CheckpointedOptimizer:
                 pass
             self._final_stats = self._stats_of(engine)
 
-    def _step_parameters(self, engine):
-        """Steps the optimizer one parameter at a time, last parameter first."""
-        optimizer = self.optimizer
-        params = [p for _, p in self._named]
-        grads = [p.grad for p in params]
-        for p in params:
-            p.grad = None
+    def _step_parameters(self, engine, indices=None):
+        """Steps the optimizer one parameter at a time, last parameter first
+        (all of them, or `indices`); raises the first hook error after every
+        parameter was updated."""
+        if indices is None:
+            indices = range(len(self._named) - 1, -1, -1)
         error = None
-        try:
-            for index in range(len(params) - 1, -1, -1):
-                grad = grads[index]
-                if grad is None:
-                    continue  # the engine counts it as updated at the step's end
-                p = params[index]
-                hooked = engine is not None and error is None
-                if hooked:
-                    try:
-                        for unit in self._unit_ids[index]:
-                            engine.before_update(unit)
-                    except _pmsnap.Error as e:
-                        error, hooked = e, False
-                p.grad = grad
-                try:
-                    optimizer.step()
-                finally:
-                    p.grad = None
-                if engine is not None:
-                    self._repin_state(index)
-                if hooked:
-                    try:
-                        for unit in self._unit_ids[index]:
-                            engine.after_update(unit)
-                    except _pmsnap.Error as e:
-                        error = e
-        finally:
-            for p, grad in zip(params, grads):
-                p.grad = grad
+        with self._only_gradient_shown() as show:
+            for index in indices:
+                error = self._step_one(engine, index, show, error)
         if error is not None:
             raise error
+
+    def _only_gradient_shown(self):
+        """Context: every gradient hidden from the optimizer; show(index)
+        shows one while the optimizer steps (torch.optim skips parameters
+        whose .grad is None). Everything is put back at exit."""
+        params = [p for _, p in self._named]
+        grads = [p.grad for p in params]
+
+        class _Shown:
+            def __enter__(inner):
+                for p in params:
+                    p.grad = None
+                return inner
+
+            def __call__(inner, index):
+                return grads[index]
+
+            def __exit__(inner, *exc):
+                for p, grad in zip(params, grads):
+                    p.grad = grad
+                return False
+
+        return _Shown()
+
+    def _step_one(self, engine, index, shown, error):
+        """Updates parameter `index` between its units' hooks (none once a
+        hook failed: `error`, returned with any new one)."""
+        grad = shown(index)
+        if grad is None:
+            return error  # the engine counts it as updated at the step's end
+        p = self._named[index][1]
+        hooked = engine is not None and error is None
+        if hooked:
+            try:
+                for unit in self._unit_ids[index]:
+                    engine.before_update(unit)
+            except _pmsnap.Error as e:
+                error, hooked = e, False
+        p.grad = grad
+        try:
+            self.optimizer.step()
+        finally:
+            p.grad = None
+        if engine is not None:
+            self._repin_state(index)
+        if hooked:
+            try:
+                for unit in self._unit_ids[index]:
+                    engine.after_update(unit)
+            except _pmsnap.Error as e:
+                error = e
+        return error
+
+    # --- update_in_backward ---------------------------------------------------------
+
+    def _register_backward_hooks(self):
+        if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+            raise _error(_pmsnap.InvalidArgumentError,
+                         "update_in_backward needs torch >= 2.1 "
+                         "(Tensor.register_post_accumulate_grad_hook); this is torch "
+                         f"{torch.__version__}")
+        for index, (_, p) in enumerate(self._named):
+            self._backward_hooks.append(p.register_post_accumulate_grad_hook(
+                lambda param, index=index: self._update_in_backward(index)))
+
+    def _update_in_backward(self, index):
+        """Post-accumulate-grad hook of parameter `index`: its update, now."""
+        if self._closed:
+            return
+        name = self._named[index][0]
+        if index in self._updated_in_backward:
+            raise _error(_pmsnap.InvalidArgumentError,
+                         f"parameter '{name}' got a second gradient before step(): with "
+                         "update_in_backward=True each parameter is updated as soon as its "
+                         "gradient is accumulated, so accumulating gradients over several "
+                         "backward passes would change the result; call step() after every "
+                         "backward pass, or use update_in_backward=False")
+        engine = self._engine
+        if engine is not None and not self._backward_step_begun and self._backward_error is None:
+            try:
+                self._check_unchanged()
+                engine.begin_step(self.iteration + 1)
+            except _pmsnap.Error as e:
+                self._backward_error = e
+        elif engine is None and not self._backward_step_begun:
+            self._check_resumes_pool(self.iteration + 1)
+        self._backward_step_begun = True
+        if self._backward_error is not None:
+            engine = None  # finish the update unobserved; step() raises
+        elif engine is not None and name in self._tables:
+            try:
+                self._mark_table(name)
+            except _pmsnap.Error as e:
+                self._backward_error, engine = e, None
+        with self._only_gradient_shown() as show:
+            error = self._step_one(engine, index, show, None)
+        if error is not None and self._backward_error is None:
+            self._backward_error = error
+        self._updated_in_backward.add(index)
+
+    def _finish_backward_step(self, step, loss):
+        """step() under update_in_backward: updates what backward did not
+        (parameters whose gradient was set by hand), then ends the step."""
+        remaining = [i for i in range(len(self._named) - 1, -1, -1)
+                     if i not in self._updated_in_backward]
+        begun, error = self._backward_step_begun, self._backward_error
+        self._updated_in_backward = set()
+        self._backward_step_begun = False
+        self._backward_error = None
+        if self._engine is None:
+            # First step: updated unobserved (torch makes its state), then the
+            # pool is laid out and captures iteration `step` whole.
+            if not begun:
+                self._check_resumes_pool(step)
+            self._step_parameters(None, remaining)
+            self.iteration = step
+            self._open_engine()
+            if self._table_tracker is not None:
+                self._table_tracker.clear()
+            self._engine.begin_step(step)
+            self._engine.end_step(self._pack_extra())
+            return loss
+        # After a hook error the rest is updated unobserved (the model stays
+        # consistent), then the epoch in flight is abandoned, as in step().
+        engine = self._engine if error is None else None
+        try:
+            if engine is not None and not begun:
+                self._check_unchanged()
+                engine.begin_step(step)
+            if engine is not None:
+                for index in remaining:
+                    name = self._named[index][0]
+                    if name in self._tables and self._named[index][1].grad is not None:
+                        self._mark_table(name)
+        except _pmsnap.Error as e:
+            error, engine = e, None
+        try:
+            self._step_parameters(engine, remaining)
+            if error is not None:
+                raise error
+        except BaseException:
+            self.iteration = step
+            self._fail()
+            raise
+        self.iteration = step
+        self._engine.end_step(self._pack_extra())
+        return loss
 
     def _repin_state(self, index):
         """Keeps the registered state tensors in optimizer.state (see the module doc)."""

@@ -26,9 +26,13 @@ PyObject* MakeClass(py::module_& module, const char* name, const char* doc, PyOb
 
 PyObject* Subclass(py::module_& module, const char* name, const char* doc,
                    PyObject* extra_base = nullptr) {
-  py::tuple bases = extra_base == nullptr
-                        ? py::make_tuple(py::handle(g_base))
-                        : py::make_tuple(py::handle(g_base), py::handle(extra_base));
+  // Typed per arity in pybind11 3, so no conditional expression.
+  py::tuple bases;
+  if (extra_base == nullptr) {
+    bases = py::make_tuple(py::handle(g_base));
+  } else {
+    bases = py::make_tuple(py::handle(g_base), py::handle(extra_base));
+  }
   return MakeClass(module, name, doc, bases.ptr());
 }
 

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,6 +52,7 @@
 #include "pmsnap/runtime/engine.h"
 #include "pmsnap/runtime/interval_policy.h"
 #include "pmsnap/runtime/stats.h"
+#include "pmsnap/tools/cli.h"
 #include "row_tracker.h"
 
 namespace pmsnap::python {
@@ -218,7 +220,8 @@ class PyEngine {
            std::uint64_t extra_state_capacity, std::uint64_t chunk_heap_bytes, bool verify_on_open,
            bool check_free_space, std::uint64_t reserve_bytes, bool print_summary,
            const std::vector<std::string>& encoded_units,
-           const std::optional<diff::EmbeddingOptions>& embedding_options) {
+           const std::optional<diff::EmbeddingOptions>& embedding_options,
+           const std::string& copy_start) {
     runtime::EngineOptions options;
     options.pool_path = pool;
     options.pool_options.part_bytes = part_bytes;
@@ -230,6 +233,7 @@ class PyEngine {
     options.policy = MakePolicy(policy, every, checkfreq_overhead);
     options.strategy = MakeStrategy(strategy, reserve_bytes);
     options.print_summary = print_summary;
+    options.copy_start = ValueOrThrow(runtime::ParseCopyStart(copy_start));
     std::vector<runtime::UnitRegistration> registrations = ToRegistrations(units, encoded_units);
     if (!encoded_units.empty()) {
       checkpointer_ = std::make_shared<diff::EmbeddingCheckpointer>(
@@ -550,6 +554,18 @@ py::dict ReadPool(const std::string& path, bool verify_data) {
   return d;
 }
 
+// `python -m pmsnap ...`: the C++ command line, output captured.
+py::tuple RunCli(const std::vector<std::string>& args) {
+  std::ostringstream out;
+  std::ostringstream err;
+  int code = 0;
+  {
+    py::gil_scoped_release release;
+    code = tools::RunCli(args, out, err);
+  }
+  return py::make_tuple(code, out.str(), err.str());
+}
+
 py::tuple DescribeDevice(const std::string& spec) {
   std::string note;
   std::unique_ptr<runtime::Device> device = ValueOrThrow(runtime::MakeDevice(spec, &note));
@@ -602,7 +618,7 @@ PYBIND11_MODULE(_pmsnap, m) {
                     const std::string&, std::uint64_t, double, const std::string&, int,
                     std::uint64_t, std::uint64_t, std::uint64_t, bool, bool, std::uint64_t, bool,
                     const std::vector<std::string>&,
-                    const std::optional<pmsnap::diff::EmbeddingOptions>&>(),
+                    const std::optional<pmsnap::diff::EmbeddingOptions>&, const std::string&>(),
            py::arg("pool"), py::arg("units"), py::kw_only(), py::arg("device") = "host",
            py::arg("policy") = "continuous", py::arg("every") = 1,
            py::arg("checkfreq_overhead") = 0.035, py::arg("strategy") = "adaptive",
@@ -611,7 +627,7 @@ PYBIND11_MODULE(_pmsnap, m) {
            py::arg("chunk_heap_bytes") = 0, py::arg("verify_on_open") = true,
            py::arg("check_free_space") = true, py::arg("reserve_bytes") = 0,
            py::arg("print_summary") = false, py::arg("encoded_units") = std::vector<std::string>{},
-           py::arg("embedding_options") = std::nullopt,
+           py::arg("embedding_options") = std::nullopt, py::arg("copy_start") = "auto",
            "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])]; "
            "`encoded_units` (embedding tables) go through a diff::EmbeddingCheckpointer.")
       .def("begin_step", &PyEngine::BeginStep, py::arg("step"))
@@ -740,6 +756,8 @@ PYBIND11_MODULE(_pmsnap, m) {
 
   m.def("read_pool", &ReadPool, py::arg("path"), py::arg("verify_data") = false,
         "Manifest, options and commit state of an existing pool.");
+  m.def("run_cli", &RunCli, py::arg("args"),
+        "Runs the pmsnap command line (info/verify); returns (exit_code, stdout, stderr).");
   m.def("describe_device", &DescribeDevice, py::arg("spec"),
         "-> (device name, note); raises InvalidArgumentError for a bad spec.");
   m.def("cuda_support_compiled", &pmsnap::runtime::CudaSupportCompiled);

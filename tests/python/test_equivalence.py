@@ -22,6 +22,18 @@ OPTIMIZERS = {
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.05),
     "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1, initial_accumulator_value=0.1),
     "rmsprop": lambda p: torch.optim.RMSprop(p, lr=1e-3, momentum=0.5, centered=True),
+    # torch 2.x implementations: multi-tensor (foreach) and fused kernels, and
+    # the single-tensor loop forced where a default might pick another.
+    "sgd_momentum_foreach": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=True),
+    "adam_foreach": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=True),
+    "adam_single_tensor": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False),
+    "adam_fused": lambda p: torch.optim.Adam(p, lr=1e-2, fused=True),
+    "adamw_foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.05, foreach=True),
+    "adamw_single_tensor": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.05,
+                                                       foreach=False),
+    "adamw_fused": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.05, fused=True),
+    "adagrad_foreach": lambda p: torch.optim.Adagrad(p, lr=0.1, foreach=True),
+    "rmsprop_foreach": lambda p: torch.optim.RMSprop(p, lr=1e-3, momentum=0.5, foreach=True),
 }
 
 

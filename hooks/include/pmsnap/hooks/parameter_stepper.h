@@ -182,8 +182,8 @@ class ParameterStepper {
   torch::optim::Optimizer& optimizer_;
   OptimizerKind kind_;
   std::vector<ParameterSlot> slots_;
-  // libtorch's state key (TensorImpl address as text) per slot.
-  std::vector<std::string> state_keys_;
+  // libtorch's state key per slot: the parameter's TensorImpl address.
+  std::vector<void*> state_keys_;
   // Each parameter's storage at registration: the pool was laid out for it
   // (slot.param shares the TensorImpl, so it would follow a set_data).
   std::vector<const void*> registered_data_;

@@ -25,6 +25,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pmsnap/common/status.h"
@@ -73,6 +74,10 @@ enum class CopyStart {
   // next checkpoint or update if they do not.
   kAfterStep,
 };
+
+// "auto", "after-update" or "after-step" (command lines, the Python binding).
+// kInvalidArgument names the accepted spellings.
+Result<CopyStart> ParseCopyStart(std::string_view name);
 
 struct EngineOptions {
   std::string pool_path;

@@ -1,9 +1,7 @@
-// `pmsnap`: inspect and verify checkpoint pools.
-//
-//   pmsnap info POOL [--json]     format, model signature, units, both slots
-//   pmsnap verify POOL [--json]   deep checksum check; exit 0 consistent, 1 not
-//
-// Exit codes: 0 success, 1 damaged or unreadable pool, 2 usage error.
+// The `pmsnap` command line (tools/include/pmsnap/tools/cli.h), shared by the
+// C++ executable and `python -m pmsnap`.
+#include "pmsnap/tools/cli.h"
+
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
@@ -14,6 +12,7 @@
 
 #include "pmsnap/pmem_layout/pool.h"
 
+namespace pmsnap::tools {
 namespace {
 
 using pmsnap::layout::Pool;
@@ -24,12 +23,12 @@ constexpr int kExitOk = 0;
 constexpr int kExitDamaged = 1;
 constexpr int kExitUsage = 2;
 
-int Usage() {
-  std::cerr << "usage: pmsnap info POOL [--json]\n"
-               "       pmsnap verify POOL [--json]\n"
-               "  info    print the pool's format, model signature, units and both slots\n"
-               "  verify  check every checksum (records, unit data, chunks); exit 0 if the\n"
-               "          pool is consistent, 1 if anything is damaged\n";
+int Usage(std::ostream& err) {
+  err << "usage: pmsnap info POOL [--json]\n"
+         "       pmsnap verify POOL [--json]\n"
+         "  info    print the pool's format, model signature, units and both slots\n"
+         "  verify  check every checksum (records, unit data, chunks); exit 0 if the\n"
+         "          pool is consistent, 1 if anything is damaged\n";
   return kExitUsage;
 }
 
@@ -125,7 +124,7 @@ std::string SlotLine(const SlotInfo& slot) {
   return out.str();
 }
 
-int Info(const Pool& pool, bool json) {
+int Info(const Pool& pool, bool json, std::ostream& text) {
   const auto& manifest = pool.manifest();
   const auto& layout = pool.layout();
   auto latest = pool.Latest();
@@ -170,43 +169,43 @@ int Info(const Pool& pool, bool json) {
       out << (i ? ", " : "") << JsonString(pool.warnings()[i]);
     }
     out << "]}";
-    std::cout << out.str() << "\n";
+    text << out.str() << "\n";
     return kExitOk;
   }
-  std::cout << "pool            " << pool.path() << "\n"
-            << "format version  " << pool.format_version() << "\n"
-            << "model signature " << Hex(pool.signature()) << "\n"
-            << "created         " << IsoTime(pool.created_unix_ns()) << "\n"
-            << "file size       " << HumanBytes(pool.file_bytes()) << "\n"
-            << "part size       " << HumanBytes(pool.options().part_bytes) << "\n"
-            << "extra state     up to " << HumanBytes(pool.options().extra_state_capacity) << "\n"
-            << "chunk heap      " << HumanBytes(pool.chunk_heap_used()) << " of "
-            << HumanBytes(pool.chunk_heap_capacity()) << " in " << pool.ListChunks().size()
-            << " chunks\n"
-            << "units           " << manifest.units.size() << " (" << HumanBytes(layout.slot_bytes)
-            << " per slot)\n";
+  text << "pool            " << pool.path() << "\n"
+       << "format version  " << pool.format_version() << "\n"
+       << "model signature " << Hex(pool.signature()) << "\n"
+       << "created         " << IsoTime(pool.created_unix_ns()) << "\n"
+       << "file size       " << HumanBytes(pool.file_bytes()) << "\n"
+       << "part size       " << HumanBytes(pool.options().part_bytes) << "\n"
+       << "extra state     up to " << HumanBytes(pool.options().extra_state_capacity) << "\n"
+       << "chunk heap      " << HumanBytes(pool.chunk_heap_used()) << " of "
+       << HumanBytes(pool.chunk_heap_capacity()) << " in " << pool.ListChunks().size()
+       << " chunks\n"
+       << "units           " << manifest.units.size() << " (" << HumanBytes(layout.slot_bytes)
+       << " per slot)\n";
   for (std::size_t u = 0; u < manifest.units.size(); ++u) {
     const auto& unit = manifest.units[u];
-    std::cout << "  " << unit.name << "  " << HumanBytes(layout.units[u].bytes) << "  "
-              << layout.units[u].part_count << " parts"
-              << ((unit.flags & pmsnap::layout::kUnitFlagEncoded) ? "  (encoded)" : "") << "\n";
+    text << "  " << unit.name << "  " << HumanBytes(layout.units[u].bytes) << "  "
+         << layout.units[u].part_count << " parts"
+         << ((unit.flags & pmsnap::layout::kUnitFlagEncoded) ? "  (encoded)" : "") << "\n";
     for (const auto& tensor : unit.tensors) {
-      std::cout << "    " << tensor.name << "  " << pmsnap::layout::DTypeName(tensor.dtype) << " "
-                << pmsnap::layout::ShapeToString(tensor.shape) << "\n";
+      text << "    " << tensor.name << "  " << pmsnap::layout::DTypeName(tensor.dtype) << " "
+           << pmsnap::layout::ShapeToString(tensor.shape) << "\n";
     }
   }
-  std::cout << SlotLine(pool.slot_info(0)) << "\n" << SlotLine(pool.slot_info(1)) << "\n";
+  text << SlotLine(pool.slot_info(0)) << "\n" << SlotLine(pool.slot_info(1)) << "\n";
   if (latest.ok()) {
-    std::cout << "latest          epoch " << latest->epoch() << " (iteration "
-              << latest->iteration() << ") in slot " << latest->slot() << "\n";
+    text << "latest          epoch " << latest->epoch() << " (iteration " << latest->iteration()
+         << ") in slot " << latest->slot() << "\n";
   } else {
-    std::cout << "latest          none: " << latest.status().message() << "\n";
+    text << "latest          none: " << latest.status().message() << "\n";
   }
-  for (const std::string& w : pool.warnings()) std::cout << "warning         " << w << "\n";
+  for (const std::string& w : pool.warnings()) text << "warning         " << w << "\n";
   return kExitOk;
 }
 
-int Verify(const Pool& pool, bool json) {
+int Verify(const Pool& pool, bool json, std::ostream& text) {
   const pmsnap::layout::VerifyReport report = pool.Verify(/*deep=*/true);
   if (json) {
     std::ostringstream out;
@@ -219,44 +218,43 @@ int Verify(const Pool& pool, bool json) {
     }
     out << "], \"recoverable_slot\": "
         << (report.recoverable_slot ? std::to_string(*report.recoverable_slot) : "null") << "}";
-    std::cout << out.str() << "\n";
+    text << out.str() << "\n";
   } else {
     for (const auto& slot : report.slots) {
-      std::cout << SlotLine(slot.info) << (slot.problems.empty() ? "  ok" : "") << "\n";
-      for (const std::string& p : slot.problems) std::cout << "  problem: " << p << "\n";
+      text << SlotLine(slot.info) << (slot.problems.empty() ? "  ok" : "") << "\n";
+      for (const std::string& p : slot.problems) text << "  problem: " << p << "\n";
     }
-    for (const std::string& p : report.chunk_problems) std::cout << "chunk problem: " << p << "\n";
-    std::cout << pool.path() << ": " << (report.ok() ? "consistent" : "DAMAGED");
+    for (const std::string& p : report.chunk_problems) text << "chunk problem: " << p << "\n";
+    text << pool.path() << ": " << (report.ok() ? "consistent" : "DAMAGED");
     if (report.recoverable_slot) {
-      std::cout << " (recovery uses slot " << *report.recoverable_slot << ", epoch "
-                << report.slots[*report.recoverable_slot].info.epoch << ")";
+      text << " (recovery uses slot " << *report.recoverable_slot << ", epoch "
+           << report.slots[*report.recoverable_slot].info.epoch << ")";
     }
-    std::cout << "\n";
+    text << "\n";
   }
   return report.ok() ? kExitOk : kExitDamaged;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   bool json = false;
   std::vector<std::string> positional;
   for (const std::string& arg : args) {
     if (arg == "--json") {
       json = true;
     } else if (arg == "-h" || arg == "--help") {
-      Usage();
+      Usage(out);
       return kExitOk;
     } else if (arg.rfind("--", 0) == 0) {
-      std::cerr << "pmsnap: unknown option '" << arg << "'\n";
-      return Usage();
+      err << "pmsnap: unknown option '" << arg << "'\n";
+      return Usage(err);
     } else {
       positional.push_back(arg);
     }
   }
   if (positional.size() != 2 || (positional[0] != "info" && positional[0] != "verify")) {
-    return Usage();
+    return Usage(err);
   }
   const bool verify = positional[0] == "verify";
   pmsnap::layout::OpenOptions options;
@@ -265,13 +263,15 @@ int main(int argc, char** argv) {
   auto pool = Pool::Open(positional[1], options);
   if (!pool.ok()) {
     if (json) {
-      std::cout << "{\"path\": " << JsonString(positional[1])
-                << ", \"error\": " << JsonString(pool.status().ToString())
-                << (verify ? ", \"consistent\": false" : "") << "}\n";
+      out << "{\"path\": " << JsonString(positional[1])
+          << ", \"error\": " << JsonString(pool.status().ToString())
+          << (verify ? ", \"consistent\": false" : "") << "}\n";
     } else {
-      std::cerr << "pmsnap: " << pool.status().ToString() << "\n";
+      err << "pmsnap: " << pool.status().ToString() << "\n";
     }
     return kExitDamaged;
   }
-  return verify ? Verify(**pool, json) : Info(**pool, json);
+  return verify ? Verify(**pool, json, out) : Info(**pool, json, out);
 }
+
+}  // namespace pmsnap::tools
