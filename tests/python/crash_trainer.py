@@ -5,14 +5,18 @@ and numpy RNGs, so a resumed run matches an uninterrupted one only if the
 parameters, the optimizer state, the RNG states and the iteration all come
 back exactly. With --pool it checkpoints every iteration through pmsnap and
 resumes from the pool when it holds a checkpoint; with --plain it uses the bare
-optimizer (the reference). Prints "step <k>" after each step (the test kills it
-at a random one) and saves the final training state to --out.
+optimizer (the reference). Prints "step <k> <seconds the step took> <end on
+time.monotonic()>" after each step, so the test can time its SIGKILL by this
+machine's own step time, and saves the final training state to --out. With
+--linger it then prints "done" and waits to be killed, so that a kill drawn
+after the last step still lands.
 
 Thread-safety: single-threaded script.
 """
 
 import argparse
 import random
+import signal
 import sys
 import time
 
@@ -51,9 +55,7 @@ def main():
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--optimizer", default="adam")
     parser.add_argument("--out", required=True)
-    # From this step on, pause 20 ms between steps: the test's SIGKILL then
-    # lands while training goes on instead of racing a run that already ended.
-    parser.add_argument("--slow-after", type=int, default=0)
+    parser.add_argument("--linger", action="store_true")
     args = parser.parse_args()
 
     random.seed(11)
@@ -70,6 +72,7 @@ def main():
             assert extra["position"] == start, extra
             print(f"resumed {start}", flush=True)
     for step in range(start + 1, args.steps + 1):
+        began = time.monotonic()
         x, y = batch()
         stepper.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
@@ -77,14 +80,17 @@ def main():
             opt.step()
         else:
             stepper.step(extra_state={"position": step})
-        print(f"step {step}", flush=True)
-        if args.slow_after and step >= args.slow_after:
-            time.sleep(0.02)
+        ended = time.monotonic()
+        print(f"step {step} {ended - began:.9f} {ended:.9f}", flush=True)
     if not args.plain:
         stepper.close()
     torch.save({"params": [p.detach().clone() for p in model.parameters()],
                 "optimizer": opt.state_dict(),
                 "rng": torch.get_rng_state()}, args.out)
+    if args.linger:
+        print("done", flush=True)
+        while True:
+            signal.pause()
     return 0
 
 

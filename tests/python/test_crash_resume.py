@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -25,21 +26,31 @@ def trainer(*args):
 
 
 def run_to_end(args):
-    done = subprocess.run(trainer(*args), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(trainer(*args), capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
-def run_and_kill(args, kill_after_step):
-    """Starts the trainer and SIGKILLs it once it printed `step kill_after_step`."""
-    child = subprocess.Popen(trainer(*args, "--slow-after", str(kill_after_step)),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_and_kill(args, kill_after_step, steps_later):
+    """Starts the trainer and SIGKILLs it `steps_later` (0..2) of its own step
+    times after it finished step `kill_after_step` (or at once when it is
+    already past the last step). Returns the last step it reported."""
+    child = subprocess.Popen(trainer(*args, "--linger"), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    last = None
     try:
         for line in child.stdout:
-            if line.startswith("step ") and int(line.split()[1]) >= kill_after_step:
-                os.kill(child.pid, signal.SIGKILL)
+            if line.strip() == "done":
                 break
-        child.wait(timeout=60)
+            if not line.startswith("step "):
+                continue
+            _, step, seconds, ended = line.split()
+            last = int(step)
+            if last >= kill_after_step:
+                time.sleep(max(0.0, float(ended) + steps_later * float(seconds) - time.monotonic()))
+                break
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
     finally:
         if child.poll() is None:
             child.kill()
@@ -49,6 +60,7 @@ def run_and_kill(args, kill_after_step):
         child.stderr.close()
     if child.returncode != -signal.SIGKILL:
         pytest.fail(f"trainer ended with {child.returncode} before the kill: {stderr}")
+    return last
 
 
 def assert_equal_nested(a, b, where="state"):
@@ -74,15 +86,18 @@ def test_killed_and_resumed_run_equals_uninterrupted(optimizer, pool_path, tmp_p
 
     resumed = tmp_path / "resumed.pt"
     args = ["--pool", pool_path, "--optimizer", optimizer, "--out", str(resumed)]
-    # Four kills at increasing random steps; the pool may hold an older
-    # iteration than the one printed (the kill lands anywhere in the next step).
+    # Four kills at increasing random steps, each 0..2 step times after the
+    # step ended: inside the next step's update, its checkpoint, or between.
     kill_points = sorted(rng.sample(range(2, STEPS - 15), 4))
+    last_reported = None
     for kill_at in kill_points:
-        run_and_kill(args, kill_at)
+        last_reported = run_and_kill(args, kill_at, rng.uniform(0.0, 2.0)) or last_reported
     out = run_to_end(args)
     assert out.startswith("resumed "), out[:200]
     resumed_from = int(out.split()[1])
-    assert kill_points[-1] - 1 <= resumed_from <= STEPS, (kill_points, resumed_from)
+    # every=1: step k begins only after the checkpoint of step k-1 committed.
+    assert last_reported - 1 <= resumed_from <= STEPS, (kill_points, last_reported,
+                                                        resumed_from)
 
     ref = torch.load(reference)
     got = torch.load(resumed)
