@@ -55,6 +55,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <linux/perf_event.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -1208,8 +1209,22 @@ std::string CountersText(const std::array<double, ThreadCounters::kCount>& per_i
   return text.empty() ? text : "  per it:" + text;
 }
 
+// Page faults of the whole process so far (every thread: training, checkpoint
+// workers, the pool's prefault): where a method pays for first touches of
+// its pool, files or buffers.
+double ProcessPageFaults() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return -1;
+  return static_cast<double>(usage.ru_minflt + usage.ru_majflt);
+}
+
 struct Trial {
   std::vector<double> iteration_seconds;
+  // The warm-up iterations right after the method was set up (a fresh pool,
+  // file or buffer): its cold start, reported apart from the steady state.
+  std::vector<double> cold_iteration_seconds;
+  // Process page faults per iteration, all threads: cold start, steady state.
+  double cold_process_faults = -1, process_faults = -1;
   // Of each iteration, the optimizer step with its checkpoint hooks (the
   // rest is zero_grad + forward + backward): where an overhead lands.
   std::vector<double> step_seconds;
@@ -1285,10 +1300,13 @@ Trial RunTrial(Context& c, const MethodSpec& m, bool keep_files) {
   Clock::time_point start{};
   ThreadCounters counters;
   std::array<double, ThreadCounters::kCount> at_start{};
+  const double faults_at_setup = ProcessPageFaults();
+  double faults_at_start = faults_at_setup;
   for (int step = 1; step <= total; ++step) {
     if (step == c.o.warmup + 1) {
       method->Mark();
       at_start = counters.Read();
+      faults_at_start = ProcessPageFaults();
       start = Clock::now();
     }
     const auto t = Clock::now();
@@ -1302,9 +1320,17 @@ Trial RunTrial(Context& c, const MethodSpec& m, bool keep_files) {
     if (step > c.o.warmup) {
       trial.iteration_seconds.push_back(Since(t));
       trial.step_seconds.push_back(Since(stepping));
+    } else {
+      trial.cold_iteration_seconds.push_back(Since(t));
     }
   }
   trial.wall = Since(start);
+  const double faults_at_end = ProcessPageFaults();
+  if (faults_at_setup >= 0 && faults_at_end >= 0) {
+    if (c.o.warmup > 0)
+      trial.cold_process_faults = (faults_at_start - faults_at_setup) / c.o.warmup;
+    trial.process_faults = (faults_at_end - faults_at_start) / c.iterations;
+  }
   const auto at_end = counters.Read();
   for (int i = 0; i < ThreadCounters::kCount; ++i)
     trial.per_iteration[i] =
@@ -1366,6 +1392,12 @@ struct Row {
   // per iteration over `none` split into step and zero_grad + forward +
   // backward (paired by round, medians).
   double step_ms = 0, extra_step_ms = 0, extra_forward_backward_ms = 0;
+  // Cold start: the warm-up iterations' mean (median over rounds) and its
+  // overhead over `none`'s warm-up, paired by round; page faults per
+  // iteration of the whole process and of the training thread (NaN: none).
+  double cold_ms = 0, cold_overhead_pct = std::nan("");
+  double cold_faults_per_iter = std::nan(""), faults_per_iter = std::nan("");
+  double training_faults_per_iter = std::nan("");
   Stall stall_per_iter;  // seconds per measured iteration, medians of rounds
   double stall_per_checkpoint_ms = 0;
   double commits_per_min = 0, iterations_per_commit = 0;
@@ -1397,7 +1429,8 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
          "stall_ms_per_checkpoint,commits_per_min,iterations_per_commit,mb_written_per_iter,"
          "conflicts,cost_per_checkpoint_ms,k_under_3.5pct,rounds,note,overhead_min_pct,"
          "overhead_max_pct,overhead_ci95_low_pct,overhead_ci95_high_pct,cycles_overhead_pct,"
-         "training_ipc,step_ms,extra_step_ms,extra_forward_backward_ms\n";
+         "training_ipc,step_ms,extra_step_ms,extra_forward_backward_ms,cold_ms,cold_overhead_pct,"
+         "cold_faults_per_iter,faults_per_iter,training_faults_per_iter\n";
   for (const auto& r : rows) {
     const double n = 1e3;
     csv << r.workload << "," << r.device << "," << r.method << "," << r.family << "," << r.median_ms
@@ -1411,7 +1444,9 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
         << (r.error.empty() ? r.note : "ERROR " + r.error) << "\"," << r.overhead_min_pct << ","
         << r.overhead_max_pct << "," << r.overhead_ci_low_pct << "," << r.overhead_ci_high_pct
         << "," << r.cycles_overhead_pct << "," << r.ipc << "," << r.step_ms << ","
-        << r.extra_step_ms << "," << r.extra_forward_backward_ms << "\n";
+        << r.extra_step_ms << "," << r.extra_forward_backward_ms << "," << r.cold_ms << ","
+        << r.cold_overhead_pct << "," << r.cold_faults_per_iter << "," << r.faults_per_iter << ","
+        << r.training_faults_per_iter << "\n";
   }
   std::ofstream rcsv(o.out + "/" + o.tag + "_restore.csv");
   rcsv << "workload,device,method,open_ms,restore_ms,total_ms,bytes,speedup_vs_torch_load,"
@@ -1681,7 +1716,7 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
     row.family = m.family;
     std::vector<double> all, means, overheads, conflict, boundary, copy, save, hook, cpm, bytes,
         per_ckpt, cost, ipc, cycle_overheads, instructions_per_cycle, steps, extra_steps,
-        extra_forward_backwards;
+        extra_forward_backwards, colds, cold_overheads, cold_faults, faults, training_faults;
     for (std::size_t r = 0; r < trials[m.name].size(); ++r) {
       const Trial& t = trials[m.name][r];
       if (!t.ok) {
@@ -1702,6 +1737,15 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
         extra_steps.push_back(step - base_step);
         extra_forward_backwards.push_back((mean - step) - (base - base_step));
       }
+      if (!t.cold_iteration_seconds.empty()) {
+        const double cold = Mean(t.cold_iteration_seconds);
+        colds.push_back(cold);
+        if (r < none.size() && none[r].ok && !none[r].cold_iteration_seconds.empty())
+          cold_overheads.push_back((cold / Mean(none[r].cold_iteration_seconds) - 1) * 100);
+      }
+      if (t.cold_process_faults >= 0) cold_faults.push_back(t.cold_process_faults);
+      if (t.process_faults >= 0) faults.push_back(t.process_faults);
+      if (t.per_iteration[4] >= 0) training_faults.push_back(t.per_iteration[4]);
       const double cycles = t.per_iteration[0], instructions = t.per_iteration[1];
       if (cycles > 0 && instructions >= 0) instructions_per_cycle.push_back(instructions / cycles);
       if (cycles > 0 && r < none.size() && none[r].ok && none[r].per_iteration[0] > 0)
@@ -1732,6 +1776,11 @@ void RunWorkloadDevice(const Options& o, Workload& w, const std::string& device_
     row.step_ms = Median(steps) * 1e3;
     row.extra_step_ms = Median(extra_steps) * 1e3;
     row.extra_forward_backward_ms = Median(extra_forward_backwards) * 1e3;
+    row.cold_ms = Median(colds) * 1e3;
+    if (!cold_overheads.empty()) row.cold_overhead_pct = Median(cold_overheads);
+    if (!cold_faults.empty()) row.cold_faults_per_iter = Median(cold_faults);
+    if (!faults.empty()) row.faults_per_iter = Median(faults);
+    if (!training_faults.empty()) row.training_faults_per_iter = Median(training_faults);
     if (!overheads.empty()) {
       row.overhead_min_pct = *std::min_element(overheads.begin(), overheads.end());
       row.overhead_max_pct = *std::max_element(overheads.begin(), overheads.end());
@@ -1846,6 +1895,18 @@ void PrintTable(const Results& res) {
   std::printf(
       "(stall columns: ms per measured iteration on the training thread; k<3.5%%: "
       "estimated longest-frequency interval keeping overhead under 3.5%%)\n");
+  std::printf("\n%-11s %-9s %-22s %9s %9s | %12s %12s %12s\n", "workload", "device", "method",
+              "cold ms", "cold ovh%", "cold flt/it", "flt/it", "train flt/it");
+  for (const auto& r : res.rows) {
+    if (r.rounds_ok == 0) continue;
+    std::printf("%-11s %-9s %-22s %9.1f %+9.1f | %12.0f %12.0f %12.0f\n", r.workload.c_str(),
+                r.device.c_str(), r.method.c_str(), r.cold_ms, r.cold_overhead_pct,
+                r.cold_faults_per_iter, r.faults_per_iter, r.training_faults_per_iter);
+  }
+  std::printf(
+      "(cold: the --warmup iterations right after a method was set up, i.e. a fresh pool, "
+      "file or buffer, against none's; flt/it: page faults per iteration, whole process "
+      "and training thread)\n");
   std::printf("\n%-11s %-9s %-36s %9s %9s %9s %9s\n", "workload", "device", "restore", "open ms",
               "copy ms", "total ms", "MB");
   for (const auto& r : res.restores)

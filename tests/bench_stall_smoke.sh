@@ -44,5 +44,8 @@ for row in csv.DictReader(open(sys.argv[1])):
     assert low <= mid + 1e-9 <= high + 2e-9, row
     ipc = float(row["training_ipc"])
     assert math.isnan(ipc) or ipc > 0, row
+    # Cold start (the warm-up iterations) and page faults, reported apart.
+    assert float(row["cold_ms"]) > 0, row
+    assert float(row["faults_per_iter"]) >= 0 and float(row["cold_faults_per_iter"]) >= 0, row
 PY
 echo "bench_stall_smoke: restores in fresh processes on host and simulated: ok"
