@@ -475,7 +475,9 @@ struct Engine::Impl {
       epoch.failed.store(true, std::memory_order_relaxed);
       RecordError(prepared);
     }
-    if (raw->part_count() == 0) {  // encoded units have no slot parts
+    // A guard: every unit has a part (a slot unit one per tensor at least, an
+    // encoded unit its one kEncodedPart for the encoder).
+    if (raw->part_count() == 0) {
       ReleaseUnits(epoch, 1);
       return prepared;
     }

@@ -1,11 +1,11 @@
 """Embedding tracking: which rows of each embedding table a step touched.
 
-Differential and incremental checkpoint policies (DESIGN.md, "Embedding
-checkpoints") write only the rows that changed. A row of an nn.Embedding or
-nn.EmbeddingBag changes only if a lookup read it (its gradient is zero
-otherwise), so a forward hook that marks every looked-up id in a bit vector
-per table (a C++ RowTracker) finds them. `padding_idx` rows are never
-updated by torch and are not marked.
+Differential and incremental checkpoint policies (docs/ARCHITECTURE.md,
+"Embedding tables: diff/ and the chunk heap") write only the rows that changed.
+A row of an nn.Embedding or nn.EmbeddingBag changes only if a lookup read it
+(its gradient is zero otherwise), so a forward hook that marks every looked-up
+id in a bit vector per table (a C++ RowTracker) finds them. `padding_idx` rows
+are never updated by torch and are not marked.
 
     tracker = pmsnap.EmbeddingTracker(model)    # hooks every Embedding(Bag)
     ... forward / backward / step ...

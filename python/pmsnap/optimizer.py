@@ -1,14 +1,15 @@
 """CheckpointedOptimizer and restore: pmsnap inside a PyTorch training loop.
 
 pmsnap checkpoints weight by weight while training runs, so it must see every
-parameter's update as its own event (DESIGN.md, "Per-unit pipeline"). A
-torch.optim optimizer updates all parameters inside one step() and skips the
-ones whose .grad is None; CheckpointedOptimizer uses exactly that: it hides
-every gradient, then for each parameter (last first, the order backward
-produces gradients) shows only that parameter's gradient and calls the wrapped
-optimizer's own step(), between the unit's BeforeUpdate and AfterUpdate hooks.
-The arithmetic is the optimizer's own code on the same tensors, so results are
-bitwise identical to one plain step() (tests/python/test_equivalence.py).
+parameter's update as its own event (docs/ARCHITECTURE.md, "From an optimizer
+hook to a committed epoch"). A torch.optim optimizer updates all parameters
+inside one step() and skips the ones whose .grad is None; CheckpointedOptimizer
+uses exactly that: it hides every gradient, then for each parameter (last
+first, the order backward produces gradients) shows only that parameter's
+gradient and calls the wrapped optimizer's own step(), between the unit's
+BeforeUpdate and AfterUpdate hooks. The arithmetic is the optimizer's own code
+on the same tensors, so results are bitwise identical to one plain step()
+(tests/python/test_equivalence.py).
 
 Unit = one parameter plus every tensor in optimizer.state[param], in sorted key
 order ("param", then e.g. "exp_avg", "exp_avg_sq", "step"). Non-tensor state
@@ -557,9 +558,15 @@ class CheckpointedOptimizer:
 
         `extra_state` (a picklable dict, e.g. {"batch": 123}) replaces
         self.extra_state and is stored with this step's checkpoint. Returns
-        the closure's loss, like torch.optim. If a hook fails, the step is
-        still completed for every parameter (the model stays consistent), the
-        epoch in flight is abandoned, the engine closed and the error raised.
+        the closure's loss, like torch.optim. If a hook fails while the
+        parameters are updated, the step is still completed for every
+        parameter (the model stays consistent), the epoch in flight is
+        abandoned, the engine closed and the error raised; so too for an
+        error from the engine's begin_step (e.g. a worker error of an earlier
+        checkpoint) under update_in_backward. Without it, that error is
+        raised before any parameter is updated, the engine left open. An
+        error from end_step is raised after every parameter was updated, the
+        engine left open.
         """
         if self._closed:
             raise _error(_pmsnap.FailedPreconditionError,

@@ -15,11 +15,14 @@
 //                              direct group.
 //   AdaptiveStrategy           per unit, from the last epoch's profile and the
 //                              device's free memory: no conflict expected -> 2;
-//                              conflict and memory -> 1; conflict and short of
-//                              memory -> 4 (split tuned) or 3. Before the first
-//                              profile: 1 if memory allows, else 3. On a device
-//                              whose in-device copies are not faster than its
-//                              direct copies (host): always 2.
+//                              conflict and memory -> 1 (4 if the in-device
+//                              copy itself would outlast the gap); conflict and
+//                              short of memory -> 4 (split tuned) or 3. Before
+//                              the first profile: 3. On a device whose
+//                              in-device copies are not at least twice as fast
+//                              as its direct copies (host): always 2. See
+//                              Decide, and docs/ARCHITECTURE.md, "Conflicts
+//                              and the adaptive selector".
 //
 // Device memory: in-device copies never take more than the device's free
 // memory minus `reserve_bytes`; when a copy cannot be had the unit falls back

@@ -1,9 +1,11 @@
 // Pool: one pmsnap checkpoint file (a libpmemobj pool) with two preallocated
-// slots, a per-slot commit record and a chunk heap. Format: FORMAT.md.
+// slots, a per-slot commit record and a chunk heap. Format: FORMAT.md;
+// overview: docs/ARCHITECTURE.md, "The pool file".
 //
 // Writer protocol (one epoch in flight at a time):
-//   BeginEpoch(iteration) -> WritePart / WriteUnit from any threads, any
-//   order, each part exactly once -> Commit(extra_state).
+//   BeginEpoch(iteration) -> WritePart / WriteTensor (or PartDestination +
+//   SealPart) from any threads, any order, each part exactly once ->
+//   Commit(extra_state).
 // Commit persists the part checksums and the record, then publishes the
 // epoch with one 8-byte atomic store. A crash at any point leaves a pool that
 // opens to the last committed epoch, bit-exact.
@@ -12,11 +14,31 @@
 // default) data checksums verify; a corrupt newest slot falls back to the
 // older one with a warning (see warnings()).
 //
-// Thread-safety: WritePart / WriteUnit / SealPart may be called concurrently
-// for different parts, and prefault_progress / WaitForPrefault from any
-// thread. Every other method is for one thread at a time (the runtime's
-// coordinator). Read-only spans stay valid until the Pool is destroyed; a
-// slot's spans change content once that slot is rewritten.
+// Thread-safety:
+//  - Slot writers: WritePart, WriteTensor, PartDestination and SealPart may
+//    run concurrently on any threads for different parts, between
+//    BeginEpoch and Commit/Abandon (which must not overlap them).
+//  - Slot readers: ReadPart, VerifyPart, CopyPart and PrefaultPart may run
+//    concurrently for different parts.
+//  - Chunk heap: AllocChunk, ChunkPayload, SealChunk, ReadChunk, FreeChunk,
+//    ListChunks and chunk_heap_used may be called from any threads at once,
+//    also beside the slot writers: they share one mutex (AllocChunk and
+//    FreeChunk hold it across their pmemobj transaction; SealChunk persists
+//    and hashes the payload, and ReadChunk verifies it, outside it). Left to
+//    the caller: one writer per chunk (ChunkPayload..SealChunk), and no
+//    FreeChunk of a chunk another thread still seals or reads (its spans
+//    then dangle). diff::EmbeddingCheckpointer relies on this: workers
+//    encode different tables at once.
+//  - prefault_progress and WaitForPrefault: any thread; so are the
+//    accessors of what is fixed at open (path, manifest, layout, options,
+//    file_bytes, FindUnit, signature, format_version, created_unix_ns).
+//  - Everything else (BeginEpoch, Commit, Abandon, Latest, Slot, slot_info,
+//    RejectLatest, Verify, ...) one call at a time, not beside the calls
+//    above. The Engine calls BeginEpoch on the training thread and Commit or
+//    Abandon on whichever thread finishes the epoch (a worker or the
+//    training thread), never at once.
+// Read-only spans stay valid until the Pool is destroyed; a slot's spans
+// change content once that slot is rewritten.
 //
 // Prefault (PoolOptions / OpenOptions::prefault_mapping, on by default):
 // after Create and Open return, one background thread of the Pool faults

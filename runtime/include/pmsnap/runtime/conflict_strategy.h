@@ -3,11 +3,17 @@
 // and what may be prepared right after the update that the epoch captures.
 //
 // Strategy 2 ("wait for the snapshot, not the persist") lives here; the
-// others and the adaptive selector are in conflict/.
+// others and the adaptive selector are in conflict/. Overview:
+// docs/ARCHITECTURE.md, "Conflicts and the adaptive selector".
 //
-// Thread-safety: OnCaptured and Resolve are called on the training thread;
-// OnUnitSnapshotted and OnEpochCommitted on worker threads. Implementations
-// guard their own state.
+// Thread-safety: the Engine calls OnCaptured, Resolve, choice and
+// OnEpochCommitted on the training thread, never two at once.
+// OnEpochCommitted runs when the training thread reaps a committed epoch
+// (the next BeginStep, Flush or Close), before the next epoch's first
+// OnCaptured; abandoned epochs get no call. fallbacks() is also read from
+// any thread (Engine::stats()). Work a strategy queues elsewhere (in-device
+// copies on the device stream, UnitTask) runs beside these calls:
+// implementations guard the state it shares.
 #pragma once
 
 #include <cstdint>

@@ -12,8 +12,12 @@
 // A crash before the commit leaves only chunks of an uncommitted epoch,
 // which the pool frees at the next BeginEpoch.
 //
-// Thread-safety: Encode may run concurrently for different units; the other
-// calls are serialized by the engine.
+// Thread-safety: Encode may run concurrently for different units, and
+// beside OnCaptured of another unit of the same epoch (training thread).
+// The other calls are serialized by the engine: OnCommitted / OnAbandoned
+// run after every Encode of their epoch returned and before the next
+// epoch's first OnCaptured. Overview: docs/ARCHITECTURE.md, "Embedding
+// tables: diff/ and the chunk heap".
 #pragma once
 
 #include <cstdint>

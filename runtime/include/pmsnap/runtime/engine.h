@@ -14,7 +14,10 @@
 // iteration k. Workers (a oneTBB arena) copy units part by part straight into
 // the pool slot, persist, and commit the epoch when all are durable; at most
 // one epoch is in flight. Worker errors surface as the Status of the next
-// hook on the training thread.
+// BeginStep, BeforeUpdate or EndStep on the training thread, and of every
+// one after it (the first error is kept: no further epoch starts). The whole
+// path, hook by hook: docs/ARCHITECTURE.md, "From an optimizer hook to a
+// committed epoch".
 //
 // Thread-safety: hooks, Close and Restore belong to one training thread.
 // stats() may be called from any thread.
