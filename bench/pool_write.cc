@@ -332,7 +332,8 @@ int RunCold(const Args& args, const Manifest& manifest, const std::vector<std::b
 
 int main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
-  // The PM code path on emulated PM (DESIGN.md); a real DAX mount needs nothing.
+  // The PM code path on emulated PM (README, "Where pools live"); a real DAX
+  // mount needs nothing.
   setenv("PMEM_IS_PMEM_FORCE", "1", 0);
 
   constexpr std::uint64_t kUnitBytes = 16ull << 20;
