@@ -87,6 +87,43 @@ std::string PmdkError(const char* what) {
   return std::string(what) + ": " + ((msg != nullptr && *msg != '\0') ? msg : std::strerror(errno));
 }
 
+// libpmemobj's text for a failed pmemobj_create/open that set errno `err`.
+std::string PmdkMessage(int err) {
+  const char* msg = pmemobj_errormsg();
+  return (msg != nullptr && *msg != '\0') ? msg : std::strerror(err);
+}
+
+// A failed operation on a pool file: `what` names the file and the step,
+// `figures` (optional) what the file system has left, `cause` is the OS's
+// or libpmemobj's own text; the code follows errno
+// (detail::ClassifyPoolOsError).
+Status PoolFileError(int err, const std::string& what, const std::string& cause,
+                     const std::string& figures = "") {
+  const detail::PoolOsError meaning = detail::ClassifyPoolOsError(err);
+  std::string message = what;
+  if (*meaning.hint != '\0') {
+    message += ": ";
+    message += meaning.hint;
+    // Services often run as another user than the one who set the
+    // permissions up: say which one was refused.
+    if (err == EACCES || err == EPERM) {
+      message += " for uid " + std::to_string(::geteuid()) + " gid " + std::to_string(::getegid());
+    }
+  }
+  if (!figures.empty()) message += ": " + figures;
+  return {meaning.code, message + " (" + cause + ")"};
+}
+
+// "'<dir>' has N bytes and M inodes free": a full file system may be out of
+// either, and only the figures tell which.
+std::string FreeSpaceOf(const std::filesystem::path& dir) {
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) return "'" + dir.string() + "': free space unknown";
+  return "'" + dir.string() + "' has " +
+         std::to_string(static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize) + " bytes and " +
+         std::to_string(fs.f_favail) + " inodes free";
+}
+
 std::uint64_t RecordBytes(std::uint64_t part_count, std::uint64_t extra_capacity) {
   return AlignUp(sizeof(SlotRecordHeader) + 8 * part_count + extra_capacity, 64);
 }
@@ -298,6 +335,13 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (parent.empty()) parent = ".";
   if (!std::filesystem::is_directory(parent, ec)) {
+    // An unsearchable parent (EACCES) is not a missing one: the fix differs.
+    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+      return PoolFileError(
+          ec.value(),
+          "cannot create pool '" + path + "': cannot reach directory '" + parent.string() + "'",
+          ec.message());
+    }
     return Status(StatusCode::kNotFound, "cannot create pool '" + path + "': directory '" +
                                              parent.string() + "' does not exist");
   }
@@ -332,10 +376,21 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   PMEMobjpool* pop = pmemobj_create(temp_path.c_str(), kPoolLayoutName, required, 0644);
   if (pop == nullptr) {
     const int err = errno;
-    return Status(
-        err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kIOError,
-        PmdkError(("cannot create pool '" + path + "' (" + std::to_string(required) + " bytes)")
-                      .c_str()));
+    const std::string cause = PmdkMessage(err);
+    // libpmemobj deletes the file it made when it fails, but a file left
+    // behind anyway would make every retry fail as "already exists".
+    std::filesystem::remove(temp_path, ec);
+    const std::string what =
+        "cannot create pool '" + path + "' (" + std::to_string(required) + " bytes)";
+    if (err == EINVAL || err == EOPNOTSUPP) {
+      // pmemobj_create's own arguments are valid by construction here: what
+      // failed is posix_fallocate or mmap on a file system that cannot do it.
+      return Status(StatusCode::kInvalidArgument,
+                    what + ": the file system of '" + parent.string() +
+                        "' cannot preallocate or map the pool file (" + cause + ")");
+    }
+    return PoolFileError(err, what, cause,
+                         err == ENOSPC || err == EDQUOT ? FreeSpaceOf(parent) : "");
   }
   auto fail = [&](Status status) {
     pmemobj_close(pop);
@@ -343,8 +398,10 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
     return status;
   };
   PMEMoid root_oid = pmemobj_root(pop, sizeof(PoolRoot));
-  if (OID_IS_NULL(root_oid))
-    return fail({StatusCode::kIOError, PmdkError("cannot make pool root")});
+  if (OID_IS_NULL(root_oid)) {
+    return fail({errno == ENOMEM ? StatusCode::kNoSpace : StatusCode::kIOError,
+                 PmdkError(("cannot create pool '" + path + "': cannot make its root").c_str())});
+  }
   auto* root = static_cast<PoolRoot*>(pmemobj_direct(root_oid));
   auto* base = reinterpret_cast<std::byte*>(pop);
 
@@ -400,9 +457,10 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   // The file appears under its real name only once complete.
   std::filesystem::rename(temp_path, path, ec);
   if (ec) {
+    const std::error_code rename_error = ec;
     std::filesystem::remove(temp_path, ec);
-    return Status(StatusCode::kIOError,
-                  "cannot rename new pool to '" + path + "': " + ec.message());
+    return PoolFileError(rename_error.value(), "cannot rename new pool to '" + path + "'",
+                         rename_error.message());
   }
   const int dir_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY);
   if (dir_fd >= 0) {
@@ -432,8 +490,8 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
     if (errno == ENOENT) {
       return Status(StatusCode::kNotFound, "pool file '" + path + "' does not exist");
     }
-    return Status(StatusCode::kIOError,
-                  "cannot stat pool file '" + path + "': " + std::strerror(errno));
+    const int err = errno;
+    return PoolFileError(err, "cannot stat pool file '" + path + "'", std::strerror(err));
   }
   if (S_ISDIR(st.st_mode)) {
     return Status(StatusCode::kInvalidArgument,
@@ -446,8 +504,8 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
     char signature[8] = {};
     const int fd = ::open(path.c_str(), O_RDONLY);
     if (fd < 0) {
-      return Status(StatusCode::kIOError,
-                    "cannot read pool file '" + path + "': " + std::strerror(errno));
+      const int err = errno;
+      return PoolFileError(err, "cannot read pool file '" + path + "'", std::strerror(err));
     }
     const ssize_t got = ::pread(fd, signature, sizeof(signature), 0);
     ::close(fd);
@@ -471,14 +529,27 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
   impl.pop = pmemobj_open(path.c_str(), kPoolLayoutName);
   if (impl.pop == nullptr) {
     const int err = errno;
-    const std::string message = PmdkError(("cannot open pool '" + path + "'").c_str());
+    const std::string pmdk = PmdkMessage(err);
+    const std::string message = "cannot open pool '" + path + "': " + pmdk;
     if (err == EWOULDBLOCK || err == EAGAIN) {
       return Status(StatusCode::kBusy, message + " (is it open in another process?)");
     }
-    if (message.find("layout") != std::string::npos) {
+    // The file system refused (read-only mount, permissions, no shared
+    // mappings): errno says so, whatever libpmemobj's text contains.
+    if (detail::ClassifyPoolOsError(err).code != StatusCode::kIOError) {
+      return PoolFileError(err, "cannot open pool '" + path + "'", pmdk);
+    }
+    // libpmemobj's text quotes the path: words in the path ("layout",
+    // "size") must not pick the code.
+    std::string reason = pmdk;
+    for (std::size_t at = reason.find(path); !path.empty() && at != std::string::npos;
+         at = reason.find(path, at)) {
+      reason.erase(at, path.size());
+    }
+    if (reason.find("layout") != std::string::npos) {
       return Status(StatusCode::kNotAPool, message + " (a PMDK pool of another program)");
     }
-    if (message.find("size") != std::string::npos || message.find("trunc") != std::string::npos) {
+    if (reason.find("size") != std::string::npos || reason.find("trunc") != std::string::npos) {
       return Status(StatusCode::kCorruption, message + " (the file looks truncated)");
     }
     return Status(err == EINVAL ? StatusCode::kCorruption : StatusCode::kIOError, message);
@@ -1110,8 +1181,16 @@ Result<ChunkInfo> Pool::AllocChunk(std::uint64_t bytes, std::uint64_t epoch, std
     return 0;
   });
   if (!status.ok()) {
-    return Status(status.code(), "pool '" + path_ + "': cannot allocate a chunk of " +
-                                     std::to_string(bytes) + " bytes: " + status.message());
+    std::string message =
+        "pool '" + path_ + "': cannot allocate a chunk of " + std::to_string(bytes) + " bytes";
+    if (status.code() == StatusCode::kNoSpace) {
+      // Within the budget, yet libpmemobj found no free range this large:
+      // the figures show it is fragmentation, not a full heap.
+      message += " (" + std::to_string(needed) + " bytes of heap; the chunk heap has " +
+                 std::to_string(capacity - used) + " of " + std::to_string(capacity) +
+                 " bytes free, but not in one piece)";
+    }
+    return Status(status.code(), message + ": " + status.message());
   }
   ChunkInfo info{offset, epoch, tag, bytes, false};
   impl.chunks.emplace(offset, info);
@@ -1202,7 +1281,10 @@ Status Pool::FreeChunk(std::uint64_t chunk_id) {
     heap.count -= std::min<std::uint64_t>(heap.count, 1);
     return pmemobj_tx_free(impl.Oid(chunk_id));
   });
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    return Status(status.code(), "pool '" + path_ + "': cannot free chunk " +
+                                     std::to_string(chunk_id) + ": " + status.message());
+  }
   impl.chunks.erase(chunk_id);
   return Status::Ok();
 }

@@ -12,3 +12,5 @@ pmsnap_add_test(checksum_test SOURCES checksum_test.cc LIBS pmsnap::layout PkgCo
 target_include_directories(checksum_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)
 pmsnap_add_pool_test(pool_prefault_test SOURCES pool_prefault_test.cc LIBS pmsnap::layout)
 target_include_directories(pool_prefault_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)
+pmsnap_add_pool_test(pool_bad_env_test SOURCES pool_bad_env_test.cc LIBS pmsnap::layout)
+target_include_directories(pool_bad_env_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)

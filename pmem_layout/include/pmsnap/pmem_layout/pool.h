@@ -209,13 +209,22 @@ class Pool {
   // Creates a new pool file. Fails without touching `path` if it exists
   // (kInvalidArgument), the manifest is invalid, or the file system has less
   // free space than RequiredBytes (kNoSpace, with both figures). The file
-  // appears at `path` only once complete (built under a temporary name).
+  // appears at `path` only once complete (built under a temporary name), and
+  // a failure leaves no partial file behind. Errors of the file system, naming
+  // `path`: kNoSpace when it fills up during creation (or has no inodes
+  // left; the bytes and inodes free), kFailedPrecondition when the
+  // directory may not be written or searched (the uid refused) or is on a
+  // read-only mount, kInvalidArgument when it cannot hold a mapped pool
+  // (hugetlbfs, mqueue, proc, sysfs, no shared mappings).
   static Result<std::unique_ptr<Pool>> Create(const std::string& path, const Manifest& manifest,
                                               const PoolOptions& options = {});
 
   // Opens an existing pool and recovers: picks the newest committed slot that
   // verifies. Errors name the file and what is wrong: kNotFound, kNotAPool,
-  // kUnsupportedVersion, kCorruption, kBusy (open in another process).
+  // kUnsupportedVersion, kCorruption, kBusy (open in another process),
+  // kFailedPrecondition (the process may not read and write the file, or it
+  // is on a read-only mount: libpmemobj maps a pool writable even to read
+  // it), kInvalidArgument (a file system without shared mappings).
   static Result<std::unique_ptr<Pool>> Open(const std::string& path,
                                             const OpenOptions& options = {});
   // As Open, and checks the pool was made for `expected`
@@ -306,7 +315,10 @@ class Pool {
 
   // --- chunk heap (crash-consistent through pmemobj transactions) ---
   // Allocates and links a chunk of `bytes` for `epoch`. kNoSpace when the
-  // configured chunk heap cannot hold it (with needed and free bytes).
+  // configured chunk heap cannot hold it (with needed and free bytes), also
+  // when the budget has room but libpmemobj finds no free range that large
+  // (a fragmented heap: the message gives the budget's free bytes). A
+  // failed allocation changes nothing in the pool.
   Result<ChunkInfo> AllocChunk(std::uint64_t bytes, std::uint64_t epoch, std::uint64_t tag);
   // Writable payload of an unsealed chunk.
   Result<std::span<std::byte>> ChunkPayload(std::uint64_t chunk_id);
