@@ -583,16 +583,8 @@ class CheckpointedOptimizer:
         if self._backward_hooks:
             return self._finish_backward_step(step, loss)
         if self._engine is None:
-            # First step: let torch create its state, then lay out the pool.
             self._check_resumes_pool(step)
-            self._step_parameters(None)
-            self.iteration = step
-            self._open_engine()
-            # This epoch writes every table whole: earlier marks are moot.
-            if self._table_tracker is not None:
-                self._table_tracker.clear()
-            self._engine.begin_step(step)
-            self._engine.end_step(self._pack_extra())
+            self._first_step(step)
             return loss
         self._check_unchanged()
         # Before any table's update: its capture takes the rows marked so far.
@@ -805,6 +797,18 @@ class CheckpointedOptimizer:
                 pass
             self._final_stats = self._stats_of(engine)
 
+    def _first_step(self, step, indices=None):
+        """The first step: the update runs unobserved so that torch makes its
+        state, then the pool is laid out and captures iteration `step` whole."""
+        self._step_parameters(None, indices)
+        self.iteration = step
+        self._open_engine()
+        # This epoch writes every table whole: earlier marks are moot.
+        if self._table_tracker is not None:
+            self._table_tracker.clear()
+        self._engine.begin_step(step)
+        self._engine.end_step(self._pack_extra())
+
     def _step_parameters(self, engine, indices=None):
         """Steps the optimizer one parameter at a time, last parameter first
         (all of them, or `indices`); raises the first hook error after every
@@ -927,17 +931,9 @@ class CheckpointedOptimizer:
         self._backward_step_begun = False
         self._backward_error = None
         if self._engine is None:
-            # First step: updated unobserved (torch makes its state), then the
-            # pool is laid out and captures iteration `step` whole.
             if not begun:
                 self._check_resumes_pool(step)
-            self._step_parameters(None, remaining)
-            self.iteration = step
-            self._open_engine()
-            if self._table_tracker is not None:
-                self._table_tracker.clear()
-            self._engine.begin_step(step)
-            self._engine.end_step(self._pack_extra())
+            self._first_step(step, remaining)
             return loss
         # After a hook error the rest is updated unobserved (the model stays
         # consistent), then the epoch in flight is abandoned, as in step().
