@@ -2,6 +2,8 @@
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/sgd.h>
@@ -10,6 +12,7 @@
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "pmsnap/hooks/tracked_embedding.h"
 
@@ -153,11 +156,41 @@ class CheckpointedOptimizer::EngineObserver final : public StepObserver {
   const std::vector<std::uint32_t>& dense_units_;
 };
 
+// What the hooks reach their optimizer through. The parameter, not the
+// optimizer, owns a hook, and other code may keep one alive (a hook set
+// later that chains to ours): once the hooks are taken off, owner is null
+// and such a hook only calls the one it replaced.
+struct CheckpointedOptimizer::HookLink {
+  CheckpointedOptimizer* owner = nullptr;
+};
+
+class CheckpointedOptimizer::BackwardHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  BackwardHook(std::shared_ptr<HookLink> link, std::size_t index,
+               std::unique_ptr<torch::autograd::PostAccumulateGradHook> previous)
+      : link_(std::move(link)), index_(index), previous_(std::move(previous)) {}
+  void operator()(const torch::autograd::Variable& tensor) override {
+    // The hook the parameter had first, as hooks registered earlier run first.
+    if (previous_ != nullptr) (*previous_)(tensor);
+    if (link_->owner != nullptr) link_->owner->UpdateInBackward(index_);
+  }
+  const HookLink* link() const { return link_.get(); }
+  std::unique_ptr<torch::autograd::PostAccumulateGradHook> TakePrevious() {
+    return std::move(previous_);
+  }
+
+ private:
+  std::shared_ptr<HookLink> link_;
+  std::size_t index_;
+  std::unique_ptr<torch::autograd::PostAccumulateGradHook> previous_;
+};
+
 CheckpointedOptimizer::CheckpointedOptimizer(std::unique_ptr<ParameterStepper> stepper,
                                              std::unique_ptr<runtime::Engine> engine)
     : stepper_(std::move(stepper)), engine_(std::move(engine)) {}
 
 CheckpointedOptimizer::~CheckpointedOptimizer() {
+  RemoveBackwardHooks();
   for (const std::weak_ptr<torch::nn::Module>& weak : bound_modules_) {
     std::shared_ptr<torch::nn::Module> module = weak.lock();
     RowMarker* marker = module ? MarkerOf(*module) : nullptr;
@@ -201,47 +234,50 @@ Result<std::vector<std::string>> CheckpointedOptimizer::TrackEmbeddings(torch::n
   return bound;
 }
 
-Status CheckpointedOptimizer::MarkTableRows() {
+Status CheckpointedOptimizer::MarkTableRows(const std::vector<bool>* skip) {
   Status first = Status::Ok();
   for (const TableSlot& table : tables_) {
-    const torch::Tensor& param = stepper_->slots()[table.slot].param;
-    const torch::Tensor& grad = param.grad();
-    if (!grad.defined()) continue;  // not updated this step
-    if (table.mark_all) {
-      table.tracker->MarkAll();
-      continue;
-    }
-    if (!table.from_gradient) continue;  // lookups marked the rows
-    Status status = Status::Ok();
-    try {
-      torch::NoGradGuard no_grad;
-      torch::Tensor rows;
-      if (grad.is_sparse()) {
-        rows = grad._indices().select(0, 0);
-      } else {
-        rows = grad.reshape({grad.size(0), -1}).ne(0).any(1).nonzero().reshape({-1});
-      }
-      rows = rows.to(torch::kCPU, torch::kLong).contiguous();
-      status = table.tracker->Mark(std::span<const std::int64_t>(
-          rows.data_ptr<std::int64_t>(), static_cast<std::size_t>(rows.numel())));
-    } catch (const c10::Error& error) {
-      status =
-          Status(StatusCode::kInvalidArgument,
-                 "embedding table '" + table.tracker->table() +
-                     "': reading its gradient's rows: libtorch: " + error.what_without_backtrace());
-    }
-    if (!status.ok()) {
-      // The checkpoints stay exact with every row marked.
-      table.tracker->MarkAll();
-      if (first.ok()) first = status;
-    }
+    if (skip != nullptr && (*skip)[table.slot]) continue;
+    Status status = MarkTableRows(table);
+    if (first.ok()) first = status;
   }
   return first;
 }
 
+Status CheckpointedOptimizer::MarkTableRows(const TableSlot& table) {
+  const torch::Tensor& param = stepper_->slots()[table.slot].param;
+  const torch::Tensor& grad = param.grad();
+  if (!grad.defined()) return Status::Ok();  // not updated this step
+  if (table.mark_all) {
+    table.tracker->MarkAll();
+    return Status::Ok();
+  }
+  if (!table.from_gradient) return Status::Ok();  // lookups marked the rows
+  Status status = Status::Ok();
+  try {
+    torch::NoGradGuard no_grad;
+    torch::Tensor rows;
+    if (grad.is_sparse()) {
+      rows = grad._indices().select(0, 0);
+    } else {
+      rows = grad.reshape({grad.size(0), -1}).ne(0).any(1).nonzero().reshape({-1});
+    }
+    rows = rows.to(torch::kCPU, torch::kLong).contiguous();
+    status = table.tracker->Mark(std::span<const std::int64_t>(
+        rows.data_ptr<std::int64_t>(), static_cast<std::size_t>(rows.numel())));
+  } catch (const c10::Error& error) {
+    status = Status(StatusCode::kInvalidArgument, "embedding table '" + table.tracker->table() +
+                                                      "': reading its gradient's rows: libtorch: " +
+                                                      error.what_without_backtrace());
+  }
+  // The checkpoints stay exact with every row marked.
+  if (!status.ok()) table.tracker->MarkAll();
+  return status;
+}
+
 Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
     const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-    runtime::EngineOptions options, EmbeddingTables embeddings) {
+    runtime::EngineOptions options, EmbeddingTables embeddings, UpdateMode update_mode) {
   std::vector<std::pair<std::string, torch::Tensor>> named;
   try {
     named = NamedParameters(module);
@@ -252,21 +288,21 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
   }
   // Binding the trackers changes where the modules mark, not the model.
   return CreateImpl(named, optimizer, std::move(options), std::move(embeddings),
-                    const_cast<torch::nn::Module*>(&module));
+                    const_cast<torch::nn::Module*>(&module), update_mode);
 }
 
 Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
     const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
-    torch::optim::Optimizer& optimizer, runtime::EngineOptions options,
-    EmbeddingTables embeddings) {
-  return CreateImpl(named_parameters, optimizer, std::move(options), std::move(embeddings),
-                    nullptr);
+    torch::optim::Optimizer& optimizer, runtime::EngineOptions options, EmbeddingTables embeddings,
+    UpdateMode update_mode) {
+  return CreateImpl(named_parameters, optimizer, std::move(options), std::move(embeddings), nullptr,
+                    update_mode);
 }
 
 Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl(
     const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
     torch::optim::Optimizer& optimizer, runtime::EngineOptions options, EmbeddingTables embeddings,
-    torch::nn::Module* module) {
+    torch::nn::Module* module, UpdateMode update_mode) {
   // The state is filled once the pool shows whether a restore will
   // overwrite it (a pass over twice the model's bytes for Adam).
   PMSNAP_ASSIGN_OR_RETURN(
@@ -377,6 +413,12 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
     checkpointer = std::make_shared<diff::EmbeddingCheckpointer>(embeddings.options);
     options.encoder = checkpointer;
   }
+  if (update_mode == UpdateMode::kInBackward && options.copy_start == runtime::CopyStart::kAuto) {
+    // kAuto would hold the last captures of the step until EndStep, which
+    // comes after the rest of backward: the copies have more time from the
+    // update on.
+    options.copy_start = runtime::CopyStart::kAfterUpdate;
+  }
   const std::string pool_path = options.pool_path;
   // While the pool opens (mostly libpmemobj's boot), the state's pages are
   // faulted in: the restore or the fill below then writes to mapped memory.
@@ -430,10 +472,127 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
     PMSNAP_ASSIGN_OR_RETURN(std::vector<std::string> bound, checkpointed->TrackEmbeddings(*module));
     (void)bound;  // every table has a tracked module (checked above)
   }
+  checkpointed->update_mode_ = update_mode;
+  if (update_mode == UpdateMode::kInBackward) {
+    PMSNAP_RETURN_IF_ERROR(checkpointed->InstallBackwardHooks());
+  }
   return checkpointed;
 }
 
+Status CheckpointedOptimizer::InstallBackwardHooks() {
+  namespace impl = torch::autograd::impl;
+  const std::vector<ParameterSlot>& slots = stepper_->slots();
+  backward_ = {};
+  backward_.updated.assign(slots.size(), false);
+  hook_link_ = std::make_shared<HookLink>(HookLink{this});
+  try {
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const torch::Tensor& param = slots[i].param;
+      std::unique_ptr<torch::autograd::PostAccumulateGradHook> previous;
+      if (impl::get_autograd_meta(param) != nullptr) {
+        previous = std::move(impl::post_acc_grad_hooks(param));
+      }
+      impl::set_post_acc_grad_hooks(
+          param, std::make_unique<BackwardHook>(hook_link_, i, std::move(previous)));
+    }
+  } catch (const c10::Error& error) {
+    RemoveBackwardHooks();
+    return Status(StatusCode::kInvalidArgument,
+                  std::string("setting the parameters' post-accumulate-grad hooks: libtorch: ") +
+                      error.what_without_backtrace());
+  }
+  return Status::Ok();
+}
+
+void CheckpointedOptimizer::RemoveBackwardHooks() {
+  namespace impl = torch::autograd::impl;
+  if (hook_link_ == nullptr) return;
+  hook_link_->owner = nullptr;
+  for (const ParameterSlot& slot : stepper_->slots()) {
+    try {
+      if (impl::get_autograd_meta(slot.param) == nullptr) continue;
+      auto& installed = impl::post_acc_grad_hooks(slot.param);
+      // A hook set after ours replaced it (and owns it, if at all): left alone.
+      auto* ours = dynamic_cast<BackwardHook*>(installed.get());
+      if (ours != nullptr && ours->link() == hook_link_.get()) installed = ours->TakePrevious();
+    } catch (const c10::Error&) {
+      // The hook stays, unlinked: it only calls the one it replaced.
+    }
+  }
+  hook_link_.reset();
+}
+
+void CheckpointedOptimizer::UpdateInBackward(std::size_t index) {
+  BackwardStep& b = backward_;
+  if (b.updated[index]) {
+    // Thrown, since nothing else stops backward(); the autograd engine
+    // rethrows it from backward().
+    throw c10::ValueError(
+        {__func__, __FILE__, static_cast<std::uint32_t>(__LINE__)},
+        "pmsnap: parameter '" + stepper_->slots()[index].name +
+            "' got a second gradient before Step(): with UpdateMode::kInBackward each "
+            "parameter is updated as soon as its gradient is accumulated, so accumulating "
+            "gradients over several backward passes would change the result; call Step() "
+            "after every backward pass, or use UpdateMode::kInStep");
+  }
+  if (!b.begun) {
+    b.begun = true;
+    // What Step checks first; Step reports a failure, with nothing updated.
+    Status checked = stepper_->CheckUnchanged();
+    if (checked.ok()) checked = stepper_->InitializeDeferredState();
+    if (!checked.ok()) {
+      b.refused = true;
+      return;
+    }
+    stepped_ = true;
+    b.begin = engine_->BeginStep(iteration_ + 1);
+    b.observed = b.begin.ok();
+  }
+  if (b.refused) return;
+  // Before the table's update: its capture takes the rows marked so far.
+  // Marked even when unobserved, as Step does: a later differential
+  // checkpoint must still see the rows this update changes.
+  for (const TableSlot& table : tables_) {
+    if (table.slot != index) continue;
+    Status marked = MarkTableRows(table);
+    if (b.marked.ok()) b.marked = marked;
+  }
+  EngineObserver observer(*engine_, unit_of_slot_, dense_unit_of_slot_);
+  Status update = stepper_->StepOne(index, b.observed ? &observer : nullptr);
+  b.updated[index] = true;
+  if (!update.ok()) {
+    // The rest of the iteration's updates run unobserved; Step returns it.
+    if (b.error.ok()) b.error = update;
+    b.observed = false;
+  }
+}
+
+Status CheckpointedOptimizer::FinishBackwardStep(std::span<const std::byte> extra_state) {
+  BackwardStep b = std::exchange(backward_, {});
+  backward_.updated.assign(b.updated.size(), false);
+  const std::uint64_t step = iteration_ + 1;
+  Status marked = MarkTableRows(&b.updated);
+  if (!b.marked.ok()) marked = b.marked;
+  EngineObserver observer(*engine_, unit_of_slot_, dense_unit_of_slot_);
+  // The parameters whose hook did not fire: a gradient set by hand, or one
+  // that does not require grad.
+  Status update = stepper_->Step(b.observed ? &observer : nullptr, b.updated);
+  // Part of the iteration was done in backward: it counts, whatever failed.
+  iteration_ = step;
+  if (!b.begin.ok()) return b.begin;
+  if (update.code() == StatusCode::kFailedPrecondition) return update;
+  Status end = engine_->EndStep(extra_state);
+  if (!b.error.ok()) return b.error;
+  if (!update.ok()) return update;
+  return end.ok() ? marked : end;
+}
+
 Status CheckpointedOptimizer::Step(std::span<const std::byte> extra_state) {
+  if (backward_.begun && !backward_.refused) return FinishBackwardStep(extra_state);
+  // No hook fired (or the first one refused): a whole step, as in kInStep.
+  if (backward_.begun) {
+    backward_.begun = backward_.refused = false;
+  }
   // Checked before BeginStep so that a refused step leaves no trace.
   PMSNAP_RETURN_IF_ERROR(stepper_->CheckUnchanged());
   // Training without a restore: the state gets its initial values before the
@@ -481,7 +640,10 @@ Result<RestoreInfo> CheckpointedOptimizer::Restore() {
 
 Status CheckpointedOptimizer::Flush() { return engine_->Flush(); }
 
-Status CheckpointedOptimizer::Close(runtime::CloseMode mode) { return engine_->Close(mode); }
+Status CheckpointedOptimizer::Close(runtime::CloseMode mode) {
+  RemoveBackwardHooks();
+  return engine_->Close(mode);
+}
 
 Result<RestoreInfo> RestoreFromPool(const torch::nn::Module& module,
                                     torch::optim::Optimizer& optimizer,

@@ -467,8 +467,38 @@ void ParameterStepper::FinishPrefault() {
 }
 
 Status ParameterStepper::Step(StepObserver* observer) {
+  return Step(observer, std::vector<bool>(slots_.size(), false));
+}
+
+Status ParameterStepper::Step(StepObserver* observer, const std::vector<bool>& skip) {
+  if (skip.size() != slots_.size()) {
+    return Status(StatusCode::kInvalidArgument, "step: " + std::to_string(skip.size()) +
+                                                    " skip entries for " +
+                                                    std::to_string(slots_.size()) + " parameters");
+  }
   PMSNAP_RETURN_IF_ERROR(CheckUnchanged());
   PMSNAP_RETURN_IF_ERROR(InitializeDeferredState());
+  // Last slot first: the order backward produces gradients.
+  std::vector<std::size_t> indices;
+  indices.reserve(slots_.size());
+  for (std::size_t i = slots_.size(); i-- > 0;) {
+    if (!skip[i]) indices.push_back(i);
+  }
+  return UpdateSlots(observer, indices);
+}
+
+Status ParameterStepper::StepOne(std::size_t index, StepObserver* observer) {
+  if (index >= slots_.size()) {
+    return Status(StatusCode::kInvalidArgument, "step of parameter " + std::to_string(index) +
+                                                    " of " + std::to_string(slots_.size()));
+  }
+  PMSNAP_RETURN_IF_ERROR(InitializeDeferredState());
+  if (!slots_[index].param.grad().defined()) return Status::Ok();
+  return UpdateSlots(observer, {index});
+}
+
+Status ParameterStepper::UpdateSlots(StepObserver* observer,
+                                     const std::vector<std::size_t>& indices) {
   // Hide every gradient so that the optimizer's step() touches exactly the
   // one parameter whose gradient is shown.
   std::vector<torch::Tensor> grads(slots_.size());
@@ -478,7 +508,7 @@ Status ParameterStepper::Step(StepObserver* observer) {
   }
   Status status;
   try {
-    status = StepLocked(observer, grads);
+    status = StepLocked(observer, grads, indices);
   } catch (const c10::Error& error) {
     status = FromTorch(error, "optimizer step");
   }
@@ -488,9 +518,10 @@ Status ParameterStepper::Step(StepObserver* observer) {
   return status;
 }
 
-Status ParameterStepper::StepLocked(StepObserver* observer, std::vector<torch::Tensor>& grads) {
+Status ParameterStepper::StepLocked(StepObserver* observer, const std::vector<torch::Tensor>& grads,
+                                    const std::vector<std::size_t>& indices) {
   Status first_error;
-  for (std::size_t i = slots_.size(); i-- > 0;) {
+  for (const std::size_t i : indices) {
     if (!grads[i].defined()) continue;  // no gradient: libtorch would skip it too
     if (observer != nullptr) {
       first_error = observer->BeforeUpdate(i);

@@ -41,8 +41,56 @@
 // checkpoints stay exact but differential policies save nothing; SGD
 // (plain) and Adagrad are the optimizers that profit.
 //
-// Exceptions never leave this API: libtorch's c10::Error becomes a Status
-// that keeps libtorch's message.
+// Update in backward (UpdateMode::kInBackward): each parameter is updated
+// inside loss.backward(), the moment its gradient has been accumulated, so
+// its checkpoint copy starts while backward still runs on earlier layers;
+// Step then only finishes the iteration. Bitwise the same result as
+// backward() then Step() in UpdateMode::kInStep:
+//
+//   auto opt = hooks::CheckpointedOptimizer::Create(*model, adam, engine, {},
+//                                                   hooks::UpdateMode::kInBackward);
+//   for (...) {
+//     adam.zero_grad(); loss.backward();        // updates the parameters
+//     (*opt)->Step(extra_state);                // ends the step
+//   }
+//
+// Create sets a post-accumulate-grad hook on every parameter
+// (torch::autograd::impl::set_post_acc_grad_hooks; one per tensor, so a hook
+// the parameter had is kept and called before ours). The first hook of an
+// iteration does what Step does first (the CheckUnchanged test, the optimizer
+// state's initial values, Engine::BeginStep); each hook then marks an
+// embedding table's rows and updates its one parameter between its unit's
+// BeforeUpdate and AfterUpdate (ParameterStepper::StepOne). Step updates the
+// parameters that have a gradient but whose hook did not fire (a gradient set
+// by hand, a parameter that does not require grad, no backward at all) and
+// calls EndStep. Close and the destructor take the hooks off.
+//   * Threads: the hooks run on the autograd thread that accumulates the
+//     gradient, which for CPU tensors (the only ones supported) is the thread
+//     calling backward(): call it from the training thread that owns this
+//     object.
+//   * Errors inside backward are not thrown: after a checkpointing error
+//     the update still completes (the iteration's later updates run
+//     unobserved, as in Step), and Step returns the first error, a libtorch
+//     error in an update (e.g. Adam given a sparse gradient) included. If
+//     parameters changed since Create (kFailedPrecondition) the hooks update
+//     nothing and Step reports it.
+//   * A second gradient for a parameter before Step (gradient accumulation
+//     over several backward passes) would be applied to an already updated
+//     parameter, which changes the result: its hook throws c10::ValueError
+//     naming the parameter, and backward() rethrows it (a hook has no other
+//     way to stop backward). Updates done before stand; Step still ends the
+//     iteration. Call Step after every backward, or use kInStep.
+//   * EngineOptions::copy_start kAuto becomes kAfterUpdate: on the host,
+//     kAuto holds the step's last captures until EndStep, which now comes
+//     after the rest of backward.
+//   * Restore must come before the first backward, which counts as a Step.
+// ParameterStepper's cache-blocked Adam/AdamW/Adagrad update runs inside the
+// hook like any other update (same arithmetic, same scratch block). Each
+// hook's update, like each parameter's in Step, hides the other gradients
+// for libtorch's step(): a pass over the parameter list per parameter.
+//
+// Exceptions never leave this API (the one above leaves backward()):
+// libtorch's c10::Error becomes a Status that keeps libtorch's message.
 //
 // Thread-safety: one training thread owns a CheckpointedOptimizer; stats()
 // may be called from any thread. The module and optimizer must outlive it.
@@ -91,6 +139,12 @@ struct EmbeddingTables {
   RowSource rows = RowSource::kLookups;
 };
 
+// When CheckpointedOptimizer updates the parameters (file comment).
+enum class UpdateMode : std::uint8_t {
+  kInStep,      // Step updates every parameter that has a gradient
+  kInBackward,  // each parameter inside backward(), as its gradient is accumulated
+};
+
 class CheckpointedOptimizer {
  public:
   // Registers every parameter of `optimizer` (named after `module`'s
@@ -113,10 +167,12 @@ class CheckpointedOptimizer {
   // a table that is not float32 [rows, dim], a table whose module uses
   // max_norm (it rewrites rows in the forward pass), a kLookups table
   // without a tracked module, or options.encoder already set.
-  static Result<std::unique_ptr<CheckpointedOptimizer>> Create(const torch::nn::Module& module,
-                                                               torch::optim::Optimizer& optimizer,
-                                                               runtime::EngineOptions options,
-                                                               EmbeddingTables embeddings = {});
+  // With UpdateMode::kInBackward: hooks on every parameter update it inside
+  // backward() (file comment); kAuto copy_start becomes kAfterUpdate.
+  static Result<std::unique_ptr<CheckpointedOptimizer>> Create(
+      const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+      runtime::EngineOptions options, EmbeddingTables embeddings = {},
+      UpdateMode update_mode = UpdateMode::kInStep);
   // As above with explicit names (e.g. several modules, or none). With
   // RowSource::kLookups nothing is bound: call TrackEmbeddings(module) or
   // mark embedding_checkpointer()->tracker(name) before the first Step
@@ -124,7 +180,7 @@ class CheckpointedOptimizer {
   static Result<std::unique_ptr<CheckpointedOptimizer>> Create(
       const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
       torch::optim::Optimizer& optimizer, runtime::EngineOptions options,
-      EmbeddingTables embeddings = {});
+      EmbeddingTables embeddings = {}, UpdateMode update_mode = UpdateMode::kInStep);
 
   // Binds every TrackedEmbedding(Bag) in `module` (a submodule named "emb"
   // whose weight is table "emb.weight", or the module itself for table
@@ -142,6 +198,12 @@ class CheckpointedOptimizer {
   // worker I/O error, kCapacityExceeded extra state...) and the pool keeps
   // its last committed epoch. kFailedPrecondition, with nothing updated, if
   // parameters were added, removed or reallocated since Create.
+  // With UpdateMode::kInBackward: updates only the parameters with a
+  // gradient that backward did not update, then ends the step; returns the
+  // first error of this iteration's hooks (file comment). Parameters
+  // reallocated between backward and Step: kFailedPrecondition, the
+  // backward's updates done, iteration() advanced and the step not
+  // checkpointed (the pool keeps its last epoch).
   Status Step(std::span<const std::byte> extra_state = {});
 
   // Loads the newest committed epoch into the parameters and optimizer state
@@ -158,11 +220,14 @@ class CheckpointedOptimizer {
   // Waits for the epoch in flight; returns the first worker error.
   Status Flush();
   // Finishes (or abandons) the epoch in flight and releases the pool.
-  // Idempotent; the destructor calls Close(kFinish).
+  // Idempotent; the destructor calls Close(kFinish). Takes the backward hooks
+  // off (kInBackward): a later backward() updates nothing, and Step updates
+  // unobserved and returns the closed engine's error, as in kInStep.
   Status Close(runtime::CloseMode mode = runtime::CloseMode::kFinish);
 
   // Steps done: 0 on a fresh run, the restored iteration after Restore.
   std::uint64_t iteration() const { return iteration_; }
+  UpdateMode update_mode() const { return update_mode_; }
   runtime::Engine& engine() { return *engine_; }
   runtime::Stats stats() const { return engine_->stats(); }
   const ParameterStepper& stepper() const { return *stepper_; }
@@ -186,11 +251,13 @@ class CheckpointedOptimizer {
 
  private:
   class EngineObserver;
+  class BackwardHook;
+  struct HookLink;
   static constexpr std::uint32_t kNoUnit = 0xffffffffu;
   static Result<std::unique_ptr<CheckpointedOptimizer>> CreateImpl(
       const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
       torch::optim::Optimizer& optimizer, runtime::EngineOptions options,
-      EmbeddingTables embeddings, torch::nn::Module* module);
+      EmbeddingTables embeddings, torch::nn::Module* module, UpdateMode update_mode);
   CheckpointedOptimizer(std::unique_ptr<ParameterStepper> stepper,
                         std::unique_ptr<runtime::Engine> engine);
 
@@ -201,7 +268,27 @@ class CheckpointedOptimizer {
     bool mark_all = false;       // the optimizer moves rows without gradient
     bool from_gradient = false;  // RowSource::kGradients
   };
-  Status MarkTableRows();
+  // Marks the rows of the tables that have a gradient, all but those `skip`
+  // (slot index -> true) names; the first error (every row is then marked).
+  Status MarkTableRows(const std::vector<bool>* skip = nullptr);
+  Status MarkTableRows(const TableSlot& table);
+
+  // kInBackward: the hooks' state between two Steps.
+  struct BackwardStep {
+    bool begun = false;         // a hook fired since the last Step
+    bool refused = false;       // the first hook's checks failed: nothing updated
+    bool observed = false;      // the engine sees the updates (BeginStep ok, no error since)
+    Status begin;               // BeginStep's
+    Status error;               // the first failed update or engine hook
+    Status marked;              // the first failed table marking
+    std::vector<bool> updated;  // slot index -> updated in backward
+  };
+  Status InstallBackwardHooks();
+  void RemoveBackwardHooks();
+  // The hook of slot `index`; throws c10::ValueError on a second gradient.
+  void UpdateInBackward(std::size_t index);
+  // Step after hooks began the iteration.
+  Status FinishBackwardStep(std::span<const std::byte> extra_state);
 
   std::unique_ptr<ParameterStepper> stepper_;
   std::unique_ptr<runtime::Engine> engine_;
@@ -215,6 +302,10 @@ class CheckpointedOptimizer {
   std::vector<std::weak_ptr<torch::nn::Module>> bound_modules_;
   std::uint64_t iteration_ = 0;
   bool stepped_ = false;
+  UpdateMode update_mode_ = UpdateMode::kInStep;
+  // Shared with the installed hooks; cleared when they are taken off.
+  std::shared_ptr<HookLink> hook_link_;
+  BackwardStep backward_;
 };
 
 // Opens an existing pool for `module` + `optimizer`, restores the newest

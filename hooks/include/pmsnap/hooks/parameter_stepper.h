@@ -129,6 +129,21 @@ class ParameterStepper {
   // updated) if the optimizer's parameters changed since Create
   // (CheckUnchanged).
   Status Step(StepObserver* observer);
+  // As Step, but slots whose `skip` entry is true are left alone (e.g. those
+  // StepOne already updated in this iteration). kInvalidArgument (nothing
+  // updated) unless `skip` has one entry per slot.
+  Status Step(StepObserver* observer, const std::vector<bool>& skip);
+  // Updates slot `index` alone with its current gradient, between
+  // observer->BeforeUpdate(index) and AfterUpdate(index) (observer may be
+  // null), bitwise as Step updates it: a caller that gives each slot one
+  // StepOne per iteration, in any order, gets Step's result. Nothing happens
+  // (Ok) if the slot's gradient is undefined. The update completes even if
+  // the observer fails (its error is returned; no AfterUpdate follows a
+  // failed BeforeUpdate). Every gradient is left as it was. Unlike Step it
+  // does not call CheckUnchanged, a pass over every parameter: call that
+  // once per iteration before the first StepOne. Fills deferred state first
+  // (InitializeDeferredState). kInvalidArgument for an index out of range.
+  Status StepOne(std::size_t index, StepObserver* observer);
 
   // kFailedPrecondition naming the problem if the optimizer gained or lost
   // parameters (e.g. add_param_group after registration) or a parameter's
@@ -174,7 +189,11 @@ class ParameterStepper {
   ParameterStepper(torch::optim::Optimizer& optimizer, OptimizerKind kind);
   Status AdoptOrCreateState(std::size_t index, const torch::optim::OptimizerOptions& options);
   void AfterOptimizerStep(std::size_t index);
-  Status StepLocked(StepObserver* observer, std::vector<torch::Tensor>& grads);
+  // Step and StepOne after their checks: updates the slots `indices` lists
+  // that have a gradient, in that order.
+  Status UpdateSlots(StepObserver* observer, const std::vector<std::size_t>& indices);
+  Status StepLocked(StepObserver* observer, const std::vector<torch::Tensor>& grads,
+                    const std::vector<std::size_t>& indices);
   // Whether slot `index` is updated by BlockedStep (file comment).
   bool UsesBlockedStep(std::size_t index, const torch::Tensor& grad) const;
   void BlockedStep(std::size_t index, const torch::Tensor& grad);
