@@ -651,6 +651,9 @@ class Method {
   virtual ~Method() = default;
   // The optimizer step of iteration `step` (1-based) plus checkpointing.
   virtual Status Step(std::uint64_t step) = 0;
+  // Backward of the iteration has returned (Step follows): for methods that
+  // work inside backward, to see how much they got done there.
+  virtual void AfterBackward() {}
   // Counters since the last Mark().
   virtual void Mark() = 0;
   virtual Counters Read() = 0;
@@ -1077,14 +1080,29 @@ class WeightFiles final : public Method, public hooks::StepObserver {
 class Pmsnap final : public Method {
  public:
   static Result<std::unique_ptr<Pmsnap>> Create(Workload& w, runtime::EngineOptions options,
-                                                std::size_t block_bytes) {
-    auto opt = hooks::CheckpointedOptimizer::Create(*w.module, *w.optimizer, std::move(options));
+                                                std::size_t block_bytes, hooks::UpdateMode mode) {
+    auto opt =
+        hooks::CheckpointedOptimizer::Create(*w.module, *w.optimizer, std::move(options), {}, mode);
     if (!opt.ok()) return opt.status();
     (*opt)->set_optimizer_block_bytes(block_bytes);
     return std::unique_ptr<Pmsnap>(new Pmsnap(std::move(opt).value()));
   }
-  Status Step(std::uint64_t) override { return opt_->Step(); }
-  void Mark() override { base_ = opt_->stats(); }
+  Status Step(std::uint64_t) override {
+    const std::uint64_t before = opt_->stats().bytes_written;
+    Status s = opt_->Step();
+    last_step_end_bytes_ = opt_->stats().bytes_written;
+    bytes_written_in_step_ += last_step_end_bytes_ - before;
+    return s;
+  }
+  void AfterBackward() override {
+    if (last_step_end_bytes_ == kUnset) return;  // the first measured iteration
+    bytes_written_in_backward_ += opt_->stats().bytes_written - last_step_end_bytes_;
+  }
+  void Mark() override {
+    base_ = opt_->stats();
+    bytes_written_in_backward_ = bytes_written_in_step_ = 0;
+    last_step_end_bytes_ = kUnset;
+  }
   Counters Read() override {
     const runtime::Stats s = opt_->stats();
     Counters c;
@@ -1118,23 +1136,31 @@ class Pmsnap final : public Method {
                       (u < base_.units.size() ? base_.units[u].total_copy_seconds : 0.0);
     const double copied = static_cast<double>(last_.bytes_written - base_.bytes_written);
     const double held = static_cast<double>(last_.held_bytes - base_.held_bytes);
-    char b[240];
+    char b[300];
     std::snprintf(
         b, sizeof(b),
         "choices s1/s2/s3/s4 %llu/%llu/%llu/%llu, fallbacks %llu, copies %.1f GB/s, %.0f%% after "
-        "the step",
+        "the step, %.0f%% written during forward+backward, %.0f%% during the step",
         static_cast<unsigned long long>(counts[1]), static_cast<unsigned long long>(counts[2]),
         static_cast<unsigned long long>(counts[3]), static_cast<unsigned long long>(counts[4]),
         static_cast<unsigned long long>(last_.in_device_fallbacks),
         copy_seconds > 0 ? copied / copy_seconds / 1e9 : 0.0,
-        copied > 0 ? 100 * held / copied : 0.0);
+        copied > 0 ? 100 * held / copied : 0.0,
+        copied > 0 ? 100 * static_cast<double>(bytes_written_in_backward_) / copied : 0.0,
+        copied > 0 ? 100 * static_cast<double>(bytes_written_in_step_) / copied : 0.0);
     return b;
   }
 
  private:
   explicit Pmsnap(std::unique_ptr<hooks::CheckpointedOptimizer> opt) : opt_(std::move(opt)) {}
+  static constexpr std::uint64_t kUnset = ~std::uint64_t{0};
   std::unique_ptr<hooks::CheckpointedOptimizer> opt_;
   runtime::Stats base_, last_;
+  // Pool bytes written between one step's end and the next backward's end
+  // (forward + backward: with UpdateMode::kInBackward, copies of this
+  // iteration's updates too), and within Step.
+  std::uint64_t bytes_written_in_backward_ = 0, bytes_written_in_step_ = 0;
+  std::uint64_t last_step_end_bytes_ = kUnset;
 };
 
 // ---------------------------------------------------------------- trials
@@ -1147,6 +1173,7 @@ struct MethodSpec {
   std::uint64_t k = 1;             // 0: CheckFreq Algorithm 1
   bool never_checkpoints = false;  // pmsnap control: the hooks run, no epoch ever opens
   bool libtorch_step = false;      // none-libtorch: libtorch's own optimizer.step()
+  bool in_backward = false;        // pmsnap: each parameter updated inside backward
 };
 
 // The control for pmsnap's overhead: the same stepping through the hooks,
@@ -1182,6 +1209,7 @@ std::vector<MethodSpec> AllMethods(const Options& o) {
   for (std::uint64_t k : o.sweep)
     if (k > 1) m.push_back({"pmsnap-adaptive-k" + std::to_string(k), 5, "adaptive", false, k});
   m.push_back({"pmsnap-hooks-only", 5, "adaptive", false, 1, true});
+  m.push_back({"pmsnap-adaptive-k1-backward", 5, "adaptive", false, 1, false, false, true});
   if (o.methods.empty()) return m;
   std::vector<MethodSpec> picked;
   for (const auto& spec : m)
@@ -1292,7 +1320,9 @@ Trial RunTrial(Context& c, const MethodSpec& m, bool keep_files) {
     method = std::move(wf).value();
   } else {
     std::filesystem::remove(PoolPath(c, m.name));
-    auto p = Pmsnap::Create(c.w, PmsnapOptions(c, m), block_bytes);
+    auto p = Pmsnap::Create(c.w, PmsnapOptions(c, m), block_bytes,
+                            m.in_backward ? hooks::UpdateMode::kInBackward
+                                          : hooks::UpdateMode::kInStep);
     if (!p.ok()) return fail(p.status().ToString());
     method = std::move(p).value();
   }
@@ -1311,6 +1341,7 @@ Trial RunTrial(Context& c, const MethodSpec& m, bool keep_files) {
     }
     const auto t = Clock::now();
     c.w.forward_backward(static_cast<std::uint64_t>(step));
+    method->AfterBackward();
     const auto stepping = Clock::now();
     Status s = method->Step(static_cast<std::uint64_t>(step));
     if (!s.ok()) {

@@ -3,7 +3,8 @@
 // the caller can register for checkpointing.
 //
 // pmsnap checkpoints weight by weight while training runs, so it must see
-// each parameter's update as its own event (DESIGN.md, "Per-unit pipeline").
+// each parameter's update as its own event (docs/ARCHITECTURE.md,
+// "From an optimizer hook to a committed epoch").
 // libtorch's optimizers update all parameters inside one step() and skip the
 // ones whose gradient is undefined. The stepper exploits exactly that: it
 // hides every gradient, then for each parameter (last registered first, the
