@@ -18,6 +18,7 @@ namespace pmsnap::hooks {
 namespace {
 
 using pmsnap::testing::AllOptimizerConfigs;
+using pmsnap::testing::EveryStep;
 using pmsnap::testing::FirstBitwiseDifference;
 using pmsnap::testing::ForwardBackward;
 using pmsnap::testing::MakeMlp;
@@ -26,13 +27,6 @@ using pmsnap::testing::OptimizerConfig;
 using pmsnap::testing::StepBothAndCompare;
 using pmsnap::testing::TempPoolPath;
 using ::testing::HasSubstr;
-
-runtime::EngineOptions EveryStep(const std::string& path) {
-  runtime::EngineOptions options;
-  options.pool_path = path;
-  options.policy = std::make_shared<runtime::EveryKPolicy>(1);
-  return options;
-}
 
 class CheckpointedEquivalenceTest : public ::testing::TestWithParam<OptimizerConfig> {
  protected:

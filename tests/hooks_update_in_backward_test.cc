@@ -35,6 +35,7 @@ namespace pmsnap::hooks {
 namespace {
 
 using pmsnap::testing::AllOptimizerConfigs;
+using pmsnap::testing::EveryStep;
 using pmsnap::testing::FirstBitwiseDifference;
 using pmsnap::testing::ForwardBackward;
 using pmsnap::testing::MakeMlp;
@@ -46,14 +47,6 @@ using ::testing::ContainsRegex;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-
-runtime::EngineOptions EveryStep(const std::string& path) {
-  runtime::EngineOptions options;
-  options.pool_path = path;
-  options.policy = std::make_shared<runtime::EveryKPolicy>(1);
-  options.print_summary = false;
-  return options;
-}
 
 Result<std::unique_ptr<CheckpointedOptimizer>> CreateInBackward(Mlp& model,
                                                                 torch::optim::Optimizer& optimizer,

@@ -590,17 +590,7 @@ class CheckpointedOptimizer:
         # Before any table's update: its capture takes the rows marked so far.
         self._mark_tables()
         self._engine.begin_step(step)
-        try:
-            self._step_parameters(self._engine)
-        except BaseException:
-            # A hook failed, or the optimizer itself (or Ctrl-C) interrupted
-            # the step: the epoch in flight cannot be trusted, the pool keeps
-            # its last commit.
-            self.iteration = step
-            self._fail()
-            raise
-        self.iteration = step
-        self._engine.end_step(self._pack_extra())
+        self._update_and_end_step(step, self._engine)
         return loss
 
     # --- checkpoint control -------------------------------------------------------
@@ -797,6 +787,24 @@ class CheckpointedOptimizer:
                 pass
             self._final_stats = self._stats_of(engine)
 
+    def _update_and_end_step(self, step, engine, indices=None, error=None):
+        """Updates the parameters (all, or `indices`) between their hooks on
+        `engine` (None: unobserved), then ends step `step`. If a hook failed
+        (or `error`, an earlier one), or the optimizer itself or Ctrl-C
+        interrupted the update, the epoch in flight cannot be trusted: it is
+        abandoned, the pool keeps its last commit, the engine is closed and
+        the error raised."""
+        try:
+            self._step_parameters(engine, indices)
+            if error is not None:
+                raise error
+        except BaseException:
+            self.iteration = step
+            self._fail()
+            raise
+        self.iteration = step
+        self._engine.end_step(self._pack_extra())
+
     def _first_step(self, step, indices=None):
         """The first step: the update runs unobserved so that torch makes its
         state, then the pool is laid out and captures iteration `step` whole."""
@@ -949,16 +957,7 @@ class CheckpointedOptimizer:
                         self._mark_table(name)
         except _pmsnap.Error as e:
             error, engine = e, None
-        try:
-            self._step_parameters(engine, remaining)
-            if error is not None:
-                raise error
-        except BaseException:
-            self.iteration = step
-            self._fail()
-            raise
-        self.iteration = step
-        self._engine.end_step(self._pack_extra())
+        self._update_and_end_step(step, engine, remaining, error)
         return loss
 
     def _repin_state(self, index):
