@@ -18,10 +18,8 @@
 
 #include <torch/torch.h>
 
-#include <atomic>
 #include <cstddef>
 #include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -45,34 +43,6 @@ class StateArena {
   std::size_t region_bytes_;
   std::shared_ptr<Region> region_;  // the one being filled
   std::size_t used_ = 0;
-};
-
-// Faults in the pages of memory ranges for writing, without changing what
-// they hold, on a thread of its own while the caller does other work; the
-// caller then helps with what is left (Finish). A restarted trainer's
-// optimizer state is fresh memory: the kernel zeroes each page on its first
-// touch, which would otherwise happen inside the restore's copy, after the
-// pool has opened, rather than beside the open.
-// The ranges must stay mapped until Finish returns. If no thread can be
-// started, Finish does the whole work on the caller's.
-// Thread-safety: Finish (and the destructor) from the owner thread only.
-class PageWarmer {
- public:
-  explicit PageWarmer(const std::vector<std::pair<std::byte*, std::size_t>>& ranges);
-  ~PageWarmer() { Finish(); }
-  PageWarmer(const PageWarmer&) = delete;
-  PageWarmer& operator=(const PageWarmer&) = delete;
-
-  // Faults in the pieces the thread has not started, then waits for it.
-  // Idempotent.
-  void Finish();
-
- private:
-  void Work();
-  // Pieces of at most a huge page, so the two threads split the work evenly.
-  std::vector<std::pair<std::byte*, std::size_t>> pieces_;
-  std::atomic<std::size_t> next_{0};
-  std::jthread thread_;
 };
 
 }  // namespace pmsnap::hooks

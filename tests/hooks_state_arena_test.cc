@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "pmsnap/common/page_prefault.h"
 #include "state_arena.h"
 
 namespace pmsnap::hooks {
@@ -126,7 +127,9 @@ long MinorFaultsOfThisThread() {
   return usage.ru_minflt;
 }
 
-TEST(PageWarmerTest, FaultsInExactlyTheRangesPagesForWritingAndChangesNoByte) {
+// The stepper's state warm-up (ParameterStepper::StartPrefault and
+// FinishPrefault) is a PagePrefaulter that touches each page.
+TEST(StateWarmUpTest, FaultsInExactlyTheRangesPagesForWritingAndChangesNoByte) {
   SmallPages memory(16);
   const std::size_t page = memory.page_bytes();
   // Page 5 already holds data; the warmer must leave it as it is.
@@ -135,10 +138,11 @@ TEST(PageWarmerTest, FaultsInExactlyTheRangesPagesForWritingAndChangesNoByte) {
   {
     // Unaligned ends: pages 2 to 6 and one byte of page 10; then a range
     // that ends exactly where page 13 starts, and an empty one.
-    PageWarmer warmer({{memory.page(2) + 100, 4 * page + 10 - 100},
-                       {memory.page(10), 1},
-                       {memory.page(12), page},
-                       {memory.page(14), 0}});
+    PagePrefaulter warmer({{memory.page(2) + 100, 4 * page + 10 - 100},
+                           {memory.page(10), 1},
+                           {memory.page(12), page},
+                           {memory.page(14), 0}},
+                          PrefaultMethod::kTouch, StateArena::kHugePageBytes);
     warmer.Finish();
   }
   EXPECT_EQ(memory.Resident(), (std::set<std::size_t>{2, 3, 4, 5, 6, 10, 12}));
@@ -155,14 +159,19 @@ TEST(PageWarmerTest, FaultsInExactlyTheRangesPagesForWritingAndChangesNoByte) {
   EXPECT_EQ(MinorFaultsOfThisThread() - faults_before, 0);
 }
 
-TEST(PageWarmerTest, DestructionFinishesTheWorkAndAnEmptyWarmerFinishesAtOnce) {
+TEST(StateWarmUpTest, FinishCompletesTheWorkAndAnEmptyWarmUpFinishesAtOnce) {
   constexpr std::size_t kPages = 4096;  // 16 MiB: several pieces for both threads
   SmallPages memory(kPages);
-  { PageWarmer warmer({{memory.page(0), kPages * memory.page_bytes()}}); }
+  {
+    PagePrefaulter warmer({{memory.page(0), kPages * memory.page_bytes()}}, PrefaultMethod::kTouch,
+                          StateArena::kHugePageBytes);
+    warmer.Finish();
+  }
   EXPECT_EQ(memory.Resident().size(), kPages);
-  PageWarmer idle({});
+  PagePrefaulter idle({}, PrefaultMethod::kTouch);
   idle.Finish();
   idle.Finish();
+  EXPECT_EQ(idle.progress().state, PrefaultProgress::State::kDone);
 }
 
 }  // namespace

@@ -55,9 +55,12 @@
 
 #include "pmsnap/common/status.h"
 
+namespace pmsnap {
+class PagePrefaulter;
+}  // namespace pmsnap
+
 namespace pmsnap::hooks {
 
-class PageWarmer;
 class StateArena;
 
 enum class OptimizerKind : std::uint8_t { kSgd, kAdam, kAdamW, kAdagrad, kRmsprop };
@@ -109,8 +112,8 @@ class ParameterStepper {
   // restore).
   void DiscardDeferredState();
   // Starts faulting in the pages of the state created under
-  // NewState::kDeferred on a thread of its own (see PageWarmer in
-  // state_arena.h), for a caller with other work to do first, such as
+  // NewState::kDeferred on a thread of its own (a PagePrefaulter touching
+  // each page, common/page_prefault.h), for a caller with other work to do first, such as
   // opening the pool: the kernel's zeroing of fresh pages then happens beside
   // that work instead of inside the restore's copy or the fill. Changes no
   // value. A second call before FinishPrefault does nothing.
@@ -221,7 +224,7 @@ class ParameterStepper {
   std::vector<std::pair<torch::Tensor, double>> deferred_fills_;
   // Where created state tensors live (huge-page backed, see state_arena.h).
   std::unique_ptr<StateArena> state_arena_;
-  std::unique_ptr<PageWarmer> prefault_;  // while StartPrefault's work runs
+  std::unique_ptr<PagePrefaulter> prefault_;  // while StartPrefault's work runs
 };
 
 }  // namespace pmsnap::hooks
