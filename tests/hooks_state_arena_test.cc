@@ -1,7 +1,8 @@
 // StateArena (hooks/state_arena.h): optimizer state packed into huge-page
 // advised regions. Checks the packing, the alignment the kernel needs for
 // huge pages, and that the memory lives exactly as long as its tensors.
-// PageWarmer: faults in exactly its ranges' pages and changes no byte.
+// The state warm-up (a touching PagePrefaulter): faults in exactly its
+// ranges' pages and changes no byte.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
