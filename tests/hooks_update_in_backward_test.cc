@@ -30,12 +30,14 @@
 #include "pmsnap/hooks/parameter_stepper.h"
 #include "pmsnap/runtime/cuda_device.h"
 #include "testutil/temp_pool.h"
+#include "testutil/test_devices.h"
 
 namespace pmsnap::hooks {
 namespace {
 
 using pmsnap::testing::AllOptimizerConfigs;
 using pmsnap::testing::EveryStep;
+using pmsnap::testing::FailingDevice;
 using pmsnap::testing::FirstBitwiseDifference;
 using pmsnap::testing::ForwardBackward;
 using pmsnap::testing::MakeMlp;
@@ -400,33 +402,6 @@ TEST(UpdateInBackwardErrorsTest, InStepModeAccumulatesGradientsOverSeveralBackwa
   ASSERT_TRUE((*checkpointed)->Step().ok());
   EXPECT_EQ(FirstBitwiseDifference(plain_model, plain, model, adam), "");
 }
-
-// Host memory behind the device interface whose copies fail after a number
-// of successes (an I/O error on the workers).
-class FailingDevice final : public runtime::HostMemoryDevice {
- public:
-  explicit FailingDevice(int successes) : HostMemoryDevice(1 << 20), left_(successes) {}
-  runtime::DeviceKind kind() const override { return runtime::DeviceKind::kSimulated; }
-  std::string name() const override { return "failing"; }
-  Status CopyToHost(void* dst, const void* src, std::size_t bytes) override {
-    if (left_.fetch_sub(1) <= 0) return Status(StatusCode::kIOError, "injected copy failure");
-    std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
-  Status CopyFromHost(void* dst, const void* src, std::size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
-  Status CopyInDevice(void* dst, const void* src, std::size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
-  double EstimateCopyToHostSeconds(std::uint64_t) const override { return 0; }
-  double EstimateInDeviceCopySeconds(std::uint64_t) const override { return 0; }
-
- private:
-  std::atomic<int> left_;
-};
 
 TEST(UpdateInBackwardErrorsTest, CheckpointErrorInsideBackwardComesBackFromStep) {
   pmsnap::testing::UseOneTorchThread();

@@ -19,11 +19,14 @@
 #include "pmsnap/runtime/cuda_device.h"
 #include "pmsnap/runtime/engine.h"
 #include "testutil/temp_pool.h"
+#include "testutil/test_devices.h"
 #include "testutil/toy_model.h"
 
 namespace pmsnap::runtime {
 namespace {
 
+using pmsnap::testing::FailingDevice;
+using pmsnap::testing::MemcpyDevice;
 using pmsnap::testing::TempPoolPath;
 using pmsnap::testing::ToyModel;
 using ::testing::HasSubstr;
@@ -330,40 +333,6 @@ TEST(EngineTest, ExtraStateOverCapacityAbandonsThatEpochOnly) {
   EXPECT_EQ((*engine)->stats().epochs_abandoned, 1u);
   ExpectPoolMatchesHistory(path.path(), model, 3);
 }
-
-// Host memory behind the device interface, as a device that is not the
-// host (the workers copy through CopyToHost rather than the host's fused pool
-// write); each test device decides what CopyToHost does.
-class MemcpyDevice : public HostMemoryDevice {
- public:
-  explicit MemcpyDevice(std::uint64_t capacity) : HostMemoryDevice(capacity) {}
-  DeviceKind kind() const override { return DeviceKind::kSimulated; }
-  Status CopyFromHost(void* dst, const void* src, std::size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
-  Status CopyInDevice(void* dst, const void* src, std::size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
-  double EstimateCopyToHostSeconds(std::uint64_t) const override { return 0; }
-  double EstimateInDeviceCopySeconds(std::uint64_t) const override { return 0; }
-};
-
-// A device whose copies fail after a number of successes (an I/O error).
-class FailingDevice final : public MemcpyDevice {
- public:
-  explicit FailingDevice(int successes) : MemcpyDevice(1 << 20), left_(successes) {}
-  std::string name() const override { return "failing"; }
-  Status CopyToHost(void* dst, const void* src, std::size_t bytes) override {
-    if (left_.fetch_sub(1) <= 0) return Status(StatusCode::kIOError, "injected copy failure");
-    std::memcpy(dst, src, bytes);
-    return Status::Ok();
-  }
-
- private:
-  std::atomic<int> left_;
-};
 
 TEST(EngineTest, WorkerErrorSurfacesAtTheNextHookAndPoolKeepsLastCommit) {
   TempPoolPath path("engine-ioerror");
