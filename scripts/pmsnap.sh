@@ -53,17 +53,15 @@ install_python_env() {
   local stamp="$venv/.pmsnap-requirements.sha256"
   local want
   want="$(sha256sum "$requirements" | cut -d' ' -f1)"
-  if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-    ln -sfn "$venv" "$root/.venv"
-    return
+  if [[ ! -x "$venv/bin/python" || ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+    echo "pmsnap: preparing $venv (torch $torch_version from PyPI; the first install downloads ~3 GB)"
+    if [[ ! -x "$venv/bin/python" ]]; then
+      mkdir -p "$(dirname "$venv")"
+      /usr/bin/python3 -m venv "$venv"
+    fi
+    "$venv/bin/python" -m pip install -q --no-input -r "$requirements" </dev/null
+    echo "$want" >"$stamp"
   fi
-  echo "pmsnap: preparing $venv (torch $torch_version from PyPI; the first install downloads ~3 GB)"
-  if [[ ! -x "$venv/bin/python" ]]; then
-    mkdir -p "$(dirname "$venv")"
-    /usr/bin/python3 -m venv "$venv"
-  fi
-  "$venv/bin/python" -m pip install -q --no-input -r "$requirements" </dev/null
-  echo "$want" >"$stamp"
   ln -sfn "$venv" "$root/.venv"
 }
 
