@@ -12,6 +12,19 @@ if(PMSNAP_WITH_TORCH AND TARGET pmsnap::torch)
                   LIBS pmsnap::torch pmsnap::conflict pmsnap::diff
                   ENV "PMEM_IS_PMEM_FORCE=1")
 
+  # The torch wheel ships no gloo headers, which ProcessGroupGloo.hpp needs
+  # to make a real gloo group in the test; Debian's libgloo-dev provides them
+  # (C10dCoordinator itself needs only c10d/Backend.hpp).
+  find_path(PMSNAP_GLOO_INCLUDE_DIR gloo/algorithm.h)
+  if(PMSNAP_GLOO_INCLUDE_DIR)
+    pmsnap_add_test(hooks_c10d_coordinator_test
+                    SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_c10d_coordinator_test.cc
+                    LIBS pmsnap::torch)
+    target_include_directories(hooks_c10d_coordinator_test PRIVATE ${PMSNAP_GLOO_INCLUDE_DIR})
+  else()
+    message(STATUS "gloo headers not found (libgloo-dev): hooks_c10d_coordinator_test not built")
+  endif()
+
   pmsnap_add_test(hooks_state_arena_test
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_state_arena_test.cc
                   LIBS pmsnap::torch)
