@@ -1,0 +1,75 @@
+"""pmsnap across the ranks of torch.distributed.
+
+Every rank checkpoints into its own pool; the ranks agree, through
+torch.distributed collectives only, on which iterations they capture and
+which one they restore, so that the pools together hold one consistent
+checkpoint (docs/ARCHITECTURE.md, "Many ranks"). This module holds the
+coordination over torch.distributed; CheckpointedOptimizer(process_group=...)
+uses it.
+
+    coordinator = pmsnap.distributed.TorchDistributedCoordinator()  # world group
+    agreement = pmsnap.distributed.EpochAgreement(coordinator)
+"""
+
+import torch
+import torch.distributed as dist
+
+from . import _pmsnap
+from .optimizer import _error
+
+EpochAgreement = _pmsnap.EpochAgreement
+
+
+class TorchDistributedCoordinator(_pmsnap.Coordinator):
+    """runtime::Coordinator on torch.distributed.
+
+    pmsnap's exchanges (a few integers per step, bytes at restore) run on a
+    gloo side group over the ranks of `process_group` (default: the world),
+    so they stay on the CPU and never queue behind the training's NCCL
+    collectives. Creating it is itself a collective: every rank of the
+    default group must create one, in the same order as its other groups.
+
+    Raises FailedPreconditionError when torch.distributed is not initialized.
+    Thread-safety: one training thread (pmsnap's engine calls it from there).
+    """
+
+    def __init__(self, process_group=None):
+        super().__init__()
+        if not dist.is_available() or not dist.is_initialized():
+            raise _error(_pmsnap.FailedPreconditionError,
+                         "torch.distributed is not initialized: call "
+                         "torch.distributed.init_process_group first (torchrun sets it up)")
+        self._rank = dist.get_rank(process_group)
+        self._world_size = dist.get_world_size(process_group)
+        ranks = (dist.get_process_group_ranks(process_group) if process_group is not None
+                 else list(range(dist.get_world_size())))
+        self._group = dist.new_group(ranks=ranks, backend="gloo")
+        self._pending = None
+
+    def rank(self):
+        return self._rank
+
+    def world_size(self):
+        return self._world_size
+
+    def start_min_all_reduce(self, values):
+        if self._pending is not None:
+            raise _error(_pmsnap.FailedPreconditionError,
+                         f"rank {self._rank}: an all-reduce is already in flight")
+        values = torch.tensor(values, dtype=torch.int64)
+        work = dist.all_reduce(values, op=dist.ReduceOp.MIN, group=self._group, async_op=True)
+        self._pending = (work, values)
+
+    def finish_min_all_reduce(self):
+        if self._pending is None:
+            raise _error(_pmsnap.FailedPreconditionError,
+                         f"rank {self._rank}: no all-reduce in flight")
+        (work, values), self._pending = self._pending, None
+        work.wait()
+        return values.tolist()
+
+    def broadcast(self, data, root):
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
+            torch.empty(0, dtype=torch.uint8)
+        dist.broadcast(buffer, group=self._group, group_src=root)
+        return buffer.numpy().tobytes()

@@ -1,0 +1,118 @@
+"""pmsnap's coordination over real torch.distributed process groups: gloo
+ranks in separate processes on this machine (torch.multiprocessing)."""
+
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import pmsnap
+from pmsnap import distributed as pmdist
+
+
+def _rank_main(rank, world, init_file, body, results):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        try:
+            results[rank] = ("ok", body(rank, world))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        results[rank] = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+
+
+def run_ranks(world, body):
+    """Runs body(rank, world) in `world` gloo processes; returns their results."""
+    with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(_rank_main, args=(world, os.path.join(d, "init"), body, results),
+                           nprocs=world, join=True, start_method="fork")
+        out = [results[r] for r in range(world)]
+    for status, value in out:
+        assert status == "ok", value
+    return [value for _, value in out]
+
+
+def _collectives(rank, world):
+    c = pmdist.TorchDistributedCoordinator()
+    c.start_min_all_reduce([10 - rank, 100 + rank])
+    reduced = c.finish_min_all_reduce()
+    got = c.broadcast(bytes([rank] * 5) if rank else b"hello", 0)
+    return reduced, got, c.rank(), c.world_size()
+
+
+def test_coordinator_gives_every_rank_the_same_minimum_and_broadcast():
+    results = run_ranks(3, _collectives)
+    for rank, (reduced, got, r, w) in enumerate(results):
+        assert reduced == [8, 100]
+        assert got == b"hello"
+        assert (r, w) == (rank, 3)
+
+
+def _agreement_run(rank, world):
+    agreement = pmdist.EpochAgreement(pmdist.TorchDistributedCoordinator())
+    restored = agreement.agree_on_restore([7, 9] if rank == 0 else [7])
+    committed, in_flight, commit_at, opened = restored, None, 0, []
+    for step in range(8, 20):
+        if in_flight is not None and step >= commit_at:
+            committed, in_flight = in_flight, None
+        may_open = agreement.at_boundary(step, committed)
+        opened.append(may_open)
+        if may_open:
+            agreement.on_epoch_opened(step)
+            # Rank 1 is slow: its epochs commit three steps after they open.
+            in_flight, commit_at = step, step + (3 if rank == 1 else 1)
+    agreement.finish()
+    return restored, opened
+
+
+def test_agreement_over_torch_distributed_restores_together_and_opens_same_steps():
+    results = run_ranks(2, _agreement_run)
+    assert [r for r, _ in results] == [7, 7]
+    assert results[0][1] == results[1][1]
+    assert results[0][1] == [True, False, False, False] * 3
+
+
+def _failing_rank(rank, world):
+    agreement = pmdist.EpochAgreement(pmdist.TorchDistributedCoordinator())
+    for step in range(10):
+        try:
+            if agreement.at_boundary(step, step - 1 if step else None, healthy=not (
+                    rank == 2 and step >= 4)):
+                agreement.on_epoch_opened(step)
+        except pmsnap.AbortedError as e:
+            agreement.finish()
+            return step, str(e)
+    return None, ""
+
+
+def test_a_failed_rank_stops_every_rank_at_the_same_step_naming_it():
+    for step, message in run_ranks(3, _failing_rank):
+        assert step == 5
+        assert "rank 2 failed its checkpoint" in message
+
+
+def _restore_without_checkpoint(rank, world):
+    agreement = pmdist.EpochAgreement(pmdist.TorchDistributedCoordinator())
+    try:
+        agreement.agree_on_restore([] if rank == 1 else [3, 5])
+    except pmsnap.NotFoundError as e:
+        return str(e)
+    return ""
+
+
+def test_restore_names_the_rank_whose_pool_holds_no_checkpoint():
+    for message in run_ranks(2, _restore_without_checkpoint):
+        assert "rank 1's pool holds no intact checkpoint" in message
+
+
+def test_coordinator_needs_torch_distributed():
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized")
+    with pytest.raises(pmsnap.FailedPreconditionError, match="init_process_group"):
+        pmdist.TorchDistributedCoordinator()
