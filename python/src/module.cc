@@ -19,10 +19,10 @@
 //   list_checkpoints, recover_table
 //                diff::ListCheckpoints / RecoverTable on a pool file (or on
 //                an open Engine's pool): any retained checkpoint of a table.
-//   Coordinator, EpochAgreement
+//   Coordinator, EpochAgreement, plan_shards
 //                runtime::Coordinator as a Python base class (pmsnap.distributed
-//                implements it on torch.distributed) and the agreement on it
-//                (coordinator.h).
+//                implements it on torch.distributed), the agreement on it and
+//                the owner/replica plan of replicated units (distributed.h).
 //   errors       every non-OK Status becomes a pmsnap.Error subclass carrying
 //                the C++ message (errors.h).
 //
@@ -46,7 +46,7 @@
 #include <utility>
 #include <vector>
 
-#include "coordinator.h"
+#include "distributed.h"
 #include "errors.h"
 #include "pmsnap/conflict/strategies.h"
 #include "pmsnap/diff/embedding_checkpointer.h"
@@ -617,7 +617,7 @@ PYBIND11_MODULE(_pmsnap, m) {
   using namespace pmsnap::python;  // NOLINT: module definition only
   m.doc() = "pmsnap runtime binding (use the `pmsnap` package, not this module)";
   RegisterErrors(m);
-  RegisterCoordinator(m);
+  RegisterDistributed(m);
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::string&, const std::vector<UnitArg>&, const std::string&,

@@ -1,4 +1,4 @@
-#include "coordinator.h"
+#include "distributed.h"
 
 #include <pybind11/stl.h>
 
@@ -10,6 +10,7 @@
 #include "errors.h"
 #include "pmsnap/runtime/coordinator.h"
 #include "pmsnap/runtime/epoch_agreement.h"
+#include "pmsnap/runtime/sharding.h"
 
 namespace pmsnap::python {
 namespace {
@@ -91,7 +92,7 @@ class PyCoordinator : public runtime::Coordinator {
 
 }  // namespace
 
-void RegisterCoordinator(py::module_& m) {
+void RegisterDistributed(py::module_& m) {
   py::class_<runtime::Coordinator, PyCoordinator, std::shared_ptr<runtime::Coordinator>>(
       m, "Coordinator",
       "Collectives pmsnap needs across ranks; subclass it (pmsnap.distributed does).")
@@ -127,6 +128,15 @@ void RegisterCoordinator(py::module_& m) {
              ThrowIfError(self.Finish());
            })
       .def_property_readonly("global_committed", &runtime::EpochAgreement::global_committed);
+
+  m.def(
+      "plan_shards",
+      [](const std::vector<std::uint64_t>& unit_bytes, int world_size, int replicas) {
+        runtime::ShardPlan plan = ValueOrThrow(runtime::PlanShards(unit_bytes, world_size, replicas));
+        return py::make_tuple(plan.holders, plan.bytes_per_rank);
+      },
+      py::arg("unit_bytes"), py::arg("world_size"), py::arg("replicas") = 1,
+      "(holders, bytes_per_rank): holders[u] lists the ranks that write unit u, owner first.");
 }
 
 }  // namespace pmsnap::python

@@ -1,7 +1,8 @@
 // The coordination interface (runtime::Coordinator) as a Python base class:
 // pmsnap.distributed implements it with torch.distributed, so that the C++
 // epoch agreement runs on the training's own process groups while the
-// extension stays free of libtorch. Also binds runtime::EpochAgreement.
+// extension stays free of libtorch. Also binds runtime::EpochAgreement and
+// runtime::PlanShards.
 //
 // Calls from C++ into the Python methods take the GIL (the engine's hooks run
 // with it released). A Python exception in a method becomes a kIOError
@@ -12,6 +13,6 @@
 
 namespace pmsnap::python {
 
-void RegisterCoordinator(pybind11::module_& module);
+void RegisterDistributed(pybind11::module_& module);
 
 }  // namespace pmsnap::python

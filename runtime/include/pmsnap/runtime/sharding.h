@@ -1,0 +1,45 @@
+// Which ranks write which units when every rank holds the same state.
+//
+// Under data parallelism (DDP) every rank holds the same parameters and
+// optimizer state. Writing all of it on every rank multiplies the bytes by
+// the world size for nothing: instead each unit gets one owner rank, chosen
+// so that every rank writes about 1/N of the bytes, and only its holders
+// write it. With `replicas` R > 1 the unit is also written by the R-1 ranks
+// after its owner (mod N), so that the loss of any R-1 ranks' pools leaves
+// every unit in some pool (Gemini's placement of checkpoint replicas on
+// peers).
+//
+// The assignment is a pure function of the units' sizes, the world size and
+// R: every rank computes the same one without exchanging anything, as long
+// as all ranks list the same units in the same order (the pools' identity
+// check guarantees it).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pmsnap/common/status.h"
+
+namespace pmsnap::runtime {
+
+struct ShardPlan {
+  // holders[u]: the ranks that write unit u, owner first, then its replicas.
+  std::vector<std::vector<int>> holders;
+  // bytes_per_rank[r]: bytes rank r writes per checkpoint (replicas included).
+  std::vector<std::uint64_t> bytes_per_rank;
+
+  int owner(std::size_t unit) const { return holders[unit].front(); }
+  // Units rank `rank` writes (as owner or replica), in unit order.
+  std::vector<std::uint32_t> UnitsHeldBy(int rank) const;
+};
+
+// Longest-processing-time greedy: units by size, largest first (ties: lower
+// index first), each to the rank that has the fewest bytes so far (ties:
+// lowest rank); the largest rank's load is at most 4/3 of the optimum.
+// kInvalidArgument unless 1 <= replicas <= world_size.
+Result<ShardPlan> PlanShards(const std::vector<std::uint64_t>& unit_bytes, int world_size,
+                             int replicas = 1);
+
+}  // namespace pmsnap::runtime
