@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "pmsnap/common/child_process.h"
+#include "testutil/crash_trials.h"
 #include "testutil/temp_pool.h"
 
 namespace {
@@ -97,7 +98,8 @@ TEST_F(ResumeTest, KilledAtRandomStepsResumesBitwiseEqualToUninterruptedRun) {
   const std::vector<std::string> optimizers = {
       "SgdMomentum",           "Adam", "AdamW", "Adagrad", "RmspropCenteredMomentum",
       "SgdNesterovWeightDecay"};
-  for (int point = 0; point < kKillPoints; ++point) {
+  const int kill_points = pmsnap::testing::CrashTrialCount(kKillPoints);
+  for (int point = 0; point < kill_points; ++point) {
     const std::string optimizer = optimizers[point % optimizers.size()];
     const std::string policy = point % 2 == 0 ? "every1" : "continuous";
     const std::uint64_t kill_step = 1 + rng() % (kSteps - 2);
