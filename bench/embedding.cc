@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
         row.construction_ms += stats.construction_seconds * 1e3;
         row.full = row.full || stats.full;
       }
-      row.capacity = (*engine)->pool().chunk_heap_used();
+      row.capacity = (*engine)->pool().chunk_heap().used_bytes();
       rows_out.push_back(row);
       summary.mean_bytes += row.bytes / static_cast<double>(intervals);
       summary.mean_construction_ms += row.construction_ms / intervals;
@@ -267,7 +267,7 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    summary.final_capacity = (*engine)->pool().chunk_heap_used();
+    summary.final_capacity = (*engine)->pool().chunk_heap().used_bytes();
     // Recovery of every retained checkpoint (all tables).
     auto checkpoints = diff::ListCheckpoints((*engine)->pool(), tables[0].name);
     if (!checkpoints.ok()) return 1;

@@ -1,7 +1,9 @@
 #include "detail/chunk_format.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
+#include <type_traits>
 
 #include "pmsnap/quant/format.h"
 
@@ -12,6 +14,9 @@ constexpr std::uint32_t kDataMagic = 0x43444d50;   // "PMDC"
 constexpr std::uint32_t kIndexMagic = 0x49444d50;  // "PMDI"
 constexpr std::uint16_t kVersion = 1;
 
+// Stored in PM as its raw bytes (a data chunk's first 64): pinned like the
+// pool's own structs (pmem_layout/detail/format.h), offsets as FORMAT.md
+// gives them, no padding whose bytes would be undefined.
 struct DataHeader {
   std::uint32_t magic;
   std::uint16_t version;
@@ -21,7 +26,16 @@ struct DataHeader {
   std::uint64_t bloom_words;
   std::uint64_t reserved[4];
 };
+static_assert(std::is_standard_layout_v<DataHeader>);
+static_assert(std::has_unique_object_representations_v<DataHeader>);
 static_assert(sizeof(DataHeader) == 64);
+static_assert(offsetof(DataHeader, magic) == 0);
+static_assert(offsetof(DataHeader, version) == 4);
+static_assert(offsetof(DataHeader, tensor_count) == 6);
+static_assert(offsetof(DataHeader, epoch) == 8);
+static_assert(offsetof(DataHeader, rows) == 16);
+static_assert(offsetof(DataHeader, bloom_words) == 24);
+static_assert(offsetof(DataHeader, reserved) == 32);
 
 std::uint64_t Pad8(std::uint64_t n) { return (n + 7) / 8 * 8; }
 

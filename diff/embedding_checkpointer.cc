@@ -44,10 +44,10 @@ std::string What(const std::string& table, std::uint64_t epoch) {
 }
 
 // Index chunks of `unit` committed no later than `limit`, newest first.
-std::vector<layout::ChunkInfo> IndexChunks(const layout::Pool& pool, std::uint32_t unit,
+std::vector<layout::ChunkInfo> IndexChunks(const layout::ChunkHeap& chunks, std::uint32_t unit,
                                            std::uint64_t limit) {
   std::vector<layout::ChunkInfo> out;
-  for (const layout::ChunkInfo& c : pool.ListChunks()) {
+  for (const layout::ChunkInfo& c : chunks.List()) {
     if (c.sealed && TagUnit(c.tag) == unit && TagKind(c.tag) == kKindIndex && c.epoch <= limit) {
       out.push_back(c);
     }
@@ -58,10 +58,10 @@ std::vector<layout::ChunkInfo> IndexChunks(const layout::Pool& pool, std::uint32
   return out;
 }
 
-Result<TableIndex> ReadIndex(const layout::Pool& pool, const layout::ChunkInfo& chunk,
+Result<TableIndex> ReadIndex(const layout::ChunkHeap& chunks, const layout::ChunkInfo& chunk,
                              const std::string& table) {
   const std::string what = "index of " + What(table, chunk.epoch);
-  auto bytes = pool.ReadChunk(chunk.id);
+  auto bytes = chunks.Read(chunk.id);
   if (!bytes.ok()) return Status(bytes.status().code(), what + ": " + bytes.status().message());
   return detail::ParseIndex(*bytes, what);
 }
@@ -69,11 +69,12 @@ Result<TableIndex> ReadIndex(const layout::Pool& pool, const layout::ChunkInfo& 
 // Reads logical chunks, verifying each heap chunk's checksum once.
 class ChunkReader {
  public:
-  ChunkReader(const layout::Pool& pool, std::string what) : pool_(pool), what_(std::move(what)) {}
+  ChunkReader(const layout::ChunkHeap& chunks, std::string what)
+      : chunks_(chunks), what_(std::move(what)) {}
   Result<DataChunkView> Read(const ChunkRef& ref) {
     auto it = verified_.find(ref.heap_id);
     if (it == verified_.end()) {
-      auto bytes = pool_.ReadChunk(ref.heap_id);
+      auto bytes = chunks_.Read(ref.heap_id);
       if (!bytes.ok())
         return Status(bytes.status().code(), what_ + ": " + bytes.status().message());
       it = verified_.emplace(ref.heap_id, *bytes).first;
@@ -88,7 +89,7 @@ class ChunkReader {
   std::uint64_t bytes_read() const { return bytes_read_; }
 
  private:
-  const layout::Pool& pool_;
+  const layout::ChunkHeap& chunks_;
   std::string what_;
   std::unordered_map<std::uint64_t, std::span<const std::byte>> verified_;
   std::uint64_t bytes_read_ = 0;
@@ -288,23 +289,23 @@ TableCheckpointStats EmbeddingCheckpointer::last_checkpoint(const std::string& t
 
 std::uint64_t EmbeddingCheckpointer::bytes_written() const { return committed_bytes_.load(); }
 
-Status EmbeddingCheckpointer::Attach(layout::Pool& pool,
+Status EmbeddingCheckpointer::Attach(layout::ChunkHeap& chunks, const layout::Manifest& manifest,
+                                     std::uint64_t last_committed_epoch,
                                      const std::vector<runtime::UnitRegistration>& units,
                                      const std::vector<std::uint32_t>& encoded_units,
                                      runtime::Device& device) {
-  pool_ = &pool;
+  chunks_ = &chunks;
   device_ = &device;
   table_of_unit_.assign(units.size(), -1);
-  const std::uint64_t committed = pool.last_committed_epoch().value_or(0);
   for (std::uint32_t u : encoded_units) {
-    PMSNAP_ASSIGN_OR_RETURN(TableShape shape, ShapeOf(pool.manifest().units[u]));
+    PMSNAP_ASSIGN_OR_RETURN(TableShape shape, ShapeOf(manifest.units[u]));
     auto table = std::make_unique<Table>(u, units[u].name, shape, units[u].tensors);
-    std::vector<layout::ChunkInfo> indexes = IndexChunks(pool, u, committed);
+    std::vector<layout::ChunkInfo> indexes = IndexChunks(chunks, u, last_committed_epoch);
     if (!indexes.empty()) {
-      PMSNAP_ASSIGN_OR_RETURN(table->index, ReadIndex(pool, indexes[0], table->name));
+      PMSNAP_ASSIGN_OR_RETURN(table->index, ReadIndex(chunks, indexes[0], table->name));
       table->index_chunk = indexes[0].id;
       if (indexes.size() > 1) {
-        PMSNAP_ASSIGN_OR_RETURN(table->previous, ReadIndex(pool, indexes[1], table->name));
+        PMSNAP_ASSIGN_OR_RETURN(table->previous, ReadIndex(chunks, indexes[1], table->name));
         table->previous_index_chunk = indexes[1].id;
       }
       // Rows changed since the baseline = the newest differential's rows.
@@ -312,7 +313,7 @@ Status EmbeddingCheckpointer::Attach(layout::Pool& pool,
                                 options_.policy == Policy::kIntermittentDifferential;
       if (differential && !table->index.retained.empty() &&
           table->index.retained.back().refs.size() == 2) {
-        ChunkReader reader(pool, What(table->name, table->index.epoch));
+        ChunkReader reader(chunks, What(table->name, table->index.epoch));
         PMSNAP_ASSIGN_OR_RETURN(DataChunkView diff,
                                 reader.Read(table->index.retained.back().refs[1]));
         for (std::uint64_t key : diff.keys) table->cumulative.Set(key);
@@ -342,7 +343,7 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
   std::lock_guard<std::mutex> lock(table.mutex);
   const auto start = Clock::now();
   const std::string what = What(table.name, epoch);
-  layout::Pool& pool = *pool_;
+  layout::ChunkHeap& chunks = *chunks_;
   TableCheckpointStats stats;
   stats.epoch = epoch;
 
@@ -367,15 +368,15 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
     for (const auto& image : images) total += image.size();
     PMSNAP_ASSIGN_OR_RETURN(
         layout::ChunkInfo chunk,
-        pool.AllocChunk(total, epoch, Tag(unit, bundle ? kKindBundle : kKindData)));
-    PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, pool.ChunkPayload(chunk.id));
+        chunks.Alloc(total, epoch, Tag(unit, bundle ? kKindBundle : kKindData)));
+    PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, chunks.Payload(chunk.id));
     std::uint64_t offset = 0;
     for (const auto& image : images) {
       std::memcpy(payload.data() + offset, image.data(), image.size());
       refs.push_back({chunk.id, offset, image.size()});
       offset += image.size();
     }
-    PMSNAP_RETURN_IF_ERROR(pool.SealChunk(chunk.id));
+    PMSNAP_RETURN_IF_ERROR(chunks.Seal(chunk.id));
     stats.bytes_written += total;
     return refs;
   };
@@ -458,7 +459,7 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
                     interval_rows.size()};
     // Extraction: duplicates of the new chunk's keys leave the Row 0 chunks
     // they were in for a chunk in the new Row 1 (with row_epoch = epoch).
-    ChunkReader reader(pool, what);
+    ChunkReader reader(chunks, what);
     const auto read_start = Clock::now();
     std::vector<std::vector<std::byte>> row0_images, row1_images;
     std::vector<ListNode> row0_nodes, row1_nodes, kept;
@@ -557,10 +558,10 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
 
   const std::vector<std::byte> index_image = detail::SerializeIndex(next);
   PMSNAP_ASSIGN_OR_RETURN(layout::ChunkInfo index_chunk,
-                          pool.AllocChunk(index_image.size(), epoch, Tag(unit, kKindIndex)));
-  PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, pool.ChunkPayload(index_chunk.id));
+                          chunks.Alloc(index_image.size(), epoch, Tag(unit, kKindIndex)));
+  PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, chunks.Payload(index_chunk.id));
   std::memcpy(payload.data(), index_image.data(), index_image.size());
-  PMSNAP_RETURN_IF_ERROR(pool.SealChunk(index_chunk.id));
+  PMSNAP_RETURN_IF_ERROR(chunks.Seal(index_chunk.id));
   stats.bytes_written += index_image.size();
 
   stats.construction_seconds = Since(start);
@@ -602,11 +603,11 @@ Status EmbeddingCheckpointer::OnCommitted(std::uint64_t epoch) {
       }
     }
   }
-  for (const layout::ChunkInfo& chunk : pool_->ListChunks()) {
+  for (const layout::ChunkInfo& chunk : chunks_->List()) {
     const std::uint32_t unit = TagUnit(chunk.tag);
     if (unit >= table_of_unit_.size() || table_of_unit_[unit] < 0) continue;
     if (chunk.epoch > epoch || referenced.count(chunk.id) != 0) continue;
-    PMSNAP_RETURN_IF_ERROR(pool_->FreeChunk(chunk.id));
+    PMSNAP_RETURN_IF_ERROR(chunks_->Free(chunk.id));
   }
   return Status::Ok();
 }
@@ -630,7 +631,7 @@ Status EmbeddingCheckpointer::Restore(std::uint32_t unit, std::uint64_t epoch) {
   if (checkpoint == nullptr) {
     return Status(StatusCode::kNotFound, what + " is not retained in the pool");
   }
-  ChunkReader reader(*pool_, what);
+  ChunkReader reader(*chunks_, what);
   std::vector<std::vector<float>> tensors;
   Status rebuilt = Rebuild(reader, checkpoint->refs, table.shape, &tensors);
   if (!rebuilt.ok()) return Status(rebuilt.code(), what + ": " + rebuilt.message());
@@ -664,11 +665,11 @@ Result<std::pair<std::uint32_t, TableShape>> FindTable(const layout::Pool& pool,
 Result<TableIndex> NewestIndex(const layout::Pool& pool, std::uint32_t unit,
                                const std::string& table) {
   std::vector<layout::ChunkInfo> indexes =
-      IndexChunks(pool, unit, pool.last_committed_epoch().value_or(0));
+      IndexChunks(pool.chunk_heap(), unit, pool.last_committed_epoch().value_or(0));
   if (indexes.empty()) {
     return Status(StatusCode::kNotFound, "table '" + table + "' has no committed checkpoint");
   }
-  return ReadIndex(pool, indexes[0], table);
+  return ReadIndex(pool.chunk_heap(), indexes[0], table);
 }
 
 }  // namespace
@@ -706,7 +707,7 @@ Result<RecoveredTable> RecoverTable(const layout::Pool& pool, const std::string&
   out.iteration = checkpoint->iteration;
   out.rows = found.second.rows;
   out.elems_per_row = found.second.elems_per_row;
-  ChunkReader reader(pool, what);
+  ChunkReader reader(pool.chunk_heap(), what);
   Status rebuilt = Rebuild(reader, checkpoint->refs, found.second, &out.tensors, &out.stats);
   if (!rebuilt.ok()) {
     return Status(rebuilt.code(), rebuilt.message().rfind(what, 0) == 0

@@ -642,8 +642,10 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
 
   // No slot reserved for the training thread: it never joins the arena.
   if (impl->encoder) {
-    PMSNAP_RETURN_IF_ERROR(
-        impl->encoder->Attach(*impl->pool, impl->units, encoded_units, *impl->device));
+    PMSNAP_RETURN_IF_ERROR(impl->encoder->Attach(
+        impl->pool->chunk_heap(), impl->pool->manifest(),
+        impl->pool->last_committed_epoch().value_or(0), impl->units, encoded_units,
+        *impl->device));
   }
   const std::size_t wanted_threads = static_cast<std::size_t>(options.workers) + 2;
   if (tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism) <

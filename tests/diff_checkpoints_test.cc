@@ -180,11 +180,11 @@ TEST(DiffEngineTest, RetentionFreesChunksNoCheckpointNeeds) {
   auto engine = runtime::Engine::Open(Options(path.path(), checkpointer), toy.Registrations());
   ASSERT_TRUE(engine.ok());
   Train(**engine, *checkpointer, toy, 1, 3);
-  const std::uint64_t used_after_3 = (*engine)->pool().chunk_heap_used();
+  const std::uint64_t used_after_3 = (*engine)->pool().chunk_heap().used_bytes();
   Train(**engine, *checkpointer, toy, 4, 12);
   // Two retained full checkpoints plus one kept for the previous index:
   // the heap does not grow with the number of checkpoints.
-  EXPECT_LE((*engine)->pool().chunk_heap_used(), used_after_3 + 4096);
+  EXPECT_LE((*engine)->pool().chunk_heap().used_bytes(), used_after_3 + 4096);
   EXPECT_GT((*engine)->stats().encoded_bytes_written, 12u * kRows * kDim * 4);
 }
 
@@ -223,7 +223,7 @@ TEST(DiffEngineTest, DamagedChunkIsCorruptionNamingTableAndCheckpoint) {
     auto checkpoints = ListCheckpoints((*engine)->pool(), "emb.users");
     ASSERT_TRUE(checkpoints.ok());
     epoch = checkpoints->back().epoch;
-    for (const layout::ChunkInfo& chunk : (*engine)->pool().ListChunks()) {
+    for (const layout::ChunkInfo& chunk : (*engine)->pool().chunk_heap().List()) {
       if (chunk.epoch == epoch && (chunk.tag & 0xff) == 1) victim = chunk.id;  // its data chunk
     }
     ASSERT_NE(victim, 0u);

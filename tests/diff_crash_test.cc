@@ -155,7 +155,7 @@ TEST_P(DiffCrashTest, EveryRetainedCheckpointSurvivesRandomKills) {
   if (GetParam() != Policy::kConsecutiveIncremental) {
     auto pool = layout::Pool::Open(path.path());
     ASSERT_TRUE(pool.ok());
-    EXPECT_LT((*pool)->chunk_heap_used(), 12 * kRows * (kDim + 1) * 4 + (4u << 20));
+    EXPECT_LT((*pool)->chunk_heap().used_bytes(), 12 * kRows * (kDim + 1) * 4 + (4u << 20));
   }
 }
 

@@ -14,3 +14,5 @@ pmsnap_add_pool_test(pool_prefault_test SOURCES pool_prefault_test.cc LIBS pmsna
 target_include_directories(pool_prefault_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)
 pmsnap_add_pool_test(pool_bad_env_test SOURCES pool_bad_env_test.cc LIBS pmsnap::layout)
 target_include_directories(pool_bad_env_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)
+pmsnap_add_test(manifest_golden_test SOURCES manifest_golden_test.cc LIBS pmsnap::layout)
+target_include_directories(manifest_golden_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)

@@ -154,14 +154,14 @@ TEST(PoolChunkHeapFullTest, BudgetExhaustedIsNoSpaceAndCommittedEpochsSurvive) {
     Result<ChunkInfo> chunk = Status(StatusCode::kInternal, "no allocation yet");
     int allocated = 0;
     for (; allocated < 10; ++allocated) {
-      chunk = (*pool)->AllocChunk(100 << 10, *epoch, 7);
+      chunk = (*pool)->chunk_heap().Alloc(100 << 10, *epoch, 7);
       if (!chunk.ok()) break;
     }
     EXPECT_EQ(allocated, 4);
     EXPECT_EQ(chunk.status().code(), StatusCode::kNoSpace) << chunk.status().ToString();
     EXPECT_THAT(chunk.status().message(), HasSubstr("'" + path.path() + "'"));
     EXPECT_THAT(chunk.status().message(), HasSubstr("needs 262144 bytes, 0 of 1048576 free"));
-    EXPECT_EQ((*pool)->ListChunks().size(), 4u);
+    EXPECT_EQ((*pool)->chunk_heap().List().size(), 4u);
     // A writer that cannot fit its chunks gives the epoch up.
     (*pool)->Abandon();
   }
@@ -170,8 +170,8 @@ TEST(PoolChunkHeapFullTest, BudgetExhaustedIsNoSpaceAndCommittedEpochsSurvive) {
   auto pool = Pool::Open(path.path(), TestManifest());
   ASSERT_TRUE(pool.ok());
   ASSERT_TRUE((*pool)->BeginEpoch(30).ok());
-  EXPECT_EQ((*pool)->chunk_heap_used(), 0u);
-  EXPECT_TRUE((*pool)->AllocChunk(900 << 10, 3, 7).ok());
+  EXPECT_EQ((*pool)->chunk_heap().used_bytes(), 0u);
+  EXPECT_TRUE((*pool)->chunk_heap().Alloc(900 << 10, 3, 7).ok());
 }
 
 TEST(PoolChunkHeapFullTest, FragmentedHeapIsNoSpaceFromLibpmemobjWithTheBudgetFigures) {
@@ -188,23 +188,23 @@ TEST(PoolChunkHeapFullTest, FragmentedHeapIsNoSpaceFromLibpmemobjWithTheBudgetFi
   // space to a large chunk although the budget is nearly all free.
   std::uint64_t small_chunks = 0;
   for (;; ++small_chunks) {
-    auto chunk = (*pool)->AllocChunk(1024, *epoch, 1);
+    auto chunk = (*pool)->chunk_heap().Alloc(1024, *epoch, 1);
     if (!chunk.ok()) {
       ASSERT_EQ(chunk.status().code(), StatusCode::kNoSpace) << chunk.status().ToString();
       break;
     }
   }
   ASSERT_EQ(small_chunks, options.chunk_heap_bytes / 4096);
-  std::vector<ChunkInfo> chunks = (*pool)->ListChunks();  // by id: offset in the pool
+  std::vector<ChunkInfo> chunks = (*pool)->chunk_heap().List();  // by id: offset in the pool
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     if (i % 32 == 0) continue;
-    ASSERT_TRUE((*pool)->FreeChunk(chunks[i].id).ok());
+    ASSERT_TRUE((*pool)->chunk_heap().Free(chunks[i].id).ok());
   }
-  const std::uint64_t used = (*pool)->chunk_heap_used();
+  const std::uint64_t used = (*pool)->chunk_heap().used_bytes();
   ASSERT_EQ(used, (chunks.size() + 31) / 32 * 4096);
 
   const std::uint64_t large = 56ull << 20;  // within the budget's free bytes
-  auto chunk = (*pool)->AllocChunk(large, *epoch, 2);
+  auto chunk = (*pool)->chunk_heap().Alloc(large, *epoch, 2);
   ASSERT_FALSE(chunk.ok()) << "libpmemobj found " << large << " bytes: the heap was not fragmented";
   EXPECT_EQ(chunk.status().code(), StatusCode::kNoSpace) << chunk.status().ToString();
   EXPECT_THAT(chunk.status().message(), HasSubstr("'" + path.path() + "'"));
@@ -213,8 +213,8 @@ TEST(PoolChunkHeapFullTest, FragmentedHeapIsNoSpaceFromLibpmemobjWithTheBudgetFi
               HasSubstr(std::to_string(options.chunk_heap_bytes - used) + " of " +
                         std::to_string(options.chunk_heap_bytes) + " bytes free"));
   // The failed transaction changed nothing: the heap mirror and the pool agree.
-  EXPECT_EQ((*pool)->chunk_heap_used(), used);
-  EXPECT_EQ((*pool)->ListChunks().size(), (chunks.size() + 31) / 32);
+  EXPECT_EQ((*pool)->chunk_heap().used_bytes(), used);
+  EXPECT_EQ((*pool)->chunk_heap().List().size(), (chunks.size() + 31) / 32);
   (*pool)->Abandon();
   pool->reset();
   EXPECT_EQ(CommittedPoolProblem(path.path()), "");

@@ -415,16 +415,16 @@ TEST(ChunkCorruptionTest, DamagedChunkPayloadIsCorruptionNamingTheChunk) {
     auto pool = Pool::Create(path.path(), MakeManifest(1, 16), options);
     ASSERT_TRUE(pool.ok());
     ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 1).ok());
-    auto chunk = (*pool)->AllocChunk(512, 1, 77);
+    auto chunk = (*pool)->chunk_heap().Alloc(512, 1, 77);
     ASSERT_TRUE(chunk.ok());
     id = chunk->id;
-    std::memset((*pool)->ChunkPayload(id)->data(), 0x5a, 512);
-    ASSERT_TRUE((*pool)->SealChunk(id).ok());
+    std::memset((*pool)->chunk_heap().Payload(id)->data(), 0x5a, 512);
+    ASSERT_TRUE((*pool)->chunk_heap().Seal(id).ok());
   }
   FlipBit(path.path(), id + 128 + 100);
   auto pool = Pool::Open(path.path());
   ASSERT_TRUE(pool.ok());
-  auto payload = (*pool)->ReadChunk(id);
+  auto payload = (*pool)->chunk_heap().Read(id);
   EXPECT_EQ(payload.status().code(), StatusCode::kCorruption);
   EXPECT_THAT(payload.status().message(), HasSubstr("tag 77"));
   EXPECT_FALSE((*pool)->Verify(true).ok());

@@ -58,16 +58,16 @@ std::vector<std::byte> ChunkContent(std::uint64_t epoch) {
     const std::uint64_t epoch = (*pool)->last_committed_epoch().value_or(0) + 1;
     crash.Phase(kFreeing);
     // Each epoch: one new chunk, and chunks older than two epochs freed.
-    for (const ChunkInfo& chunk : (*pool)->ListChunks()) {
-      if (chunk.epoch + 2 < epoch && !(*pool)->FreeChunk(chunk.id).ok()) _exit(4);
+    for (const ChunkInfo& chunk : (*pool)->chunk_heap().List()) {
+      if (chunk.epoch + 2 < epoch && !(*pool)->chunk_heap().Free(chunk.id).ok()) _exit(4);
     }
     if (!(*pool)->BeginEpoch(epoch * 10).ok()) _exit(5);
     crash.Phase(kWriting);
     const std::vector<std::byte> content = ChunkContent(epoch);
-    auto chunk = (*pool)->AllocChunk(content.size(), epoch, kChunkTag);
+    auto chunk = (*pool)->chunk_heap().Alloc(content.size(), epoch, kChunkTag);
     if (!chunk.ok()) _exit(6);
-    std::memcpy((*pool)->ChunkPayload(chunk->id)->data(), content.data(), content.size());
-    if (!(*pool)->SealChunk(chunk->id).ok()) _exit(7);
+    std::memcpy((*pool)->chunk_heap().Payload(chunk->id)->data(), content.data(), content.size());
+    if (!(*pool)->chunk_heap().Seal(chunk->id).ok()) _exit(7);
     const Manifest& manifest = (*pool)->manifest();
     for (std::uint32_t u = 0; u < manifest.units.size(); ++u) {
       for (std::uint32_t t = 0; t < manifest.units[u].tensors.size(); ++t) {
@@ -119,9 +119,9 @@ TEST(PoolCrashTest, RandomSigkillAlwaysRecoversALaterOrEqualCommittedEpochBitExa
     ASSERT_EQ(extra, "epoch=" + std::to_string(latest->epoch()));
     // Every chunk of a committed epoch is sealed and intact.
     bool found_latest_chunk = false;
-    for (const ChunkInfo& chunk : (*pool)->ListChunks()) {
+    for (const ChunkInfo& chunk : (*pool)->chunk_heap().List()) {
       if (chunk.epoch > latest->epoch()) continue;  // orphan of the killed epoch
-      auto payload = (*pool)->ReadChunk(chunk.id);
+      auto payload = (*pool)->chunk_heap().Read(chunk.id);
       ASSERT_TRUE(payload.ok()) << "trial " << trial << ": " << payload.status().ToString();
       const std::vector<std::byte> expected = ChunkContent(chunk.epoch);
       ASSERT_EQ(payload->size(), expected.size());

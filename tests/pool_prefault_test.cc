@@ -414,9 +414,9 @@ TEST(PoolPrefaultTest, OpenPrefaultsTheMappingAndChangesNoByteOfThePool) {
     ASSERT_TRUE(pool.ok()) << pool.status().ToString();
     ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 10, "one").ok());
     ASSERT_TRUE(WriteSeededEpoch(**pool, 2, 20, "two").ok());
-    auto chunk = (*pool)->AllocChunk(100000, 2, 7);
+    auto chunk = (*pool)->chunk_heap().Alloc(100000, 2, 7);
     ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
-    ASSERT_TRUE((*pool)->SealChunk(chunk->id).ok());
+    ASSERT_TRUE((*pool)->chunk_heap().Seal(chunk->id).ok());
   }
   std::filesystem::copy_file(path.path(), copy_off.path());
   std::filesystem::copy_file(path.path(), copy_on.path());
@@ -435,7 +435,7 @@ TEST(PoolPrefaultTest, OpenPrefaultsTheMappingAndChangesNoByteOfThePool) {
     compared = {regions.header,         regions.manifest,     regions.record[0],
                 regions.record[1],      regions.slot_data[0], regions.slot_data[1],
                 regions.chunk_heap_root};
-    for (const ChunkInfo& chunk : (*pool)->ListChunks()) {
+    for (const ChunkInfo& chunk : (*pool)->chunk_heap().List()) {
       compared.push_back({chunk.id, 128 + chunk.bytes});  // ChunkHeader + payload
     }
   }

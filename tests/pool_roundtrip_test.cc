@@ -304,15 +304,15 @@ TEST(PoolTest, RequiredBytesIsEnoughForManySizes) {
       std::uint64_t i = 0;
       for (;; ++i) {
         const std::uint64_t bytes = (i % 3 == 0) ? 300000 + i * 77 : 1000 + (i * 5171) % 60000;
-        auto chunk = (*pool)->AllocChunk(bytes, 1, 0);
+        auto chunk = (*pool)->chunk_heap().Alloc(bytes, 1, 0);
         if (!chunk.ok()) {
           EXPECT_EQ(chunk.status().code(), StatusCode::kNoSpace);
           EXPECT_THAT(chunk.status().message(), ::testing::HasSubstr("chunk heap full"));
           break;
         }
       }
-      EXPECT_GT((*pool)->chunk_heap_used(), heap - (600u << 10)) << "stopped early";
-      EXPECT_LE((*pool)->chunk_heap_used(), heap);
+      EXPECT_GT((*pool)->chunk_heap().used_bytes(), heap - (600u << 10)) << "stopped early";
+      EXPECT_LE((*pool)->chunk_heap().used_bytes(), heap);
     }
   }
 }
@@ -327,24 +327,24 @@ TEST(ChunkHeapTest, SealedChunkReadsBackAndSurvivesReopen) {
     auto pool = Pool::Create(path.path(), manifest, options);
     ASSERT_TRUE(pool.ok());
     ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 1).ok());
-    auto chunk = (*pool)->AllocChunk(10000, 1, 42);
+    auto chunk = (*pool)->chunk_heap().Alloc(10000, 1, 42);
     ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
     id = chunk->id;
-    auto payload = (*pool)->ChunkPayload(id);
+    auto payload = (*pool)->chunk_heap().Payload(id);
     ASSERT_TRUE(payload.ok());
     for (std::size_t i = 0; i < payload->size(); ++i) (*payload)[i] = std::byte(i * 7);
-    ASSERT_TRUE((*pool)->SealChunk(id).ok());
+    ASSERT_TRUE((*pool)->chunk_heap().Seal(id).ok());
     // Charged as the heap really holds it: header + payload + libpmemobj's
     // 16-byte header, in 4 KiB units.
-    EXPECT_EQ((*pool)->chunk_heap_used(), 12288u);
+    EXPECT_EQ((*pool)->chunk_heap().used_bytes(), 12288u);
   }
   auto pool = Pool::Open(path.path());
   ASSERT_TRUE(pool.ok());
-  auto chunks = (*pool)->ListChunks();
+  auto chunks = (*pool)->chunk_heap().List();
   ASSERT_EQ(chunks.size(), 1u);
   EXPECT_EQ(chunks[0].tag, 42u);
   EXPECT_EQ(chunks[0].epoch, 1u);
-  auto payload = (*pool)->ReadChunk(id);
+  auto payload = (*pool)->chunk_heap().Read(id);
   ASSERT_TRUE(payload.ok());
   for (std::size_t i = 0; i < payload->size(); ++i) ASSERT_EQ((*payload)[i], std::byte(i * 7));
 }
@@ -357,15 +357,15 @@ TEST(ChunkHeapTest, FreedChunksReturnTheirSpace) {
   ASSERT_TRUE(pool.ok());
   std::vector<std::uint64_t> ids;
   for (int i = 0; i < 5; ++i) {
-    auto chunk = (*pool)->AllocChunk(1000 * (i + 1), 1, i);
+    auto chunk = (*pool)->chunk_heap().Alloc(1000 * (i + 1), 1, i);
     ASSERT_TRUE(chunk.ok());
     ids.push_back(chunk->id);
   }
   // Free from the middle, the head and the tail of the list.
-  for (int i : {2, 4, 0, 1, 3}) ASSERT_TRUE((*pool)->FreeChunk(ids[i]).ok());
-  EXPECT_EQ((*pool)->chunk_heap_used(), 0u);
-  EXPECT_TRUE((*pool)->ListChunks().empty());
-  EXPECT_EQ((*pool)->FreeChunk(ids[0]).code(), StatusCode::kNotFound);
+  for (int i : {2, 4, 0, 1, 3}) ASSERT_TRUE((*pool)->chunk_heap().Free(ids[i]).ok());
+  EXPECT_EQ((*pool)->chunk_heap().used_bytes(), 0u);
+  EXPECT_TRUE((*pool)->chunk_heap().List().empty());
+  EXPECT_EQ((*pool)->chunk_heap().Free(ids[0]).code(), StatusCode::kNotFound);
 }
 
 TEST(ChunkHeapTest, ChunksOfAnEpochThatNeverCommittedAreFreed) {
@@ -377,15 +377,15 @@ TEST(ChunkHeapTest, ChunksOfAnEpochThatNeverCommittedAreFreed) {
     auto pool = Pool::Create(path.path(), manifest, options);
     ASSERT_TRUE(pool.ok());
     ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 1).ok());
-    ASSERT_TRUE((*pool)->AllocChunk(100, 1, 0).ok());
+    ASSERT_TRUE((*pool)->chunk_heap().Alloc(100, 1, 0).ok());
     ASSERT_TRUE((*pool)->BeginEpoch(2).ok());
-    ASSERT_TRUE((*pool)->AllocChunk(100, 2, 0).ok());  // epoch 2 never commits
+    ASSERT_TRUE((*pool)->chunk_heap().Alloc(100, 2, 0).ok());  // epoch 2 never commits
   }
   auto pool = Pool::Open(path.path());
   ASSERT_TRUE(pool.ok());
-  EXPECT_EQ((*pool)->ListChunks().size(), 2u);
+  EXPECT_EQ((*pool)->chunk_heap().List().size(), 2u);
   ASSERT_TRUE((*pool)->BeginEpoch(2).ok());
-  auto chunks = (*pool)->ListChunks();
+  auto chunks = (*pool)->chunk_heap().List();
   ASSERT_EQ(chunks.size(), 1u);
   EXPECT_EQ(chunks[0].epoch, 1u);
 }
@@ -396,9 +396,9 @@ TEST(ChunkHeapTest, UnsealedChunkIsNotReadable) {
   options.chunk_heap_bytes = 1 << 20;
   auto pool = Pool::Create(path.path(), MakeManifest(1, 16), options);
   ASSERT_TRUE(pool.ok());
-  auto chunk = (*pool)->AllocChunk(100, 0, 0);
+  auto chunk = (*pool)->chunk_heap().Alloc(100, 0, 0);
   ASSERT_TRUE(chunk.ok());
-  EXPECT_EQ((*pool)->ReadChunk(chunk->id).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*pool)->chunk_heap().Read(chunk->id).status().code(), StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -137,8 +137,8 @@ int Info(const Pool& pool, bool json, std::ostream& text) {
         << ", \"file_bytes\": " << pool.file_bytes()
         << ", \"part_bytes\": " << pool.options().part_bytes
         << ", \"extra_state_capacity\": " << pool.options().extra_state_capacity
-        << ", \"chunk_heap\": {\"capacity\": " << pool.chunk_heap_capacity()
-        << ", \"used\": " << pool.chunk_heap_used() << ", \"chunks\": " << pool.ListChunks().size()
+        << ", \"chunk_heap\": {\"capacity\": " << pool.chunk_heap().capacity_bytes()
+        << ", \"used\": " << pool.chunk_heap().used_bytes() << ", \"chunks\": " << pool.chunk_heap().List().size()
         << "}, \"units\": [";
     for (std::size_t u = 0; u < manifest.units.size(); ++u) {
       const auto& unit = manifest.units[u];
@@ -179,8 +179,8 @@ int Info(const Pool& pool, bool json, std::ostream& text) {
        << "file size       " << HumanBytes(pool.file_bytes()) << "\n"
        << "part size       " << HumanBytes(pool.options().part_bytes) << "\n"
        << "extra state     up to " << HumanBytes(pool.options().extra_state_capacity) << "\n"
-       << "chunk heap      " << HumanBytes(pool.chunk_heap_used()) << " of "
-       << HumanBytes(pool.chunk_heap_capacity()) << " in " << pool.ListChunks().size()
+       << "chunk heap      " << HumanBytes(pool.chunk_heap().used_bytes()) << " of "
+       << HumanBytes(pool.chunk_heap().capacity_bytes()) << " in " << pool.chunk_heap().List().size()
        << " chunks\n"
        << "units           " << manifest.units.size() << " (" << HumanBytes(layout.slot_bytes)
        << " per slot)\n";

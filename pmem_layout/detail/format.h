@@ -1,12 +1,17 @@
 // On-media structures of a pmsnap pool (FORMAT.md describes them in prose).
-// Every struct here is stored in persistent memory: layout is pinned by
-// static_asserts, and changing any of them needs a new kFormatVersion.
+// Every struct here is stored in persistent memory or hashed as raw bytes:
+// size and every field's offset are pinned by static_asserts (the offsets
+// FORMAT.md gives), and changing any of them needs a new kFormatVersion.
+// Structs hashed whole also assert that they have no padding, whose bytes
+// would otherwise enter the checksum undefined.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+
+#include "pmsnap/pmem_layout/checksum.h"
 
 namespace pmsnap::layout::detail {
 
@@ -38,11 +43,28 @@ struct PoolHeader {
   std::uint64_t reserved[11];
 };
 static_assert(std::is_standard_layout_v<PoolHeader>);
+static_assert(std::has_unique_object_representations_v<PoolHeader>);  // hashed whole
 static_assert(sizeof(PoolHeader) == 256);
+static_assert(offsetof(PoolHeader, magic) == 0);
 static_assert(offsetof(PoolHeader, format_version) == 8);
+static_assert(offsetof(PoolHeader, header_bytes) == 12);
 static_assert(offsetof(PoolHeader, header_checksum) == 16);
+static_assert(offsetof(PoolHeader, model_signature) == 24);
+static_assert(offsetof(PoolHeader, created_unix_ns) == 32);
+static_assert(offsetof(PoolHeader, part_bytes) == 40);
+static_assert(offsetof(PoolHeader, extra_state_capacity) == 48);
+static_assert(offsetof(PoolHeader, chunk_heap_bytes) == 56);
+static_assert(offsetof(PoolHeader, unit_count) == 64);
+static_assert(offsetof(PoolHeader, part_count) == 72);
+static_assert(offsetof(PoolHeader, slot_bytes) == 80);
+static_assert(offsetof(PoolHeader, record_bytes) == 88);
 static_assert(offsetof(PoolHeader, manifest_offset) == 96);
+static_assert(offsetof(PoolHeader, manifest_bytes) == 104);
+static_assert(offsetof(PoolHeader, manifest_checksum) == 112);
+static_assert(offsetof(PoolHeader, slot_alloc_offset) == 120);
+static_assert(offsetof(PoolHeader, slot_data_offset) == 136);
 static_assert(offsetof(PoolHeader, slot_record_offset) == 152);
+static_assert(offsetof(PoolHeader, reserved) == 168);
 
 // Mutable list head of the chunk heap; changed only inside transactions.
 struct ChunkHeapRoot {
@@ -51,7 +73,12 @@ struct ChunkHeapRoot {
   std::uint64_t count;
   std::uint64_t reserved[5];
 };
+static_assert(std::is_standard_layout_v<ChunkHeapRoot>);
 static_assert(sizeof(ChunkHeapRoot) == 64);
+static_assert(offsetof(ChunkHeapRoot, head_offset) == 0);
+static_assert(offsetof(ChunkHeapRoot, used_bytes) == 8);
+static_assert(offsetof(ChunkHeapRoot, count) == 16);
+static_assert(offsetof(ChunkHeapRoot, reserved) == 24);
 
 struct PoolRoot {
   PoolHeader header;
@@ -59,6 +86,7 @@ struct PoolRoot {
 };
 static_assert(std::is_standard_layout_v<PoolRoot>);
 static_assert(sizeof(PoolRoot) == 320);
+static_assert(offsetof(PoolRoot, header) == 0);
 static_assert(offsetof(PoolRoot, chunks) == 256);
 
 // commit_word = epoch << 2 | SlotState; the one 8-byte store that commits.
@@ -85,17 +113,36 @@ struct SlotRecordHeader {
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(std::is_standard_layout_v<SlotRecordHeader>);
+static_assert(sizeof(std::atomic<std::uint64_t>) == 8);  // the commit word is a plain u64 in PM
 static_assert(sizeof(SlotRecordHeader) == 64);
 static_assert(offsetof(SlotRecordHeader, commit_word) == 0);
+static_assert(offsetof(SlotRecordHeader, iteration) == 8);
+static_assert(offsetof(SlotRecordHeader, commit_time_unix_ns) == 16);
+static_assert(offsetof(SlotRecordHeader, extra_bytes) == 24);
+static_assert(offsetof(SlotRecordHeader, extra_checksum) == 32);
+static_assert(offsetof(SlotRecordHeader, parts_checksum) == 40);
+static_assert(offsetof(SlotRecordHeader, record_checksum) == 48);
+static_assert(offsetof(SlotRecordHeader, reserved) == 56);
 
+// Not stored: record_checksum is XXH3-64 of this struct's 48 raw bytes, so
+// its layout is part of the format as much as a stored struct's.
 struct RecordChecksumInput {
-  std::uint64_t epoch;
+  std::uint64_t epoch;  // the commit word's epoch, so a record cannot pass for another epoch
   std::uint64_t iteration;
   std::uint64_t commit_time_unix_ns;
   std::uint64_t extra_bytes;
   std::uint64_t extra_checksum;
   std::uint64_t parts_checksum;
 };
+static_assert(std::is_standard_layout_v<RecordChecksumInput>);
+static_assert(std::has_unique_object_representations_v<RecordChecksumInput>);  // hashed whole
+static_assert(sizeof(RecordChecksumInput) == 48);
+static_assert(offsetof(RecordChecksumInput, epoch) == 0);
+static_assert(offsetof(RecordChecksumInput, iteration) == 8);
+static_assert(offsetof(RecordChecksumInput, commit_time_unix_ns) == 16);
+static_assert(offsetof(RecordChecksumInput, extra_bytes) == 24);
+static_assert(offsetof(RecordChecksumInput, extra_checksum) == 32);
+static_assert(offsetof(RecordChecksumInput, parts_checksum) == 40);
 
 // A chunk of the chunk heap; the payload follows the header.
 struct ChunkHeader {
@@ -112,5 +159,43 @@ struct ChunkHeader {
 };
 static_assert(std::is_standard_layout_v<ChunkHeader>);
 static_assert(sizeof(ChunkHeader) == 128);
+static_assert(offsetof(ChunkHeader, magic) == 0);
+static_assert(offsetof(ChunkHeader, prev_offset) == 8);
+static_assert(offsetof(ChunkHeader, next_offset) == 16);
+static_assert(offsetof(ChunkHeader, epoch) == 24);
+static_assert(offsetof(ChunkHeader, tag) == 32);
+static_assert(offsetof(ChunkHeader, bytes) == 40);
+static_assert(offsetof(ChunkHeader, header_checksum) == 48);
+static_assert(offsetof(ChunkHeader, sealed) == 56);
+static_assert(offsetof(ChunkHeader, payload_checksum) == 64);
+static_assert(offsetof(ChunkHeader, reserved) == 72);
+
+// The checksums that protect these structs, as the format defines them.
+
+// XXH3-64 of the whole header with header_checksum read as zero.
+inline std::uint64_t HeaderChecksum(const PoolHeader& header) {
+  PoolHeader copy = header;
+  copy.header_checksum = 0;
+  return Checksum64(&copy, sizeof(copy));
+}
+
+// XXH3-64 of RecordChecksumInput built from `record` and the epoch its
+// commit word names.
+inline std::uint64_t RecordChecksum(std::uint64_t epoch, const SlotRecordHeader& record) {
+  const RecordChecksumInput input{epoch,
+                                  record.iteration,
+                                  record.commit_time_unix_ns,
+                                  record.extra_bytes,
+                                  record.extra_checksum,
+                                  record.parts_checksum};
+  return Checksum64(&input, sizeof(input));
+}
+
+// XXH3-64 of {magic, epoch, tag, bytes}: the fields fixed at allocation (the
+// links change at every neighbour's allocation and free).
+inline std::uint64_t ChunkHeaderChecksum(const ChunkHeader& chunk) {
+  const std::uint64_t fields[4] = {chunk.magic, chunk.epoch, chunk.tag, chunk.bytes};
+  return Checksum64(fields, sizeof(fields));
+}
 
 }  // namespace pmsnap::layout::detail

@@ -97,7 +97,9 @@ class EmbeddingCheckpointer final : public runtime::Encoder {
   const EmbeddingOptions& options() const { return options_; }
 
   // runtime::Encoder
-  Status Attach(layout::Pool& pool, const std::vector<runtime::UnitRegistration>& units,
+  Status Attach(layout::ChunkHeap& chunks, const layout::Manifest& manifest,
+                std::uint64_t last_committed_epoch,
+                const std::vector<runtime::UnitRegistration>& units,
                 const std::vector<std::uint32_t>& encoded_units, runtime::Device& device) override;
   Status OnCaptured(std::uint32_t unit, std::uint64_t epoch, std::uint64_t iteration) override;
   Status Encode(std::uint32_t unit, std::uint64_t epoch) override;
@@ -110,7 +112,7 @@ class EmbeddingCheckpointer final : public runtime::Encoder {
 
  private:
   EmbeddingOptions options_;
-  layout::Pool* pool_ = nullptr;
+  layout::ChunkHeap* chunks_ = nullptr;
   runtime::Device* device_ = nullptr;
   std::vector<std::unique_ptr<Table>> tables_;     // one per encoded unit
   std::vector<int> table_of_unit_;                 // unit -> index in tables_, -1

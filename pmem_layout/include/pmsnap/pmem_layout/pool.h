@@ -20,15 +20,9 @@
 //    BeginEpoch and Commit/Abandon (which must not overlap them).
 //  - Slot readers: ReadPart, VerifyPart, CopyPart and PrefaultPart may run
 //    concurrently for different parts.
-//  - Chunk heap: AllocChunk, ChunkPayload, SealChunk, ReadChunk, FreeChunk,
-//    ListChunks and chunk_heap_used may be called from any threads at once,
-//    also beside the slot writers: they share one mutex (AllocChunk and
-//    FreeChunk hold it across their pmemobj transaction; SealChunk persists
-//    and hashes the payload, and ReadChunk verifies it, outside it). Left to
-//    the caller: one writer per chunk (ChunkPayload..SealChunk), and no
-//    FreeChunk of a chunk another thread still seals or reads (its spans
-//    then dangle). diff::EmbeddingCheckpointer relies on this: workers
-//    encode different tables at once.
+//  - Chunk heap: chunk_heap() and every ChunkHeap call may be used from any
+//    threads at once, also beside the slot writers (contract in
+//    chunk_heap.h).
 //  - prefault_progress and WaitForPrefault: any thread; so are the
 //    accessors of what is fixed at open (path, manifest, layout, options,
 //    file_bytes, FindUnit, signature, format_version, created_unix_ns).
@@ -62,6 +56,7 @@
 
 #include "pmsnap/common/page_prefault.h"
 #include "pmsnap/common/status.h"
+#include "pmsnap/pmem_layout/chunk_heap.h"
 #include "pmsnap/pmem_layout/manifest.h"
 
 namespace pmsnap::layout {
@@ -157,14 +152,6 @@ class SnapshotView {
   const std::byte* slot_data_ = nullptr;
   const SlotLayout* layout_ = nullptr;
   std::span<const std::byte> extra_state_;
-};
-
-struct ChunkInfo {
-  std::uint64_t id = 0;  // stable handle: the chunk's offset in the pool
-  std::uint64_t epoch = 0;
-  std::uint64_t tag = 0;  // caller's meaning (table id, policy, ...)
-  std::uint64_t bytes = 0;
-  bool sealed = false;
 };
 
 struct VerifyReport {
@@ -313,24 +300,12 @@ class Pool {
   std::optional<std::uint64_t> open_epoch() const;
   std::optional<std::uint64_t> last_committed_epoch() const;
 
-  // --- chunk heap (crash-consistent through pmemobj transactions) ---
-  // Allocates and links a chunk of `bytes` for `epoch`. kNoSpace when the
-  // configured chunk heap cannot hold it (with needed and free bytes), also
-  // when the budget has room but libpmemobj finds no free range that large
-  // (a fragmented heap: the message gives the budget's free bytes). A
-  // failed allocation changes nothing in the pool.
-  Result<ChunkInfo> AllocChunk(std::uint64_t bytes, std::uint64_t epoch, std::uint64_t tag);
-  // Writable payload of an unsealed chunk.
-  Result<std::span<std::byte>> ChunkPayload(std::uint64_t chunk_id);
-  // Persists the payload and stores its checksum; the chunk becomes readable.
-  Status SealChunk(std::uint64_t chunk_id);
-  // Verified payload of a sealed chunk (kCorruption on checksum mismatch).
-  Result<std::span<const std::byte>> ReadChunk(std::uint64_t chunk_id) const;
-  // Unlinks and frees a chunk in one transaction.
-  Status FreeChunk(std::uint64_t chunk_id);
-  std::vector<ChunkInfo> ListChunks() const;
-  std::uint64_t chunk_heap_used() const;
-  std::uint64_t chunk_heap_capacity() const { return options_.chunk_heap_bytes; }
+  // --- chunk heap ---
+  // The pool's chunks (encoded units' payloads), open and loaded as long as
+  // the pool is; thread-safe (see chunk_heap.h). Chunks of epochs after the
+  // last committed one are freed by the first BeginEpoch after open.
+  ChunkHeap& chunk_heap();
+  const ChunkHeap& chunk_heap() const;
 
   FileRegions regions() const;
   // The mapped data of a slot (both slots stay mapped while the pool is
@@ -362,7 +337,6 @@ class Pool {
   // Records a verified part of the slot awaiting deferred verification.
   void NotePartVerified(int slot, std::uint32_t part) const;
   Result<SnapshotView> MakeView(int slot) const;
-  Status SweepOrphanChunks();
   // Starts the background prefault of the mapping (OpenOptions).
   void StartPrefault(PrefaultMethod method);
 

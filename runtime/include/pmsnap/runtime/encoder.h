@@ -24,7 +24,8 @@
 #include <vector>
 
 #include "pmsnap/common/status.h"
-#include "pmsnap/pmem_layout/pool.h"
+#include "pmsnap/pmem_layout/chunk_heap.h"
+#include "pmsnap/pmem_layout/manifest.h"
 
 namespace pmsnap::runtime {
 
@@ -34,9 +35,17 @@ struct UnitRegistration;
 class Encoder {
  public:
   virtual ~Encoder() = default;
-  // Once, after the pool is open: the units (ids into `units`) flagged
-  // encoded, and the pool's committed state to resume from.
-  virtual Status Attach(layout::Pool& pool, const std::vector<UnitRegistration>& units,
+  // Once, after the pool is open and before any other call, on the thread
+  // that opens the engine. `chunks` is the pool's chunk heap: everything the
+  // encoder writes goes there, and it resumes from the chunks of epochs up
+  // to `last_committed_epoch` (0: none committed; newer chunks belong to an
+  // epoch that never committed). `encoded_units` are the ids (into `units`
+  // and `manifest.units`) of the units flagged encoded. `chunks`, `manifest`,
+  // `units` and `device` outlive every later call. An error (a unit the
+  // encoder cannot take, damaged state in the heap) fails the engine's open.
+  virtual Status Attach(layout::ChunkHeap& chunks, const layout::Manifest& manifest,
+                        std::uint64_t last_committed_epoch,
+                        const std::vector<UnitRegistration>& units,
                         const std::vector<std::uint32_t>& encoded_units, Device& device) = 0;
   virtual Status OnCaptured(std::uint32_t unit, std::uint64_t epoch, std::uint64_t iteration) = 0;
   virtual Status Encode(std::uint32_t unit, std::uint64_t epoch) = 0;

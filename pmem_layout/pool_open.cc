@@ -1,0 +1,343 @@
+// Opening a pool and recovering its newest intact checkpoint (Pool::Open,
+// Pool::LoadAndRecover, the recovery and slot checks behind Latest(),
+// RejectLatest and Verify), and starting the prefault of the mapping.
+#include <fcntl.h>
+#include <libpmem.h>
+#include <libpmemobj.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "detail/chunk_heap_state.h"
+#include "detail/file_system.h"
+#include "detail/format.h"
+#include "detail/pmdk.h"
+#include "detail/pool_impl.h"
+#include "detail/prefault_order.h"
+#include "pmsnap/pmem_layout/checksum.h"
+#include "pmsnap/pmem_layout/pool.h"
+
+namespace pmsnap::layout {
+
+using detail::kPmemobjMinPool;
+using detail::PmdkMessage;
+using detail::PoolFileError;
+using detail::PoolHeader;
+using detail::PoolRoot;
+using detail::PrefaultPause;
+using detail::RecordBytes;
+using detail::SlotRecordHeader;
+using detail::Warn;
+
+Result<std::unique_ptr<Pool>> Pool::Open(const std::string& path, const OpenOptions& options) {
+  return OpenImpl(path, nullptr, options);
+}
+
+Result<std::unique_ptr<Pool>> Pool::Open(const std::string& path, const Manifest& expected,
+                                         const OpenOptions& options) {
+  return OpenImpl(path, &expected, options);
+}
+
+Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Manifest* expected,
+                                             const OpenOptions& options) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return Status(StatusCode::kNotFound, "pool file '" + path + "' does not exist");
+    }
+    const int err = errno;
+    return PoolFileError(err, "cannot stat pool file '" + path + "'", std::strerror(err));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return Status(StatusCode::kInvalidArgument,
+                  "'" + path + "' is a directory, expected a pmsnap pool file");
+  }
+  if (st.st_size == 0) {
+    return Status(StatusCode::kNotAPool, "'" + path + "' is empty (0 bytes), not a pmsnap pool");
+  }
+  {
+    char signature[8] = {};
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) {
+      const int err = errno;
+      return PoolFileError(err, "cannot read pool file '" + path + "'", std::strerror(err));
+    }
+    const ssize_t got = ::pread(fd, signature, sizeof(signature), 0);
+    ::close(fd);
+    if (got != static_cast<ssize_t>(sizeof(signature)) ||
+        std::memcmp(signature, "PMEMOBJ", 7) != 0) {
+      return Status(StatusCode::kNotAPool, "'" + path +
+                                               "' is not a pmsnap pool (no PMDK object-pool "
+                                               "signature at offset 0)");
+    }
+  }
+  if (static_cast<std::uint64_t>(st.st_size) < kPmemobjMinPool) {
+    return Status(StatusCode::kCorruption,
+                  "pool '" + path + "' is truncated: " + std::to_string(st.st_size) +
+                      " bytes, a pool has at least " + std::to_string(kPmemobjMinPool));
+  }
+
+  std::unique_ptr<Pool> pool(new Pool());
+  pool->path_ = path;
+  pool->file_bytes_ = static_cast<std::uint64_t>(st.st_size);
+  Impl& impl = *pool->impl_;
+  impl.pop = pmemobj_open(path.c_str(), kPoolLayoutName);
+  if (impl.pop == nullptr) {
+    const int err = errno;
+    const std::string pmdk = PmdkMessage(err);
+    const std::string message = "cannot open pool '" + path + "': " + pmdk;
+    if (err == EWOULDBLOCK || err == EAGAIN) {
+      return Status(StatusCode::kBusy, message + " (is it open in another process?)");
+    }
+    // The file system refused (read-only mount, permissions, no shared
+    // mappings): errno says so, whatever libpmemobj's text contains.
+    if (detail::ClassifyPoolOsError(err).code != StatusCode::kIOError) {
+      return PoolFileError(err, "cannot open pool '" + path + "'", pmdk);
+    }
+    // libpmemobj's text quotes the path: words in the path ("layout",
+    // "size") must not pick the code.
+    std::string reason = pmdk;
+    for (std::size_t at = reason.find(path); !path.empty() && at != std::string::npos;
+         at = reason.find(path, at)) {
+      reason.erase(at, path.size());
+    }
+    if (reason.find("layout") != std::string::npos) {
+      return Status(StatusCode::kNotAPool, message + " (a PMDK pool of another program)");
+    }
+    if (reason.find("size") != std::string::npos || reason.find("trunc") != std::string::npos) {
+      return Status(StatusCode::kCorruption, message + " (the file looks truncated)");
+    }
+    return Status(err == EINVAL ? StatusCode::kCorruption : StatusCode::kIOError, message);
+  }
+  PMSNAP_RETURN_IF_ERROR(pool->LoadAndRecover(options));
+
+  if (expected != nullptr && expected->Signature() != pool->signature()) {
+    std::string difference = pool->manifest_.FirstDifference(*expected);
+    if (difference.empty()) difference = "signatures differ";
+    return Status(StatusCode::kModelMismatch, "pool '" + path +
+                                                  "' was made for another model: pool has " +
+                                                  difference + " (pool vs this model)");
+  }
+  if (options.prefault_mapping) pool->StartPrefault(options.prefault_method);
+  return pool;
+}
+
+void Pool::StartPrefault(PrefaultMethod method) {
+  Impl& impl = *impl_;
+  // Only a hint: tmpfs maps huge pages only where shmem huge pages are
+  // enabled, and only for pages the file does not already hold as 4 KiB
+  // pages (until khugepaged collapses them).
+  (void)::madvise(impl.base, file_bytes_, MADV_HUGEPAGE);
+  // Page-aligned file ranges in the order the writers meet them: the next
+  // epoch's commit record and slot, the other slot, then the rest of the
+  // file (chunk heap, libpmemobj's metadata); each page once.
+  const PoolHeader& header = impl.header();
+  const int first_slot = static_cast<int>((impl.last_committed.value_or(0) + 1) % 2);
+  std::vector<FileRegion> wanted;
+  for (int slot : {first_slot, 1 - first_slot}) {
+    wanted.push_back({header.slot_record_offset[slot], header.record_bytes});
+    wanted.push_back({header.slot_data_offset[slot], header.slot_bytes});
+  }
+  std::vector<PrefaultRange> ranges;
+  for (const FileRegion& region : detail::PrefaultOrder(wanted, file_bytes_, PageBytes())) {
+    ranges.push_back({impl.At(region.offset), region.bytes});
+  }
+  impl.prefault = std::make_unique<PagePrefaulter>(ranges, method);
+}
+
+Status Pool::LoadAndRecover(const OpenOptions& options) {
+  Impl& impl = *impl_;
+  impl.base = reinterpret_cast<std::byte*>(impl.pop);
+  impl.is_pmem = pmem_is_pmem(impl.base, file_bytes_) != 0;
+  const std::string where = "pool '" + path_ + "'";
+  auto corruption = [&](const std::string& what) {
+    return Status(StatusCode::kCorruption, where + ": " + what);
+  };
+
+  if (pmemobj_root_size(impl.pop) < sizeof(PoolRoot)) {
+    return Status(StatusCode::kNotAPool, where + " has no pmsnap root object");
+  }
+  PMEMoid root_oid = pmemobj_root(impl.pop, sizeof(PoolRoot));
+  impl.root = static_cast<PoolRoot*>(pmemobj_direct(root_oid));
+  const PoolHeader& header = impl.header();
+
+  static constexpr char kZeroMagic[8] = {};
+  if (std::memcmp(header.magic, kZeroMagic, 8) == 0) {
+    return Status(StatusCode::kNotAPool, where + " was never completely created (no header)");
+  }
+  if (std::memcmp(header.magic, detail::kPoolMagic, 8) != 0) {
+    return corruption("header magic is damaged");
+  }
+  if (header.header_bytes != sizeof(PoolHeader)) {
+    return corruption("header size " + std::to_string(header.header_bytes) + ", expected " +
+                      std::to_string(sizeof(PoolHeader)));
+  }
+  if (detail::HeaderChecksum(header) != header.header_checksum) {
+    return corruption("header checksum mismatch (the header was damaged)");
+  }
+  if (header.format_version != kFormatVersion) {
+    return Status(StatusCode::kUnsupportedVersion,
+                  where + " has format version " + std::to_string(header.format_version) +
+                      ", this build reads version " + std::to_string(kFormatVersion));
+  }
+  auto in_bounds = [&](std::uint64_t offset, std::uint64_t bytes) {
+    return offset >= sizeof(PoolRoot) && offset <= file_bytes_ && bytes <= file_bytes_ - offset;
+  };
+  if (!in_bounds(header.manifest_offset, header.manifest_bytes)) {
+    return corruption("manifest lies outside the file");
+  }
+  for (int s = 0; s < 2; ++s) {
+    if (!in_bounds(header.slot_data_offset[s], header.slot_bytes) ||
+        !in_bounds(header.slot_record_offset[s], header.record_bytes)) {
+      return corruption("slot " + std::to_string(s) + " lies outside the file (truncated?)");
+    }
+  }
+  const std::byte* manifest_bytes = impl.At(header.manifest_offset);
+  if (Checksum64(manifest_bytes, header.manifest_bytes) != header.manifest_checksum) {
+    return corruption("manifest checksum mismatch (the manifest was damaged)");
+  }
+  PMSNAP_ASSIGN_OR_RETURN(manifest_,
+                          Manifest::Parse({manifest_bytes, header.manifest_bytes}, where));
+  if (manifest_.Signature() != header.model_signature) {
+    return corruption("manifest does not match the model signature in the header");
+  }
+  options_.part_bytes = header.part_bytes;
+  options_.extra_state_capacity = header.extra_state_capacity;
+  options_.chunk_heap_bytes = header.chunk_heap_bytes;
+  if (options_.part_bytes < 4096 || options_.part_bytes % kTensorAlignment != 0) {
+    return corruption("part size " + std::to_string(options_.part_bytes) + " is invalid");
+  }
+  layout_ = ComputeLayout(manifest_, options_.part_bytes);
+  if (layout_.slot_bytes != header.slot_bytes || layout_.parts.size() != header.part_count ||
+      RecordBytes(header.part_count, header.extra_state_capacity) != header.record_bytes) {
+    return corruption("slot layout recomputed from the manifest differs from the header");
+  }
+  for (std::uint32_t u = 0; u < manifest_.units.size(); ++u) {
+    impl.unit_index.emplace(manifest_.units[u].name, u);
+  }
+  impl.written = std::make_unique<std::atomic<std::uint8_t>[]>(layout_.parts.size());
+
+  const bool deferred = options.verify_data && options.defer_data_verification;
+  PMSNAP_RETURN_IF_ERROR(PickRecoveredSlot(options.verify_data && !deferred, std::nullopt, {}));
+  if (deferred && recovered_slot_) {
+    impl.part_verified = std::make_unique<std::atomic<std::uint8_t>[]>(layout_.parts.size());
+    impl.unverified_slot.store(layout_.parts.empty() ? -1 : *recovered_slot_);
+  }
+
+  auto chunk_heap = std::make_unique<ChunkHeap::State>();
+  chunk_heap->pop = impl.pop;
+  chunk_heap->base = impl.base;
+  chunk_heap->file_bytes = file_bytes_;
+  chunk_heap->pool_uuid_lo = root_oid.pool_uuid_lo;
+  chunk_heap->root = &impl.root->chunks;
+  chunk_heap->capacity = header.chunk_heap_bytes;
+  chunk_heap->path = path_;
+  PMSNAP_ASSIGN_OR_RETURN(impl.chunk_heap, ChunkHeap::Load(std::move(chunk_heap)));
+  // A damaged chunk list costs only the chunks past the damage: the slots
+  // still open.
+  if (!impl.chunk_heap->list_problem().empty()) {
+    detail::Warn(&warnings_, impl.chunk_heap->list_problem());
+  }
+  return Status::Ok();
+}
+
+Status Pool::PickRecoveredSlot(bool deep, std::optional<int> excluded,
+                               std::vector<std::string> rejected) {
+  Impl& impl = *impl_;
+  const std::string where = "pool '" + path_ + "'";
+  std::vector<int> candidates;
+  for (int s = 0; s < 2; ++s) {
+    if (s != excluded && slot_info(s).state == SlotState::kComplete) candidates.push_back(s);
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [&](int a, int b) { return slot_info(a).epoch > slot_info(b).epoch; });
+  // last_committed stays when nothing verifies: new epochs number on from it.
+  recovered_slot_.reset();
+  for (int s : candidates) {
+    std::vector<std::string> problems = CheckSlot(s, deep);
+    if (problems.empty()) {
+      recovered_slot_ = s;
+      impl.last_committed = slot_info(s).epoch;
+      break;
+    }
+    std::string summary = "slot " + std::to_string(s) + " (epoch " +
+                          std::to_string(slot_info(s).epoch) + "): " + problems.front();
+    if (problems.size() > 1) summary += " (+" + std::to_string(problems.size() - 1) + " more)";
+    rejected.push_back(summary);
+  }
+  if (!recovered_slot_ && !rejected.empty()) {
+    std::string all;
+    for (const std::string& r : rejected) all += (all.empty() ? "" : "; ") + r;
+    return Status(StatusCode::kCorruption, where + ": no committed slot verifies: " + all);
+  }
+  for (const std::string& r : rejected) {
+    Warn(&warnings_, where + ": newest checkpoint is damaged, falling back to the older one: " + r);
+  }
+  return Status::Ok();
+}
+
+Status Pool::RejectLatest(std::uint32_t damaged_part) {
+  if (damaged_part >= layout_.parts.size()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "pool '" + path_ + "': no part " + std::to_string(damaged_part));
+  }
+  return RejectRecovered(PartProblem(damaged_part));
+}
+
+Status Pool::RejectRecovered(const std::string& problem) {
+  if (!recovered_slot_) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "pool '" + path_ + "': no recovered checkpoint to reject");
+  }
+  if (impl_->open_epoch) {
+    return Status(StatusCode::kBusy, "pool '" + path_ +
+                                         "': cannot change the recovered "
+                                         "checkpoint while epoch " +
+                                         std::to_string(*impl_->open_epoch) + " is open");
+  }
+  const int damaged = *recovered_slot_;
+  impl_->unverified_slot.store(-1);
+  return PickRecoveredSlot(/*deep=*/true, damaged,
+                           {"slot " + std::to_string(damaged) + " (epoch " +
+                            std::to_string(slot_info(damaged).epoch) + "): " + problem});
+}
+
+std::vector<std::string> Pool::CheckSlot(int slot, bool deep) const {
+  const Impl& impl = *impl_;
+  std::vector<std::string> problems;
+  const SlotInfo info = slot_info(slot);
+  if (info.state != SlotState::kComplete) return problems;
+  const SlotRecordHeader& record = impl.record(slot);
+  if (!info.record_valid) {
+    problems.push_back("commit record checksum mismatch (the record was damaged)");
+    return problems;
+  }
+  if (record.extra_bytes > options_.extra_state_capacity) {
+    problems.push_back("commit record claims " + std::to_string(record.extra_bytes) +
+                       " bytes of extra state, capacity is " +
+                       std::to_string(options_.extra_state_capacity));
+    return problems;
+  }
+  if (Checksum64(impl.part_checksums(slot), 8 * layout_.parts.size()) != record.parts_checksum) {
+    problems.push_back("part checksum table is damaged");
+    return problems;
+  }
+  if (Checksum64(impl.extra_state(slot), record.extra_bytes) != record.extra_checksum) {
+    problems.push_back("extra state checksum mismatch");
+  }
+  if (deep) {
+    const PrefaultPause pause(impl.prefault.get());
+    for (std::uint32_t p = 0; p < layout_.parts.size(); ++p) {
+      const PartLayout& part = layout_.parts[p];
+      const std::uint64_t actual = Checksum64(impl.slot_data(slot) + part.slot_offset, part.bytes);
+      if (actual != impl.part_checksums(slot)[p]) problems.push_back(PartProblem(p));
+    }
+  }
+  return problems;
+}
+
+}  // namespace pmsnap::layout
