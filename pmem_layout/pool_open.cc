@@ -208,6 +208,10 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   options_.part_bytes = header.part_bytes;
   options_.extra_state_capacity = header.extra_state_capacity;
   options_.chunk_heap_bytes = header.chunk_heap_bytes;
+  options_.group = {.run_id = header.group_run_id,
+                    .rank = header.group_rank,
+                    .world_size = header.group_world_size,
+                    .model_fingerprint = header.group_model_fingerprint};
   if (options_.part_bytes < 4096 || options_.part_bytes % kTensorAlignment != 0) {
     return corruption("part size " + std::to_string(options_.part_bytes) + " is invalid");
   }
@@ -287,6 +291,8 @@ Status Pool::RejectLatest(std::uint32_t damaged_part) {
   }
   return RejectRecovered(PartProblem(damaged_part));
 }
+
+Status Pool::RollBackLatest(const std::string& reason) { return RejectRecovered(reason); }
 
 Status Pool::RejectRecovered(const std::string& problem) {
   if (!recovered_slot_) {

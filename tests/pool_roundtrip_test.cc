@@ -70,6 +70,63 @@ TEST(PoolTest, EpochsAlternateSlotsAndOlderSlotKeepsPreviousEpoch) {
   }
 }
 
+TEST(PoolTest, RankGroupIsStoredAndReadBack) {
+  TempPoolPath path("group");
+  const Manifest manifest = MakeManifest(2, 100);
+  PoolOptions options;
+  options.group = {.run_id = 0x1234'5678'9abcULL, .rank = 3, .world_size = 4,
+                   .model_fingerprint = 0xfeedULL};
+  ASSERT_TRUE(Pool::Create(path.path(), manifest, options).ok());
+  auto pool = Pool::Open(path.path(), manifest);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ((*pool)->group(), options.group);
+  EXPECT_TRUE((*pool)->group().in_group());
+
+  TempPoolPath single("single");
+  auto alone = Pool::Create(single.path(), manifest);
+  ASSERT_TRUE(alone.ok());
+  EXPECT_FALSE((*alone)->group().in_group());
+}
+
+TEST(PoolTest, RollBackLatestRestoresTheOlderEpochAndTheNextEpochOverwritesTheNewer) {
+  TempPoolPath path("rollback");
+  const Manifest manifest = MakeManifest(2, 3000);
+  {
+    auto pool = Pool::Create(path.path(), manifest);
+    ASSERT_TRUE(pool.ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 10).ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 2, 20).ok());
+  }
+  auto pool = Pool::Open(path.path(), manifest);
+  ASSERT_TRUE(pool.ok());
+  ASSERT_EQ((*pool)->Latest()->iteration(), 20u);
+  const int dropped_slot = (*pool)->Latest()->slot();
+  ASSERT_TRUE((*pool)->RollBackLatest("iteration 20 is newer than the group's 10").ok());
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->iteration(), 10u);
+  EXPECT_EQ(CheckSeededView(manifest, *latest, 1), "");
+  EXPECT_THAT((*pool)->warnings(), ::testing::Contains(::testing::HasSubstr("newer than")));
+  // The next epoch goes to the dropped slot; iteration 10 stays intact.
+  ASSERT_TRUE(WriteSeededEpoch(**pool, 3, 11).ok());
+  EXPECT_EQ((*pool)->Latest()->slot(), dropped_slot);
+  pool->reset();
+  auto reopened = Pool::Open(path.path(), manifest);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->Latest()->iteration(), 11u);
+  auto older = (*reopened)->Slot(1 - dropped_slot);
+  ASSERT_TRUE(older.ok());
+  EXPECT_EQ(older->iteration(), 10u);
+  EXPECT_EQ(CheckSeededView(manifest, *older, 1), "");
+}
+
+TEST(PoolTest, RollBackLatestWithoutACheckpointIsAPreconditionError) {
+  TempPoolPath path("rollback-empty");
+  auto pool = Pool::Create(path.path(), MakeManifest(1, 100));
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->RollBackLatest("x").code(), StatusCode::kFailedPrecondition);
+}
+
 TEST(PoolTest, UncommittedEpochIsInvisibleAfterReopen) {
   TempPoolPath path("uncommitted");
   const Manifest manifest = MakeManifest(2, 4096);

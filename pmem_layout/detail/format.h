@@ -40,7 +40,13 @@ struct PoolHeader {
   std::uint64_t slot_alloc_offset[2];  // allocation, for pmemobj
   std::uint64_t slot_data_offset[2];   // kSlotDataAlignment-aligned data start
   std::uint64_t slot_record_offset[2];
-  std::uint64_t reserved[11];
+  // RankGroup (pool.h): all 0 for a pool of a single process. Pools made
+  // before these fields existed hold 0 here too (reserved bytes were 0).
+  std::uint64_t group_run_id;
+  std::uint32_t group_rank;
+  std::uint32_t group_world_size;
+  std::uint64_t group_model_fingerprint;
+  std::uint64_t reserved[8];
 };
 static_assert(std::is_standard_layout_v<PoolHeader>);
 static_assert(std::has_unique_object_representations_v<PoolHeader>);  // hashed whole
@@ -64,7 +70,11 @@ static_assert(offsetof(PoolHeader, manifest_checksum) == 112);
 static_assert(offsetof(PoolHeader, slot_alloc_offset) == 120);
 static_assert(offsetof(PoolHeader, slot_data_offset) == 136);
 static_assert(offsetof(PoolHeader, slot_record_offset) == 152);
-static_assert(offsetof(PoolHeader, reserved) == 168);
+static_assert(offsetof(PoolHeader, group_run_id) == 168);
+static_assert(offsetof(PoolHeader, group_rank) == 176);
+static_assert(offsetof(PoolHeader, group_world_size) == 180);
+static_assert(offsetof(PoolHeader, group_model_fingerprint) == 184);
+static_assert(offsetof(PoolHeader, reserved) == 192);
 
 // Mutable list head of the chunk heap; changed only inside transactions.
 struct ChunkHeapRoot {

@@ -64,6 +64,21 @@ namespace pmsnap::layout {
 inline constexpr std::uint32_t kFormatVersion = 1;
 inline constexpr char kPoolLayoutName[] = "pmsnap";
 
+// Which rank of which multi-rank run a pool belongs to (docs/ARCHITECTURE.md,
+// "Many ranks"). Stored in the header at creation; world_size 0 means a pool
+// of a single process. run_id is drawn once per run and shared by every
+// rank's pool; model_fingerprint identifies the whole model (every rank's
+// units, before sharding), where the manifest's signature covers only the
+// units this rank writes.
+struct RankGroup {
+  std::uint64_t run_id = 0;
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 0;
+  std::uint64_t model_fingerprint = 0;
+  bool in_group() const { return world_size != 0; }
+  bool operator==(const RankGroup&) const = default;
+};
+
 struct PoolOptions {
   // Largest piece of a tensor copied, persisted and checksummed as one part.
   std::uint64_t part_bytes = 4ull << 20;
@@ -79,6 +94,8 @@ struct PoolOptions {
   // OpenOptions::prefault_mapping). Not stored in the pool.
   bool prefault_mapping = true;
   PrefaultMethod prefault_method = PrefaultMethod::kAuto;
+  // The rank group this pool belongs to (stored; read back by Open).
+  RankGroup group;
 };
 
 struct OpenOptions {
@@ -223,6 +240,7 @@ class Pool {
   const Manifest& manifest() const { return manifest_; }
   const SlotLayout& layout() const { return layout_; }
   const PoolOptions& options() const { return options_; }
+  const RankGroup& group() const { return options_.group; }
   std::uint64_t signature() const;
   std::uint32_t format_version() const;
   std::uint64_t created_unix_ns() const;
@@ -271,6 +289,12 @@ class Pool {
   // slot if that verifies in full (with a warning), else kCorruption (no
   // slot verifies; new epochs still number on from the damaged one).
   Status RejectLatest(std::uint32_t damaged_part);
+  // Multi-rank recovery: drops Latest()'s slot, intact but newer than the
+  // newest epoch every rank holds (`reason`, kept in warnings(), says so).
+  // Latest() moves to the older slot if that verifies in full, else
+  // kCorruption; the next epoch overwrites the dropped slot, never the one
+  // every rank holds. kFailedPrecondition without a recovered checkpoint.
+  Status RollBackLatest(const std::string& reason);
   // Whether the recovered slot's data still awaits its deferred check.
   bool data_verification_pending() const;
 
