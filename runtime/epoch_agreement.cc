@@ -1,6 +1,8 @@
 #include "pmsnap/runtime/epoch_agreement.h"
 
 #include <algorithm>
+#include <cstring>
+#include <random>
 #include <string>
 
 namespace pmsnap::runtime {
@@ -117,33 +119,105 @@ Result<std::uint64_t> EpochAgreement::AgreeOnRestore(const std::vector<std::uint
                   "rank " + std::to_string(rank_) +
                       ": restore must be agreed before the first step boundary");
   }
-  std::optional<std::uint64_t> newest;
-  if (!intact.empty()) newest = *std::max_element(intact.begin(), intact.end());
-  const LocalEpochState local{newest, newest.has_value()};
-  PMSNAP_ASSIGN_OR_RETURN(const auto reduced, coordinator_->MinAllReduce(Payload(local)));
+  Status holds_any = Status::Ok();
+  if (intact.empty()) {
+    holds_any = Status(StatusCode::kNotFound,
+                       "its pool holds no intact checkpoint, so no iteration is held by every rank");
+  }
+  PMSNAP_RETURN_IF_ERROR(AgreeOnStatus(holds_any));
+  const std::optional<std::uint64_t> newest = *std::max_element(intact.begin(), intact.end());
+  PMSNAP_ASSIGN_OR_RETURN(const auto reduced, coordinator_->MinAllReduce(Payload({newest, true})));
   if (reduced.size() != 2) return Absorb(reduced);
-  if (reduced[kHealthSlot] < world_size_) {
-    return Status(StatusCode::kNotFound,
-                  "rank " + std::to_string(reduced[kHealthSlot]) +
-                      "'s pool holds no intact checkpoint, so no iteration is held by every "
-                      "rank (seen on rank " +
-                      std::to_string(rank_) + ")");
-  }
   const std::uint64_t agreed = *Decode(reduced[kCommittedSlot]);
-  const bool holds = std::find(intact.begin(), intact.end(), agreed) != intact.end();
-  const LocalEpochState holding{agreed, holds};
-  PMSNAP_ASSIGN_OR_RETURN(const auto confirmed, coordinator_->MinAllReduce(Payload(holding)));
-  if (confirmed.size() != 2) return Absorb(confirmed);
-  if (confirmed[kHealthSlot] < world_size_) {
-    return Status(StatusCode::kCorruption,
-                  "rank " + std::to_string(confirmed[kHealthSlot]) +
-                      " does not hold iteration " + std::to_string(agreed) +
-                      " intact, the newest iteration every other rank can restore (seen on rank " +
-                      std::to_string(rank_) + ")");
+  Status holds_agreed = Status::Ok();
+  if (std::find(intact.begin(), intact.end(), agreed) == intact.end()) {
+    holds_agreed = Status(StatusCode::kCorruption,
+                          "does not hold iteration " + std::to_string(agreed) +
+                              " intact, the newest iteration every other rank can restore");
   }
+  PMSNAP_RETURN_IF_ERROR(AgreeOnStatus(holds_agreed));
   global_committed_ = agreed;
   last_opened_ = agreed;
   return agreed;
+}
+
+Status EpochAgreement::AgreeOnStatus(const Status& local) {
+  const std::vector<std::int64_t> mine{local.ok() ? world_size_ : rank_, 0};
+  PMSNAP_ASSIGN_OR_RETURN(const auto reduced, coordinator_->MinAllReduce(mine));
+  if (reduced.empty()) return Absorb(reduced);
+  const std::int64_t failed = reduced[0];
+  if (failed >= world_size_) return Status::Ok();
+  // The failing rank's code and message, so that every rank reports the
+  // same error, naming the failing rank's own file.
+  std::vector<std::byte> message(1024);
+  if (failed == rank_) {
+    const std::string text = "rank " + std::to_string(rank_) + ": " + local.message();
+    message[0] = static_cast<std::byte>(local.code());
+    std::memcpy(message.data() + 1, text.data(), std::min(text.size(), message.size() - 2));
+  }
+  PMSNAP_RETURN_IF_ERROR(coordinator_->Broadcast(message, static_cast<int>(failed)));
+  const auto* text = reinterpret_cast<const char*>(message.data() + 1);
+  return Status(static_cast<StatusCode>(message[0]), std::string(text, strnlen(text, message.size() - 1)));
+}
+
+Result<layout::RankGroup> EpochAgreement::AgreeOnGroup(
+    const std::optional<layout::RankGroup>& existing, std::uint64_t model_fingerprint,
+    const std::string& pool_path) {
+  // The identity comes from the lowest rank with an existing pool.
+  const bool has_group = existing && existing->in_group();
+  const std::vector<std::int64_t> mine{has_group ? rank_ : world_size_, 0};
+  PMSNAP_ASSIGN_OR_RETURN(const auto reduced, coordinator_->MinAllReduce(mine));
+  if (reduced.empty()) return Absorb(reduced);
+  const int source = reduced[0] < world_size_ ? static_cast<int>(reduced[0]) : 0;
+  std::uint64_t identity[2] = {0, model_fingerprint};
+  if (rank_ == source) {
+    if (has_group) {
+      identity[0] = existing->run_id;
+      identity[1] = existing->model_fingerprint;
+    } else {
+      std::random_device entropy;
+      while (identity[0] == 0) {
+        identity[0] = (std::uint64_t{entropy()} << 32) ^ entropy();
+      }
+    }
+  }
+  PMSNAP_RETURN_IF_ERROR(coordinator_->Broadcast(
+      std::as_writable_bytes(std::span<std::uint64_t>(identity)), source));
+  const layout::RankGroup group{.run_id = identity[0],
+                                .rank = static_cast<std::uint32_t>(rank_),
+                                .world_size = static_cast<std::uint32_t>(world_size_),
+                                .model_fingerprint = identity[1]};
+  auto hex = [](std::uint64_t v) {
+    char text[19];
+    std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(v));
+    return std::string(text);
+  };
+  Status local = Status::Ok();
+  const std::string pool = "pool '" + pool_path + "'";
+  if (existing && !existing->in_group()) {
+    local = Status(StatusCode::kFailedPrecondition,
+                   pool + " was made by a single process, not by rank " + std::to_string(rank_) +
+                       " of " + std::to_string(world_size_) + " ranks");
+  } else if (existing && existing->run_id != group.run_id) {
+    local = Status(StatusCode::kFailedPrecondition,
+                   pool + " belongs to run " + hex(existing->run_id) + ", not to this job's run " +
+                       hex(group.run_id) + " (rank " + std::to_string(source) + "'s pool)");
+  } else if (existing && existing->world_size != group.world_size) {
+    local = Status(StatusCode::kFailedPrecondition,
+                   pool + " was written by " + std::to_string(existing->world_size) +
+                       " ranks, this job has " + std::to_string(world_size_) +
+                       "; restoring with another world size is not supported");
+  } else if (existing && existing->rank != group.rank) {
+    local = Status(StatusCode::kFailedPrecondition,
+                   pool + " belongs to rank " + std::to_string(existing->rank) + ", not rank " +
+                       std::to_string(rank_) + " (check the {rank} in the pool path)");
+  } else if (model_fingerprint != group.model_fingerprint) {
+    local = Status(StatusCode::kModelMismatch,
+                   pool + ": this rank's model (fingerprint " + hex(model_fingerprint) +
+                       ") differs from the run's (" + hex(group.model_fingerprint) + ")");
+  }
+  PMSNAP_RETURN_IF_ERROR(AgreeOnStatus(local));
+  return group;
 }
 
 Status EpochAgreement::Finish() {

@@ -236,7 +236,7 @@ TEST(EpochAgreementTest, RestoreNamesTheRankWithoutTheAgreedIteration) {
   for (const auto& r : results) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
-    EXPECT_NE(r.status().message().find("rank 2 does not hold iteration 6"), std::string::npos)
+    EXPECT_NE(r.status().message().find("rank 2: does not hold iteration 6"), std::string::npos)
         << r.status().message();
   }
 }
@@ -246,10 +246,125 @@ TEST(EpochAgreementTest, RestoreNamesTheRankWithNoCheckpoint) {
   for (const auto& r : results) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
-    EXPECT_NE(r.status().message().find("rank 1's pool holds no intact checkpoint"),
+    EXPECT_NE(r.status().message().find("rank 1: its pool holds no intact checkpoint"),
               std::string::npos)
         << r.status().message();
   }
+}
+
+// Runs `body(rank, agreement)` on one thread per rank; returns its results.
+template <typename T>
+std::vector<Result<T>> OnRanks(int world,
+                               const std::function<Result<T>(int, EpochAgreement&)>& body) {
+  auto group = std::make_shared<testutil::ThreadGroup>(world);
+  std::vector<Result<T>> results(world, Status(StatusCode::kInternal, "not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto agreement = EpochAgreement::Create(group->Rank(r)).value();
+      results[r] = body(r, *agreement);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+std::string PoolOf(int rank) { return "/pm/run." + std::to_string(rank) + ".pool"; }
+
+TEST(EpochAgreementTest, NewPoolsShareOneFreshRunIdAndKeepTheirRanks) {
+  const auto groups = OnRanks<layout::RankGroup>(3, [](int r, EpochAgreement& a) {
+    return a.AgreeOnGroup(std::nullopt, 77, PoolOf(r));
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(groups[r].ok()) << groups[r].status().ToString();
+    EXPECT_NE(groups[r]->run_id, 0u);
+    EXPECT_EQ(groups[r]->run_id, groups[0]->run_id);
+    EXPECT_EQ(groups[r]->rank, static_cast<std::uint32_t>(r));
+    EXPECT_EQ(groups[r]->world_size, 3u);
+    EXPECT_EQ(groups[r]->model_fingerprint, 77u);
+  }
+}
+
+TEST(EpochAgreementTest, ExistingPoolsKeepTheirRunAndARecreatedPoolJoinsIt) {
+  // Rank 0's pool was lost and is created again.
+  const auto groups = OnRanks<layout::RankGroup>(3, [](int r, EpochAgreement& a) {
+    std::optional<layout::RankGroup> existing;
+    if (r != 0) existing = layout::RankGroup{42, static_cast<std::uint32_t>(r), 3, 77};
+    return a.AgreeOnGroup(existing, 77, PoolOf(r));
+  });
+  for (const auto& g : groups) {
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(g->run_id, 42u);
+  }
+}
+
+// Every rank fails with the same message, naming the failing rank's pool.
+template <typename T>
+void ExpectAllFailWith(const std::vector<Result<T>>& results, StatusCode code,
+                       const std::string& text) {
+  for (const auto& r : results) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), code) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(text), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(EpochAgreementTest, ForeignPoolIsNamedOnEveryRank) {
+  const auto groups = OnRanks<layout::RankGroup>(3, [](int r, EpochAgreement& a) {
+    const std::uint64_t run = r == 2 ? 99 : 42;
+    return a.AgreeOnGroup(layout::RankGroup{run, static_cast<std::uint32_t>(r), 3, 77}, 77,
+                          PoolOf(r));
+  });
+  ExpectAllFailWith(groups, StatusCode::kFailedPrecondition,
+                    "rank 2: pool '/pm/run.2.pool' belongs to run 0000000000000063");
+}
+
+TEST(EpochAgreementTest, OtherWorldSizeIsAClearError) {
+  const auto groups = OnRanks<layout::RankGroup>(2, [](int r, EpochAgreement& a) {
+    return a.AgreeOnGroup(layout::RankGroup{42, static_cast<std::uint32_t>(r), 4, 77}, 77,
+                          PoolOf(r));
+  });
+  ExpectAllFailWith(groups, StatusCode::kFailedPrecondition,
+                    "rank 0: pool '/pm/run.0.pool' was written by 4 ranks, this job has 2");
+}
+
+TEST(EpochAgreementTest, SwappedPoolsAreNamed) {
+  const auto groups = OnRanks<layout::RankGroup>(2, [](int r, EpochAgreement& a) {
+    return a.AgreeOnGroup(layout::RankGroup{42, static_cast<std::uint32_t>(1 - r), 2, 77}, 77,
+                          PoolOf(r));
+  });
+  ExpectAllFailWith(groups, StatusCode::kFailedPrecondition,
+                    "rank 0: pool '/pm/run.0.pool' belongs to rank 1, not rank 0");
+}
+
+TEST(EpochAgreementTest, ARankWithAnotherModelIsAModelMismatch) {
+  const auto groups = OnRanks<layout::RankGroup>(3, [](int r, EpochAgreement& a) {
+    return a.AgreeOnGroup(std::nullopt, r == 1 ? 5 : 77, PoolOf(r));
+  });
+  ExpectAllFailWith(groups, StatusCode::kModelMismatch, "rank 1: pool '/pm/run.1.pool'");
+}
+
+TEST(EpochAgreementTest, ASingleProcessPoolCannotJoinAGroup) {
+  const auto groups = OnRanks<layout::RankGroup>(2, [](int r, EpochAgreement& a) {
+    return a.AgreeOnGroup(layout::RankGroup{}, 77, PoolOf(r));
+  });
+  ExpectAllFailWith(groups, StatusCode::kFailedPrecondition, "made by a single process");
+}
+
+TEST(EpochAgreementTest, AgreeOnStatusGivesEveryRankTheLowestFailure) {
+  const auto results = OnRanks<int>(4, [](int r, EpochAgreement& a) -> Result<int> {
+    Status local = Status::Ok();
+    if (r == 2) local = Status(StatusCode::kCorruption, "slot 1 unit fc.weight damaged");
+    if (r == 3) local = Status(StatusCode::kIOError, "disk gone");
+    PMSNAP_RETURN_IF_ERROR(a.AgreeOnStatus(local));
+    return r;
+  });
+  ExpectAllFailWith(results, StatusCode::kCorruption, "rank 2: slot 1 unit fc.weight damaged");
+  const auto fine = OnRanks<int>(2, [](int r, EpochAgreement& a) -> Result<int> {
+    PMSNAP_RETURN_IF_ERROR(a.AgreeOnStatus(Status::Ok()));
+    return r;
+  });
+  for (const auto& f : fine) EXPECT_TRUE(f.ok());
 }
 
 TEST(EpochAgreementTest, CreateRejectsAMissingCoordinator) {

@@ -108,7 +108,7 @@ def _restore_without_checkpoint(rank, world):
 
 def test_restore_names_the_rank_whose_pool_holds_no_checkpoint():
     for message in run_ranks(2, _restore_without_checkpoint):
-        assert "rank 1's pool holds no intact checkpoint" in message
+        assert "rank 1: its pool holds no intact checkpoint" in message
 
 
 def test_coordinator_needs_torch_distributed():

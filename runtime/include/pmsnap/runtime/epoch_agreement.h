@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "pmsnap/common/status.h"
+#include "pmsnap/pmem_layout/pool.h"
 #include "pmsnap/runtime/coordinator.h"
 
 namespace pmsnap::runtime {
@@ -83,6 +84,26 @@ class EpochAgreement {
   // (naming it), kCorruption when some rank lacks the agreed iteration
   // (naming it and the iteration).
   Result<std::uint64_t> AgreeOnRestore(const std::vector<std::uint64_t>& intact);
+
+  // At open, on every rank together, before any rank creates its pool:
+  // agrees on the run's identity and checks every existing pool against it.
+  // `existing` is the group stored in this rank's pool (nullopt: the pool is
+  // created now; a pool with world size 0 was made by a single process);
+  // `model_fingerprint` identifies the whole model. Returns the group a new
+  // pool is created with: the run id of the lowest rank with an existing
+  // pool, else a fresh one from rank 0. Fails on every rank with the lowest
+  // failing rank's error, naming its pool: kFailedPrecondition for a pool of
+  // another run, rank or world size (restoring with a different world size
+  // is not supported), kModelMismatch for another model.
+  Result<layout::RankGroup> AgreeOnGroup(const std::optional<layout::RankGroup>& existing,
+                                         std::uint64_t model_fingerprint,
+                                         const std::string& pool_path);
+
+  // Every rank passes its own result; if any failed, every rank returns the
+  // lowest failing rank's error (its code, and its message prefixed with its
+  // rank), else OK. Used after a restore, so that ranks fail together rather
+  // than some of them training on.
+  Status AgreeOnStatus(const Status& local);
 
   // Finishes the exchange in flight, if any, so that all ranks have issued
   // the same collectives when their engines close. Idempotent.
