@@ -183,9 +183,9 @@ struct Engine::Impl {
   Result<std::optional<std::uint32_t>> RestoreParts(const layout::SnapshotView& view) {
     const std::vector<layout::PartLayout>& parts = pool->layout().parts;
     const bool verify = pool->data_verification_pending();
-    // On the host the pool copies straight into the tensors; a device gets
+    // The pool copies straight into CPU-addressable tensors; a device gets
     // the part across its link after the check.
-    const bool host = device->kind() == DeviceKind::kHost;
+    const bool host = device->cpu_addressable();
     constexpr std::uint32_t kNone = ~0u;
     std::atomic<std::uint32_t> damaged{kNone};
     std::mutex failure_mutex;
@@ -275,8 +275,8 @@ struct Engine::Impl {
       if (encoded) {
         status = encoder->Encode(task.unit(), epoch.epoch);
         copy = SecondsSince(start);
-      } else if (device->kind() == DeviceKind::kHost) {
-        // Host memory: one fused pass copies into PM, checksums and drains.
+      } else if (device->cpu_addressable()) {
+        // One fused pass copies into PM, checksums and drains.
         status = pool->WritePart(part.pool_part, task.source(p));
         copy = SecondsSince(start);
       } else {
@@ -295,7 +295,7 @@ struct Engine::Impl {
            !epoch.snapshot_done_ns.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
     }
     if (status.ok() && !epoch.failed.load(std::memory_order_relaxed) && !encoded &&
-        device->kind() != DeviceKind::kHost) {
+        !device->cpu_addressable()) {
       status = pool->SealPart(part.pool_part);
       persist = SecondsSince(snapshotted);
     }
@@ -608,7 +608,7 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   }
   impl->hold_every_capture = options.copy_start == CopyStart::kAfterStep;
   impl->hold_within_budget =
-      options.copy_start == CopyStart::kAuto && impl->device->kind() == DeviceKind::kHost;
+      options.copy_start == CopyStart::kAuto && impl->device->cpu_addressable();
   impl->policy = options.policy ? options.policy : std::make_shared<ContinuousPolicy>();
   impl->strategy =
       options.strategy ? options.strategy : std::make_shared<WaitForSnapshotStrategy>();
