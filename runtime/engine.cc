@@ -29,8 +29,6 @@ double SecondsSince(Clock::time_point start) {
 }
 
 constexpr std::size_t kBlockedHistory = 65536;
-// Pseudo part of an encoded unit: the encoder, not a slot, takes the bytes.
-constexpr std::uint32_t kEncodedPart = ~0u;
 // Share of the time between two steps that copies held for EndStep may fill
 // (CopyStart::kAuto on the host); the rest is slack for a slower drain.
 constexpr double kHeldWindowShare = 0.8;
@@ -270,17 +268,17 @@ struct Engine::Impl {
     const UnitTask::Part& part = task.part(p);
     Status status;
     double copy = 0, persist = 0;
-    const bool encoded = part.pool_part == kEncodedPart;
+    const bool encoded = !part.pool_part.has_value();
     if (!epoch.failed.load(std::memory_order_relaxed)) {
       if (encoded) {
         status = encoder->Encode(task.unit(), epoch.epoch);
         copy = SecondsSince(start);
       } else if (device->cpu_addressable()) {
         // One fused pass copies into PM, checksums and drains.
-        status = pool->WritePart(part.pool_part, task.source(p));
+        status = pool->WritePart(*part.pool_part, task.source(p));
         copy = SecondsSince(start);
       } else {
-        auto dst = pool->PartDestination(part.pool_part);
+        auto dst = pool->PartDestination(*part.pool_part);
         status =
             dst.ok() ? device->CopyToHost(dst->data(), task.source(p), part.bytes) : dst.status();
         copy = SecondsSince(start);
@@ -296,7 +294,7 @@ struct Engine::Impl {
     }
     if (status.ok() && !epoch.failed.load(std::memory_order_relaxed) && !encoded &&
         !device->cpu_addressable()) {
-      status = pool->SealPart(part.pool_part);
+      status = pool->SealPart(*part.pool_part);
       persist = SecondsSince(snapshotted);
     }
     if (!status.ok()) {
@@ -442,7 +440,7 @@ struct Engine::Impl {
         RecordError(captured);
       }
       parts.push_back({static_cast<const std::byte*>(units[u].tensors[0].data),
-                       pool->manifest().units[u].bytes(), kEncodedPart});
+                       pool->manifest().units[u].bytes(), std::nullopt});
     }
     parts.reserve(unit_layout.part_count);
     for (std::uint32_t p = unit_layout.first_part;
@@ -476,7 +474,7 @@ struct Engine::Impl {
       RecordError(prepared);
     }
     // A guard: every unit has a part (a slot unit one per tensor at least, an
-    // encoded unit its one kEncodedPart for the encoder).
+    // encoded unit its one part without a pool part, for the encoder).
     if (raw->part_count() == 0) {
       ReleaseUnits(epoch, 1);
       return prepared;

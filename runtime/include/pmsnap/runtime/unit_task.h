@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "pmsnap/common/status.h"
@@ -32,7 +33,9 @@ class UnitTask {
   struct Part {
     const std::byte* live_source = nullptr;  // in the registered tensor
     std::uint64_t bytes = 0;
-    std::uint32_t pool_part = 0;  // index into the pool layout's parts
+    // Index into the pool layout's parts, where a worker writes the bytes;
+    // none for the one part of an encoded unit, which the Encoder takes.
+    std::optional<std::uint32_t> pool_part;
   };
 
   UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device, std::vector<Part> parts);
