@@ -66,6 +66,8 @@ struct Epoch {
   // them (since `started`).
   std::uint64_t held_bytes = 0;
   double held_released_seconds = 0;
+  // Requeues and device-stream jobs of this epoch's tasks (Engine::Impl).
+  std::unique_ptr<UnitTaskExecutor> executor;
 };
 
 }  // namespace
@@ -173,6 +175,23 @@ struct Engine::Impl {
   std::atomic<std::uint64_t> epochs_committed{0};
 
   ~Impl() = default;
+
+  // Runs one epoch's task work on this engine: released parts go back to
+  // the workers for that epoch, in-device copies to the device stream.
+  class EpochExecutor final : public UnitTaskExecutor {
+   public:
+    EpochExecutor(Impl& engine, Epoch& epoch) : engine_(engine), epoch_(epoch) {}
+    void RequeuePart(UnitTask& task, std::uint32_t part) override {
+      engine_.Enqueue(&epoch_, &task, part);
+    }
+    void RunOnDeviceStream(std::function<void()> job) override {
+      engine_.RunOnDeviceStream(std::move(job));
+    }
+
+   private:
+    Impl& engine_;
+    Epoch& epoch_;
+  };
 
   // Copies every part of `view` into the registered tensors on the workers
   // and the calling thread, checking the checksums if the pool's data
@@ -449,17 +468,15 @@ struct Engine::Impl {
       const auto* base = static_cast<const std::byte*>(units[u].tensors[part.tensor].data);
       parts.push_back({base + part.offset_in_tensor, part.bytes, p});
     }
-    auto task = std::make_unique<UnitTask>(u, epoch.epoch, device, std::move(parts));
+    // Parts a strategy releases (even before the initial jobs below are
+    // queued) go back to the workers; a duplicate job finds the part claimed.
+    auto task = std::make_unique<UnitTask>(u, epoch.epoch, device, epoch.executor.get(),
+                                           std::move(parts));
     UnitTask* raw = task.get();
     epoch.persist_remaining[u].store(raw->part_count(), std::memory_order_relaxed);
     epoch.captured_at[u] = Clock::now();
     epoch.tasks[u] = std::move(task);
     epoch.captured_count += 1;
-    // Parts a strategy releases (even before the initial jobs below are
-    // queued) go back to the workers; a duplicate job finds the part claimed.
-    Epoch* epoch_ptr = &epoch;
-    raw->SetRequeue([this, epoch_ptr](UnitTask* t, std::uint32_t p) { Enqueue(epoch_ptr, t, p); });
-    raw->SetDeviceStream([this](std::function<void()> job) { RunOnDeviceStream(std::move(job)); });
     const auto prepare_start = Clock::now();
     // Encoded units read their live tensors inside the encoder: no strategy
     // can redirect that read, so their conflicts wait (strategy 2).
@@ -735,6 +752,7 @@ Status Engine::BeginStep(std::uint64_t step) {
       epoch->next_update_gap.assign(n, -1.0);
       epoch->conflicted.assign(n, false);
       epoch->remaining.store(static_cast<std::uint32_t>(n + 1), std::memory_order_relaxed);
+      epoch->executor = std::make_unique<Impl::EpochExecutor>(impl, *epoch);
       impl.current = std::move(epoch);
       impl.epoch_busy.store(true, std::memory_order_release);
       impl.capturing = true;
