@@ -16,6 +16,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "detail/copy_hold_budget.h"
 #include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/runtime/cuda_device.h"
 
@@ -29,9 +30,6 @@ double SecondsSince(Clock::time_point start) {
 }
 
 constexpr std::size_t kBlockedHistory = 65536;
-// Share of the time between two steps that copies held for EndStep may fill
-// (CopyStart::kAuto on the host); the rest is slack for a slower drain.
-constexpr double kHeldWindowShare = 0.8;
 
 // Adds to an atomic<double> (no fetch_add for floating point before C++20 libs).
 void AtomicAdd(std::atomic<double>& target, double value) {
@@ -141,21 +139,9 @@ struct Engine::Impl {
   bool in_step = false;
   bool started_training = false;
   bool capturing = false;  // the current step is captured by `current`
-  // EngineOptions::copy_start resolved for the device: kAfterStep holds
-  // every capture for EndStep, kAuto on the host the step's last captures
-  // that fit hold_budget_bytes.
-  bool hold_every_capture = false;
-  bool hold_within_budget = false;
-  // Bytes the workers copy in kHeldWindowShare of the time between EndStep
-  // and the next step's start, at their measured rate (BeginStep).
-  std::uint64_t hold_budget_bytes = 0;
-  std::uint64_t captured_bytes_in_step = 0;
-  Clock::time_point last_step_end{};
-  // The workers' rate, last committed epoch: copying alone (bytes per second
-  // of one worker), and draining held copies from EndStep to the commit
-  // (what the budget needs; 0 until an epoch held a quarter of the model).
-  double worker_bytes_per_second = 0;
-  double held_drain_bytes_per_second = 0;
+  // Which captures wait for EndStep (EngineOptions::copy_start); set once
+  // the pool, and so the model's size, is open.
+  std::optional<CopyHoldBudget> hold_budget;
   // Parts of units captured in this step, held for EndStep.
   std::vector<std::pair<UnitTask*, std::uint32_t>> held_parts;
   std::uint64_t step = 0;
@@ -422,14 +408,10 @@ struct Engine::Impl {
         policy_inputs.snapshot_seconds = snapshot;
         policy_inputs.persist_seconds = std::max(0.0, finished - snapshot);
         policy_inputs.have_profile = true;
-        if (copy_seconds > 0) worker_bytes_per_second = copied_bytes / copy_seconds;
-        // Counts only the held bytes as drained after EndStep (others may
-        // still have been copying): errs towards a smaller budget. A small
-        // held set would mostly time the commit, not the copies.
-        const double drain = finished - epoch.held_released_seconds;
-        if (epoch.held_bytes >= model_bytes / 4 && drain > 0) {
-          held_drain_bytes_per_second = static_cast<double>(epoch.held_bytes) / drain;
-        }
+        hold_budget->OnEpochCommitted({.slot_bytes = copied_bytes,
+                                       .copy_seconds = copy_seconds,
+                                       .held_bytes = epoch.held_bytes,
+                                       .held_drain_seconds = finished - epoch.held_released_seconds});
       } else {
         stats.epochs_abandoned += 1;
       }
@@ -496,17 +478,10 @@ struct Engine::Impl {
       ReleaseUnits(epoch, 1);
       return prepared;
     }
-    // The first captures of a step are the first updates of the next one:
-    // what cannot be copied between the steps starts now. Slot bytes only:
-    // an encoded unit's encoder writes far less than its table.
-    bool hold = false;
-    if (!epoch.step_ended && !units[u].encoded) {
-      const std::uint64_t uncaptured =
-          model_bytes - std::min(model_bytes, captured_bytes_in_step);  // this unit's included
-      hold = hold_every_capture ||
-             (hold_within_budget && hold_budget_bytes > 0 && uncaptured <= hold_budget_bytes);
-      captured_bytes_in_step += raw->bytes();
-    }
+    // Slot bytes only: an encoded unit's encoder writes far less than its
+    // table, so its copy never waits.
+    const bool hold =
+        !epoch.step_ended && !units[u].encoded && hold_budget->HoldCapture(raw->bytes());
     std::uint64_t held = 0;
     for (std::uint32_t p = 0; p < raw->part_count(); ++p) {
       if (raw->state(p) != PartState::kPending) continue;  // a strategy took it
@@ -621,9 +596,6 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   } else {
     impl->device = options.device;
   }
-  impl->hold_every_capture = options.copy_start == CopyStart::kAfterStep;
-  impl->hold_within_budget =
-      options.copy_start == CopyStart::kAuto && impl->device->cpu_addressable();
   impl->policy = options.policy ? options.policy : std::make_shared<ContinuousPolicy>();
   impl->strategy =
       options.strategy ? options.strategy : std::make_shared<WaitForSnapshotStrategy>();
@@ -642,6 +614,8 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   if (!pool.ok()) return pool.status();
   impl->pool = std::move(pool).value();
   for (const auto& unit : impl->pool->layout().units) impl->model_bytes += unit.bytes;
+  impl->hold_budget.emplace(options.copy_start, impl->device->cpu_addressable(), impl->model_bytes,
+                            options.workers);
   if (impl->device->kind() == DeviceKind::kCuda) {
     // DMA straight into the PM slots; without registration the driver
     // stages through its own pinned buffers (slower, still correct).
@@ -716,16 +690,7 @@ Status Engine::BeginStep(std::uint64_t step) {
   impl.saw_update_in_step = false;
   impl.blocked_this_step = 0;
   impl.ReapIfDone();
-  impl.captured_bytes_in_step = 0;
-  if (impl.hold_within_budget && impl.last_step_end != Clock::time_point{}) {
-    // Forward and backward: from the last EndStep to this step (a wait in
-    // BeginStep is not time the next copies can have).
-    const double between_steps = std::chrono::duration<double>(start - impl.last_step_end).count();
-    const double rate = impl.held_drain_bytes_per_second > 0
-                            ? impl.held_drain_bytes_per_second
-                            : impl.worker_bytes_per_second * impl.options.workers;
-    impl.hold_budget_bytes = static_cast<std::uint64_t>(kHeldWindowShare * between_steps * rate);
-  }
+  impl.hold_budget->OnStepBegin(start);
 
   impl.policy_inputs.device_free_bytes = impl.device->free_bytes();
   if (impl.policy->ShouldCheckpoint(step, impl.policy_inputs)) {
@@ -860,7 +825,7 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
     impl.capturing = false;
   }
   impl.in_step = false;
-  impl.last_step_end = Clock::now();
+  impl.hold_budget->OnStepEnd(Clock::now());
   impl.AddBlocked(SecondsSince(start));
   {
     std::lock_guard<std::mutex> lock(impl.stats_mutex);

@@ -2,3 +2,6 @@
 pmsnap_add_pool_test(runtime_engine_test SOURCES runtime_engine_test.cc LIBS pmsnap::runtime)
 pmsnap_add_test(runtime_device_test SOURCES runtime_device_test.cc LIBS pmsnap::runtime)
 pmsnap_add_test(common_cpu_affinity_test SOURCES common_cpu_affinity_test.cc LIBS pmsnap::common)
+pmsnap_add_test(runtime_copy_hold_budget_test SOURCES runtime_copy_hold_budget_test.cc
+                LIBS pmsnap::runtime)
+target_include_directories(runtime_copy_hold_budget_test PRIVATE ${PROJECT_SOURCE_DIR}/runtime)
