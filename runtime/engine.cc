@@ -1,22 +1,21 @@
 #include "pmsnap/runtime/engine.h"
 
 #include <tbb/global_control.h>
-#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 #include <tbb/task_scheduler_observer.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
 #include <iostream>
 #include <mutex>
-#include <unordered_map>
+#include <optional>
 
 #include "detail/copy_hold_budget.h"
+#include "detail/engine_restore.h"
 #include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/runtime/cuda_device.h"
 
@@ -178,57 +177,6 @@ struct Engine::Impl {
     Impl& engine_;
     Epoch& epoch_;
   };
-
-  // Copies every part of `view` into the registered tensors on the workers
-  // and the calling thread, checking the checksums if the pool's data
-  // verification is still pending (fused into the copy on the host device).
-  // Returns a part that failed its checksum, if any.
-  Result<std::optional<std::uint32_t>> RestoreParts(const layout::SnapshotView& view) {
-    const std::vector<layout::PartLayout>& parts = pool->layout().parts;
-    const bool verify = pool->data_verification_pending();
-    // The pool copies straight into CPU-addressable tensors; a device gets
-    // the part across its link after the check.
-    const bool host = device->cpu_addressable();
-    constexpr std::uint32_t kNone = ~0u;
-    std::atomic<std::uint32_t> damaged{kNone};
-    std::mutex failure_mutex;
-    Status failure;
-    auto restore_part = [&](std::uint32_t p) {
-      const layout::PartLayout& part = parts[p];
-      std::byte* dst = static_cast<std::byte*>(units[part.unit].tensors[part.tensor].data) +
-                       part.offset_in_tensor;
-      Status status;
-      if (host) {
-        status = verify ? pool->ReadPart(view, p, dst) : pool->CopyPart(view, p, dst);
-      } else {
-        if (!verify) pool->PrefaultPart(view, p);
-        status = verify ? pool->VerifyPart(view, p) : Status::Ok();
-        if (status.ok()) {
-          status = device->CopyFromHost(
-              dst, view.tensor(part.unit, part.tensor).data() + part.offset_in_tensor, part.bytes);
-        }
-      }
-      if (status.code() == StatusCode::kCorruption) {
-        std::uint32_t expected = kNone;
-        damaged.compare_exchange_strong(expected, p);
-      } else if (!status.ok()) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
-        if (failure.ok()) failure = status;
-      }
-    };
-    // The caller joins the workers. A device copy waits on its link while
-    // the CPU could check the next part: one more thread keeps both busy.
-    tbb::task_arena restore_arena(options.workers + (host ? 1 : 2));
-    restore_arena.execute([&] {
-      tbb::parallel_for(std::uint32_t{0}, static_cast<std::uint32_t>(parts.size()),
-                        [&](std::uint32_t p) {
-                          if (damaged.load(std::memory_order_relaxed) == kNone) restore_part(p);
-                        });
-    });
-    if (!failure.ok()) return failure;
-    if (damaged.load() == kNone) return std::optional<std::uint32_t>();
-    return std::optional<std::uint32_t>(damaged.load());
-  }
 
   void RecordError(const Status& status) {
     std::lock_guard<std::mutex> lock(error_mutex);
@@ -872,23 +820,8 @@ Result<RestoreResult> Engine::Restore() {
                   "Restore after training started (call it before the first BeginStep)");
   }
   if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
-  PMSNAP_ASSIGN_OR_RETURN(layout::SnapshotView view, impl.pool->Latest());
-  while (true) {
-    PMSNAP_ASSIGN_OR_RETURN(std::optional<std::uint32_t> damaged, impl.RestoreParts(view));
-    if (!damaged) break;
-    // The newest checkpoint is damaged: restore the older one over it (it was
-    // verified in full when the pool switched to it).
-    PMSNAP_RETURN_IF_ERROR(impl.pool->RejectLatest(*damaged));
-    PMSNAP_ASSIGN_OR_RETURN(view, impl.pool->Latest());
-  }
-  for (std::uint32_t u = 0; u < impl.units.size(); ++u) {
-    if (impl.units[u].encoded) PMSNAP_RETURN_IF_ERROR(impl.encoder->Restore(u, view.epoch()));
-  }
-  RestoreResult result;
-  result.iteration = view.iteration();
-  result.epoch = view.epoch();
-  result.extra_state.assign(view.extra_state().begin(), view.extra_state().end());
-  return result;
+  return RestoreNewestIntactEpoch(*impl.pool, *impl.device, impl.units, impl.encoder.get(),
+                                  impl.options.workers);
 }
 
 std::optional<std::uint32_t> Engine::FindUnit(const std::string& name) const {
