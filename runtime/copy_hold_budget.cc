@@ -14,8 +14,7 @@ CopyHoldBudget::CopyHoldBudget(CopyStart copy_start, bool cpu_addressable,
 void CopyHoldBudget::OnStepBegin(Clock::time_point step_begin) {
   captured_bytes_in_step_ = 0;
   if (!hold_within_budget_ || !last_step_end_) return;
-  const double between_steps =
-      std::chrono::duration<double>(step_begin - *last_step_end_).count();
+  const double between_steps = std::chrono::duration<double>(step_begin - *last_step_end_).count();
   const double rate = held_drain_bytes_per_second_ > 0 ? held_drain_bytes_per_second_
                                                        : worker_bytes_per_second_ * workers_;
   budget_bytes_ = static_cast<std::uint64_t>(kWindowShare * between_steps * rate);

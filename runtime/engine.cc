@@ -356,10 +356,11 @@ struct Engine::Impl {
         policy_inputs.snapshot_seconds = snapshot;
         policy_inputs.persist_seconds = std::max(0.0, finished - snapshot);
         policy_inputs.have_profile = true;
-        hold_budget->OnEpochCommitted({.slot_bytes = copied_bytes,
-                                       .copy_seconds = copy_seconds,
-                                       .held_bytes = epoch.held_bytes,
-                                       .held_drain_seconds = finished - epoch.held_released_seconds});
+        hold_budget->OnEpochCommitted(
+            {.slot_bytes = copied_bytes,
+             .copy_seconds = copy_seconds,
+             .held_bytes = epoch.held_bytes,
+             .held_drain_seconds = finished - epoch.held_released_seconds});
       } else {
         stats.epochs_abandoned += 1;
       }
@@ -400,8 +401,8 @@ struct Engine::Impl {
     }
     // Parts a strategy releases (even before the initial jobs below are
     // queued) go back to the workers; a duplicate job finds the part claimed.
-    auto task = std::make_unique<UnitTask>(u, epoch.epoch, device, epoch.executor.get(),
-                                           std::move(parts));
+    auto task =
+        std::make_unique<UnitTask>(u, epoch.epoch, device, epoch.executor.get(), std::move(parts));
     UnitTask* raw = task.get();
     epoch.persist_remaining[u].store(raw->part_count(), std::memory_order_relaxed);
     epoch.captured_at[u] = Clock::now();

@@ -1,5 +1,7 @@
 // Engine::Restore's copy of a committed epoch into the tensors
 // (detail/engine_restore.h).
+#include "detail/engine_restore.h"
+
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
@@ -7,8 +9,6 @@
 #include <cstddef>
 #include <mutex>
 #include <optional>
-
-#include "detail/engine_restore.h"
 
 namespace pmsnap::runtime {
 namespace {
@@ -31,8 +31,8 @@ Result<std::optional<std::uint32_t>> RestoreParts(layout::Pool& pool, Device& de
   Status failure;
   auto restore_part = [&](std::uint32_t p) {
     const layout::PartLayout& part = parts[p];
-    std::byte* dst = static_cast<std::byte*>(units[part.unit].tensors[part.tensor].data) +
-                     part.offset_in_tensor;
+    std::byte* dst =
+        static_cast<std::byte*>(units[part.unit].tensors[part.tensor].data) + part.offset_in_tensor;
     Status status;
     if (host) {
       status = verify ? pool.ReadPart(view, p, dst) : pool.CopyPart(view, p, dst);

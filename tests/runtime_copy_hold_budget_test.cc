@@ -123,10 +123,8 @@ TEST(CopyHoldBudgetTest, AutoIgnoresTheDrainOfASmallHeldSet) {
                            .copy_seconds = 1.0,
                            .held_bytes = 30'000'000,
                            .held_drain_seconds = 0.1});
-  budget.OnEpochCommitted({.slot_bytes = 1e8,
-                           .copy_seconds = 1.0,
-                           .held_bytes = 1'000'000,
-                           .held_drain_seconds = 1.0});
+  budget.OnEpochCommitted(
+      {.slot_bytes = 1e8, .copy_seconds = 1.0, .held_bytes = 1'000'000, .held_drain_seconds = 1.0});
   budget.OnStepEnd(At(2.0));
   budget.OnStepBegin(At(2.3));
   EXPECT_EQ(CaptureStep(budget), TailWithin(72'000'000));  // still 300 MB/s
