@@ -723,7 +723,7 @@ class TorchSave final : public Method {
   Status Step(std::uint64_t step) override {
     PMSNAP_RETURN_IF_ERROR(step_.Run());
     if (step % k_ != 0) return Status::Ok();
-    if (device_.kind() != runtime::DeviceKind::kHost) {
+    if (!device_.cpu_addressable()) {
       const auto t = Clock::now();
       auto live = StateTensors(w_);
       if (staging_.empty()) staging_ = Staging(live);
@@ -1552,7 +1552,7 @@ Result<RestoreSample> TimeTorchLoad(Workload& w, runtime::Device& device, const 
     RestoreSample sample;
     sample.restore_s = Since(t0);
     sample.bytes = FileBytes(file);
-    if (device.kind() == runtime::DeviceKind::kHost) return sample;
+    if (device.cpu_addressable()) return sample;
     std::vector<torch::Tensor> loaded, on_device;
     const auto parameters = w.module->parameters();
     for (std::size_t i = 0; i < parameters.size(); ++i) {

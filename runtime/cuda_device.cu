@@ -38,6 +38,8 @@ class CudaDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
+  // GPU memory: every byte crosses PCIe through CopyToHost / CopyFromHost.
+  bool cpu_addressable() const override { return false; }
 
   Status CopyToHost(void* dst, const void* src, std::size_t bytes) override {
     return Copy(dst, src, bytes, cudaMemcpyDeviceToHost);

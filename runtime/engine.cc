@@ -1,21 +1,21 @@
 #include "pmsnap/runtime/engine.h"
 
 #include <tbb/global_control.h>
-#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 #include <tbb/task_scheduler_observer.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
 #include <iostream>
 #include <mutex>
-#include <unordered_map>
+#include <optional>
 
+#include "detail/copy_hold_budget.h"
+#include "detail/engine_restore.h"
 #include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/runtime/cuda_device.h"
 
@@ -29,11 +29,6 @@ double SecondsSince(Clock::time_point start) {
 }
 
 constexpr std::size_t kBlockedHistory = 65536;
-// Pseudo part of an encoded unit: the encoder, not a slot, takes the bytes.
-constexpr std::uint32_t kEncodedPart = ~0u;
-// Share of the time between two steps that copies held for EndStep may fill
-// (CopyStart::kAuto on the host); the rest is slack for a slower drain.
-constexpr double kHeldWindowShare = 0.8;
 
 // Adds to an atomic<double> (no fetch_add for floating point before C++20 libs).
 void AtomicAdd(std::atomic<double>& target, double value) {
@@ -68,6 +63,8 @@ struct Epoch {
   // them (since `started`).
   std::uint64_t held_bytes = 0;
   double held_released_seconds = 0;
+  // Requeues and device-stream jobs of this epoch's tasks (Engine::Impl).
+  std::unique_ptr<UnitTaskExecutor> executor;
 };
 
 }  // namespace
@@ -141,21 +138,9 @@ struct Engine::Impl {
   bool in_step = false;
   bool started_training = false;
   bool capturing = false;  // the current step is captured by `current`
-  // EngineOptions::copy_start resolved for the device: kAfterStep holds
-  // every capture for EndStep, kAuto on the host the step's last captures
-  // that fit hold_budget_bytes.
-  bool hold_every_capture = false;
-  bool hold_within_budget = false;
-  // Bytes the workers copy in kHeldWindowShare of the time between EndStep
-  // and the next step's start, at their measured rate (BeginStep).
-  std::uint64_t hold_budget_bytes = 0;
-  std::uint64_t captured_bytes_in_step = 0;
-  Clock::time_point last_step_end{};
-  // The workers' rate, last committed epoch: copying alone (bytes per second
-  // of one worker), and draining held copies from EndStep to the commit
-  // (what the budget needs; 0 until an epoch held a quarter of the model).
-  double worker_bytes_per_second = 0;
-  double held_drain_bytes_per_second = 0;
+  // Which captures wait for EndStep (EngineOptions::copy_start); set once
+  // the pool, and so the model's size, is open.
+  std::optional<CopyHoldBudget> hold_budget;
   // Parts of units captured in this step, held for EndStep.
   std::vector<std::pair<UnitTask*, std::uint32_t>> held_parts;
   std::uint64_t step = 0;
@@ -176,56 +161,22 @@ struct Engine::Impl {
 
   ~Impl() = default;
 
-  // Copies every part of `view` into the registered tensors on the workers
-  // and the calling thread, checking the checksums if the pool's data
-  // verification is still pending (fused into the copy on the host device).
-  // Returns a part that failed its checksum, if any.
-  Result<std::optional<std::uint32_t>> RestoreParts(const layout::SnapshotView& view) {
-    const std::vector<layout::PartLayout>& parts = pool->layout().parts;
-    const bool verify = pool->data_verification_pending();
-    // On the host the pool copies straight into the tensors; a device gets
-    // the part across its link after the check.
-    const bool host = device->kind() == DeviceKind::kHost;
-    constexpr std::uint32_t kNone = ~0u;
-    std::atomic<std::uint32_t> damaged{kNone};
-    std::mutex failure_mutex;
-    Status failure;
-    auto restore_part = [&](std::uint32_t p) {
-      const layout::PartLayout& part = parts[p];
-      std::byte* dst = static_cast<std::byte*>(units[part.unit].tensors[part.tensor].data) +
-                       part.offset_in_tensor;
-      Status status;
-      if (host) {
-        status = verify ? pool->ReadPart(view, p, dst) : pool->CopyPart(view, p, dst);
-      } else {
-        if (!verify) pool->PrefaultPart(view, p);
-        status = verify ? pool->VerifyPart(view, p) : Status::Ok();
-        if (status.ok()) {
-          status = device->CopyFromHost(
-              dst, view.tensor(part.unit, part.tensor).data() + part.offset_in_tensor, part.bytes);
-        }
-      }
-      if (status.code() == StatusCode::kCorruption) {
-        std::uint32_t expected = kNone;
-        damaged.compare_exchange_strong(expected, p);
-      } else if (!status.ok()) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
-        if (failure.ok()) failure = status;
-      }
-    };
-    // The caller joins the workers. A device copy waits on its link while
-    // the CPU could check the next part: one more thread keeps both busy.
-    tbb::task_arena restore_arena(options.workers + (host ? 1 : 2));
-    restore_arena.execute([&] {
-      tbb::parallel_for(std::uint32_t{0}, static_cast<std::uint32_t>(parts.size()),
-                        [&](std::uint32_t p) {
-                          if (damaged.load(std::memory_order_relaxed) == kNone) restore_part(p);
-                        });
-    });
-    if (!failure.ok()) return failure;
-    if (damaged.load() == kNone) return std::optional<std::uint32_t>();
-    return std::optional<std::uint32_t>(damaged.load());
-  }
+  // Runs one epoch's task work on this engine: released parts go back to
+  // the workers for that epoch, in-device copies to the device stream.
+  class EpochExecutor final : public UnitTaskExecutor {
+   public:
+    EpochExecutor(Impl& engine, Epoch& epoch) : engine_(engine), epoch_(epoch) {}
+    void RequeuePart(UnitTask& task, std::uint32_t part) override {
+      engine_.Enqueue(&epoch_, &task, part);
+    }
+    void RunOnDeviceStream(std::function<void()> job) override {
+      engine_.RunOnDeviceStream(std::move(job));
+    }
+
+   private:
+    Impl& engine_;
+    Epoch& epoch_;
+  };
 
   void RecordError(const Status& status) {
     std::lock_guard<std::mutex> lock(error_mutex);
@@ -270,17 +221,17 @@ struct Engine::Impl {
     const UnitTask::Part& part = task.part(p);
     Status status;
     double copy = 0, persist = 0;
-    const bool encoded = part.pool_part == kEncodedPart;
+    const bool encoded = !part.pool_part.has_value();
     if (!epoch.failed.load(std::memory_order_relaxed)) {
       if (encoded) {
         status = encoder->Encode(task.unit(), epoch.epoch);
         copy = SecondsSince(start);
-      } else if (device->kind() == DeviceKind::kHost) {
-        // Host memory: one fused pass copies into PM, checksums and drains.
-        status = pool->WritePart(part.pool_part, task.source(p));
+      } else if (device->cpu_addressable()) {
+        // One fused pass copies into PM, checksums and drains.
+        status = pool->WritePart(*part.pool_part, task.source(p));
         copy = SecondsSince(start);
       } else {
-        auto dst = pool->PartDestination(part.pool_part);
+        auto dst = pool->PartDestination(*part.pool_part);
         status =
             dst.ok() ? device->CopyToHost(dst->data(), task.source(p), part.bytes) : dst.status();
         copy = SecondsSince(start);
@@ -295,8 +246,8 @@ struct Engine::Impl {
            !epoch.snapshot_done_ns.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
     }
     if (status.ok() && !epoch.failed.load(std::memory_order_relaxed) && !encoded &&
-        device->kind() != DeviceKind::kHost) {
-      status = pool->SealPart(part.pool_part);
+        !device->cpu_addressable()) {
+      status = pool->SealPart(*part.pool_part);
       persist = SecondsSince(snapshotted);
     }
     if (!status.ok()) {
@@ -405,14 +356,11 @@ struct Engine::Impl {
         policy_inputs.snapshot_seconds = snapshot;
         policy_inputs.persist_seconds = std::max(0.0, finished - snapshot);
         policy_inputs.have_profile = true;
-        if (copy_seconds > 0) worker_bytes_per_second = copied_bytes / copy_seconds;
-        // Counts only the held bytes as drained after EndStep (others may
-        // still have been copying): errs towards a smaller budget. A small
-        // held set would mostly time the commit, not the copies.
-        const double drain = finished - epoch.held_released_seconds;
-        if (epoch.held_bytes >= model_bytes / 4 && drain > 0) {
-          held_drain_bytes_per_second = static_cast<double>(epoch.held_bytes) / drain;
-        }
+        hold_budget->OnEpochCommitted(
+            {.slot_bytes = copied_bytes,
+             .copy_seconds = copy_seconds,
+             .held_bytes = epoch.held_bytes,
+             .held_drain_seconds = finished - epoch.held_released_seconds});
       } else {
         stats.epochs_abandoned += 1;
       }
@@ -442,7 +390,7 @@ struct Engine::Impl {
         RecordError(captured);
       }
       parts.push_back({static_cast<const std::byte*>(units[u].tensors[0].data),
-                       pool->manifest().units[u].bytes(), kEncodedPart});
+                       pool->manifest().units[u].bytes(), std::nullopt});
     }
     parts.reserve(unit_layout.part_count);
     for (std::uint32_t p = unit_layout.first_part;
@@ -451,17 +399,15 @@ struct Engine::Impl {
       const auto* base = static_cast<const std::byte*>(units[u].tensors[part.tensor].data);
       parts.push_back({base + part.offset_in_tensor, part.bytes, p});
     }
-    auto task = std::make_unique<UnitTask>(u, epoch.epoch, device, std::move(parts));
+    // Parts a strategy releases (even before the initial jobs below are
+    // queued) go back to the workers; a duplicate job finds the part claimed.
+    auto task =
+        std::make_unique<UnitTask>(u, epoch.epoch, device, epoch.executor.get(), std::move(parts));
     UnitTask* raw = task.get();
     epoch.persist_remaining[u].store(raw->part_count(), std::memory_order_relaxed);
     epoch.captured_at[u] = Clock::now();
     epoch.tasks[u] = std::move(task);
     epoch.captured_count += 1;
-    // Parts a strategy releases (even before the initial jobs below are
-    // queued) go back to the workers; a duplicate job finds the part claimed.
-    Epoch* epoch_ptr = &epoch;
-    raw->SetRequeue([this, epoch_ptr](UnitTask* t, std::uint32_t p) { Enqueue(epoch_ptr, t, p); });
-    raw->SetDeviceStream([this](std::function<void()> job) { RunOnDeviceStream(std::move(job)); });
     const auto prepare_start = Clock::now();
     // Encoded units read their live tensors inside the encoder: no strategy
     // can redirect that read, so their conflicts wait (strategy 2).
@@ -476,22 +422,15 @@ struct Engine::Impl {
       RecordError(prepared);
     }
     // A guard: every unit has a part (a slot unit one per tensor at least, an
-    // encoded unit its one kEncodedPart for the encoder).
+    // encoded unit its one part without a pool part, for the encoder).
     if (raw->part_count() == 0) {
       ReleaseUnits(epoch, 1);
       return prepared;
     }
-    // The first captures of a step are the first updates of the next one:
-    // what cannot be copied between the steps starts now. Slot bytes only:
-    // an encoded unit's encoder writes far less than its table.
-    bool hold = false;
-    if (!epoch.step_ended && !units[u].encoded) {
-      const std::uint64_t uncaptured =
-          model_bytes - std::min(model_bytes, captured_bytes_in_step);  // this unit's included
-      hold = hold_every_capture ||
-             (hold_within_budget && hold_budget_bytes > 0 && uncaptured <= hold_budget_bytes);
-      captured_bytes_in_step += raw->bytes();
-    }
+    // Slot bytes only: an encoded unit's encoder writes far less than its
+    // table, so its copy never waits.
+    const bool hold =
+        !epoch.step_ended && !units[u].encoded && hold_budget->HoldCapture(raw->bytes());
     std::uint64_t held = 0;
     for (std::uint32_t p = 0; p < raw->part_count(); ++p) {
       if (raw->state(p) != PartState::kPending) continue;  // a strategy took it
@@ -606,9 +545,6 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   } else {
     impl->device = options.device;
   }
-  impl->hold_every_capture = options.copy_start == CopyStart::kAfterStep;
-  impl->hold_within_budget =
-      options.copy_start == CopyStart::kAuto && impl->device->kind() == DeviceKind::kHost;
   impl->policy = options.policy ? options.policy : std::make_shared<ContinuousPolicy>();
   impl->strategy =
       options.strategy ? options.strategy : std::make_shared<WaitForSnapshotStrategy>();
@@ -627,6 +563,8 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   if (!pool.ok()) return pool.status();
   impl->pool = std::move(pool).value();
   for (const auto& unit : impl->pool->layout().units) impl->model_bytes += unit.bytes;
+  impl->hold_budget.emplace(options.copy_start, impl->device->cpu_addressable(), impl->model_bytes,
+                            options.workers);
   if (impl->device->kind() == DeviceKind::kCuda) {
     // DMA straight into the PM slots; without registration the driver
     // stages through its own pinned buffers (slower, still correct).
@@ -703,16 +641,7 @@ Status Engine::BeginStep(std::uint64_t step) {
   impl.saw_update_in_step = false;
   impl.blocked_this_step = 0;
   impl.ReapIfDone();
-  impl.captured_bytes_in_step = 0;
-  if (impl.hold_within_budget && impl.last_step_end != Clock::time_point{}) {
-    // Forward and backward: from the last EndStep to this step (a wait in
-    // BeginStep is not time the next copies can have).
-    const double between_steps = std::chrono::duration<double>(start - impl.last_step_end).count();
-    const double rate = impl.held_drain_bytes_per_second > 0
-                            ? impl.held_drain_bytes_per_second
-                            : impl.worker_bytes_per_second * impl.options.workers;
-    impl.hold_budget_bytes = static_cast<std::uint64_t>(kHeldWindowShare * between_steps * rate);
-  }
+  impl.hold_budget->OnStepBegin(start);
 
   impl.policy_inputs.device_free_bytes = impl.device->free_bytes();
   if (impl.policy->ShouldCheckpoint(step, impl.policy_inputs)) {
@@ -739,6 +668,7 @@ Status Engine::BeginStep(std::uint64_t step) {
       epoch->next_update_gap.assign(n, -1.0);
       epoch->conflicted.assign(n, false);
       epoch->remaining.store(static_cast<std::uint32_t>(n + 1), std::memory_order_relaxed);
+      epoch->executor = std::make_unique<Impl::EpochExecutor>(impl, *epoch);
       impl.current = std::move(epoch);
       impl.epoch_busy.store(true, std::memory_order_release);
       impl.capturing = true;
@@ -846,7 +776,7 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
     impl.capturing = false;
   }
   impl.in_step = false;
-  impl.last_step_end = Clock::now();
+  impl.hold_budget->OnStepEnd(Clock::now());
   impl.AddBlocked(SecondsSince(start));
   {
     std::lock_guard<std::mutex> lock(impl.stats_mutex);
@@ -893,23 +823,8 @@ Result<RestoreResult> Engine::Restore() {
                   "Restore after training started (call it before the first BeginStep)");
   }
   if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
-  PMSNAP_ASSIGN_OR_RETURN(layout::SnapshotView view, impl.pool->Latest());
-  while (true) {
-    PMSNAP_ASSIGN_OR_RETURN(std::optional<std::uint32_t> damaged, impl.RestoreParts(view));
-    if (!damaged) break;
-    // The newest checkpoint is damaged: restore the older one over it (it was
-    // verified in full when the pool switched to it).
-    PMSNAP_RETURN_IF_ERROR(impl.pool->RejectLatest(*damaged));
-    PMSNAP_ASSIGN_OR_RETURN(view, impl.pool->Latest());
-  }
-  for (std::uint32_t u = 0; u < impl.units.size(); ++u) {
-    if (impl.units[u].encoded) PMSNAP_RETURN_IF_ERROR(impl.encoder->Restore(u, view.epoch()));
-  }
-  RestoreResult result;
-  result.iteration = view.iteration();
-  result.epoch = view.epoch();
-  result.extra_state.assign(view.extra_state().begin(), view.extra_state().end());
-  return result;
+  return RestoreNewestIntactEpoch(*impl.pool, *impl.device, impl.units, impl.encoder.get(),
+                                  impl.options.workers);
 }
 
 std::optional<std::uint32_t> Engine::FindUnit(const std::string& name) const {

@@ -6,10 +6,12 @@
 
 namespace pmsnap::runtime {
 
-UnitTask::UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device, std::vector<Part> parts)
+UnitTask::UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device,
+                   UnitTaskExecutor* executor, std::vector<Part> parts)
     : unit_(unit),
       epoch_(epoch),
       device_(device),
+      executor_(executor),
       parts_(std::move(parts)),
       states_(std::make_unique<std::atomic<std::uint8_t>[]>(parts_.size())),
       sources_(std::make_unique<std::atomic<const std::byte*>[]>(parts_.size())),
@@ -37,7 +39,7 @@ bool UnitTask::TryClaim(std::uint32_t p) {
 void UnitTask::RedirectAndRelease(std::uint32_t p, const std::byte* copy) {
   sources_[p].store(copy, std::memory_order_release);
   states_[p].store(static_cast<std::uint8_t>(PartState::kPending), std::memory_order_release);
-  if (requeue_) requeue_(this, p);
+  executor_->RequeuePart(*this, p);
 }
 
 void UnitTask::MarkSnapshotted(std::uint32_t p) {
@@ -96,11 +98,7 @@ void UnitTask::CopyInDeviceAsync(std::vector<std::uint32_t> parts, std::byte* bu
       in_device_pending_.notify_all();
     }
   };
-  if (run_on_device_) {
-    run_on_device_(std::move(job));
-  } else {
-    job();
-  }
+  executor_->RunOnDeviceStream(std::move(job));
 }
 
 Status UnitTask::WaitInDeviceCopies() const {

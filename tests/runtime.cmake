@@ -5,3 +5,6 @@ pmsnap_add_test(runtime_epoch_agreement_test SOURCES runtime_epoch_agreement_tes
                 LIBS pmsnap::runtime)
 pmsnap_add_test(runtime_sharding_test SOURCES runtime_sharding_test.cc LIBS pmsnap::runtime)
 pmsnap_add_test(common_cpu_affinity_test SOURCES common_cpu_affinity_test.cc LIBS pmsnap::common)
+pmsnap_add_test(runtime_copy_hold_budget_test SOURCES runtime_copy_hold_budget_test.cc
+                LIBS pmsnap::runtime)
+target_include_directories(runtime_copy_hold_budget_test PRIVATE ${PROJECT_SOURCE_DIR}/runtime)

@@ -24,6 +24,17 @@ TEST(MakeDeviceTest, HostAndSimulatedSpecs) {
   EXPECT_EQ((*sim)->free_bytes(), 64u << 20);
 }
 
+// The host's tensors are the CPU's own memory: the pool copies them itself.
+// The simulated device models memory behind a link, like a GPU.
+TEST(MakeDeviceTest, OnlyTheHostDeviceIsCpuAddressable) {
+  auto host = MakeDevice("host");
+  ASSERT_TRUE(host.ok());
+  EXPECT_TRUE((*host)->cpu_addressable());
+  auto sim = MakeDevice("simulated:2.5:64");
+  ASSERT_TRUE(sim.ok()) << sim.status().ToString();
+  EXPECT_FALSE((*sim)->cpu_addressable());
+}
+
 TEST(MakeDeviceTest, BadSpecsAreRejectedWithTheSpecInTheMessage) {
   for (const char* spec : {"gpu", "simulated:fast", "simulated:0", "host:1", "simulated:1:2:3"}) {
     auto device = MakeDevice(spec);

@@ -1,7 +1,7 @@
 // Devices for engine and hooks tests: host memory behind the Device
-// interface, but not the host device, so the workers copy through
-// CopyToHost (rather than the host's fused pool write) and each test device
-// decides what that copy does.
+// interface, but not CPU-addressable (Device::cpu_addressable), so the
+// workers copy through CopyToHost (rather than the host's fused pool write)
+// and each test device decides what that copy does.
 #pragma once
 
 #include <atomic>

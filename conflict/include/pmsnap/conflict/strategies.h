@@ -66,8 +66,9 @@ class StrategyBase : public runtime::ConflictStrategy {
   std::byte* AllocateFor(UnitTask& task, std::uint64_t bytes);
   // Claims every pending part in [first, last) still reading the live
   // tensor and copies them into one device buffer on the device stream
-  // (UnitTask::CopyInDeviceAsync). False if device memory was short
-  // (nothing changed then).
+  // (UnitTask::CopyInDeviceAsync; the copied parts go back to the workers
+  // through the task's runtime::UnitTaskExecutor). False if device memory
+  // was short (nothing changed then).
   bool CopyLivePartsInDevice(UnitTask& task, std::uint32_t first, std::uint32_t last);
   void SetChoice(std::uint32_t unit, StrategyChoice choice);
   void CountFallback() { fallbacks_.fetch_add(1); }

@@ -11,9 +11,10 @@
 // OnEpochCommitted runs when the training thread reaps a committed epoch
 // (the next BeginStep, Flush or Close), before the next epoch's first
 // OnCaptured; abandoned epochs get no call. fallbacks() is also read from
-// any thread (Engine::stats()). Work a strategy queues elsewhere (in-device
-// copies on the device stream, UnitTask) runs beside these calls:
-// implementations guard the state it shares.
+// any thread (Engine::stats()). Work a strategy queues elsewhere through the
+// task (in-device copies on the device stream, parts handed back to the
+// workers: UnitTaskExecutor) runs beside these calls: implementations guard
+// the state it shares.
 #pragma once
 
 #include <cstdint>

@@ -39,6 +39,15 @@ class Device {
   // Human-readable, e.g. "host", "simulated(12.0 GB/s, 5 us, 256 MiB)".
   virtual std::string name() const = 0;
 
+  // Whether the CPU may load and store this device's tensors itself. True:
+  // the engine writes a part into the pool with the pool's own pass (copy,
+  // checksum and drain at once), restores straight into the tensors, and
+  // host-memory copies compete with the optimizer step for memory bandwidth
+  // (CopyStart::kAuto). False: every byte crosses CopyToHost / CopyFromHost
+  // (a PCIe link, the simulated one), and the pool seals what arrived. False
+  // is correct for any device, only slower where the CPU could do the copy.
+  virtual bool cpu_addressable() const { return false; }
+
   // Copies `bytes` from device memory `src` to host-visible `dst`.
   virtual Status CopyToHost(void* dst, const void* src, std::size_t bytes) = 0;
   // Copies host-visible `src` into device memory `dst` (restore).
@@ -85,6 +94,7 @@ class HostDevice final : public HostMemoryDevice {
       : HostMemoryDevice(memory_budget_bytes) {}
   DeviceKind kind() const override { return DeviceKind::kHost; }
   std::string name() const override { return "host"; }
+  bool cpu_addressable() const override { return true; }
   Status CopyToHost(void* dst, const void* src, std::size_t bytes) override;
   Status CopyFromHost(void* dst, const void* src, std::size_t bytes) override;
   Status CopyInDevice(void* dst, const void* src, std::size_t bytes) override;
@@ -108,6 +118,8 @@ class SimulatedDevice final : public HostMemoryDevice {
   explicit SimulatedDevice(SimulatedDeviceOptions options);
   DeviceKind kind() const override { return DeviceKind::kSimulated; }
   std::string name() const override;
+  // Host memory, but modelled as device memory: every byte crosses the link.
+  bool cpu_addressable() const override { return false; }
   Status CopyToHost(void* dst, const void* src, std::size_t bytes) override;
   Status CopyFromHost(void* dst, const void* src, std::size_t bytes) override;
   Status CopyInDevice(void* dst, const void* src, std::size_t bytes) override;

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "pmsnap/common/status.h"
@@ -24,6 +25,24 @@
 namespace pmsnap::runtime {
 
 class Device;
+class UnitTask;
+
+// Where a UnitTask's work runs, provided by whoever runs the epoch (the
+// Engine, one per epoch): parts a conflict strategy released go back to the
+// workers, and copies inside the device run on one device-stream thread (a
+// GPU stream's model). Thread-safety: both methods may be called from any
+// thread while the epoch's tasks live.
+class UnitTaskExecutor {
+ public:
+  virtual ~UnitTaskExecutor() = default;
+  // Queues part `part` of `task` for a worker again (UnitTask::
+  // RedirectAndRelease). A worker job that finds the part no longer pending
+  // does nothing, so a part may be queued more than once.
+  virtual void RequeuePart(UnitTask& task, std::uint32_t part) = 0;
+  // Queues `job` for the device-stream thread and returns at once. The
+  // epoch is not over (reaped, its tasks freed) until `job` has run.
+  virtual void RunOnDeviceStream(std::function<void()> job) = 0;
+};
 
 enum class PartState : std::uint8_t { kPending = 0, kCopying = 1, kSnapshotted = 2 };
 
@@ -32,10 +51,15 @@ class UnitTask {
   struct Part {
     const std::byte* live_source = nullptr;  // in the registered tensor
     std::uint64_t bytes = 0;
-    std::uint32_t pool_part = 0;  // index into the pool layout's parts
+    // Index into the pool layout's parts, where a worker writes the bytes;
+    // none for the one part of an encoded unit, which the Encoder takes.
+    std::optional<std::uint32_t> pool_part;
   };
 
-  UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device, std::vector<Part> parts);
+  // `device` holds the live tensors; `executor` runs requeued parts and
+  // in-device copies. Neither is owned; both must outlive the task.
+  UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device, UnitTaskExecutor* executor,
+           std::vector<Part> parts);
   ~UnitTask();
   UnitTask(const UnitTask&) = delete;
   UnitTask& operator=(const UnitTask&) = delete;
@@ -58,7 +82,8 @@ class UnitTask {
   // kPending -> kCopying; true if the caller now owns the part.
   bool TryClaim(std::uint32_t p);
   // For a part the caller claimed: copy it from `copy` from now on (a device
-  // buffer holding the same bytes), back to kPending, and requeue it.
+  // buffer holding the same bytes), back to kPending, and requeue it
+  // (UnitTaskExecutor::RequeuePart).
   void RedirectAndRelease(std::uint32_t p, const std::byte* copy);
   // Worker: the part's bytes are out of the source.
   void MarkSnapshotted(std::uint32_t p);
@@ -69,22 +94,10 @@ class UnitTask {
   // Blocks until part p is snapshotted.
   void WaitPartSnapshotted(std::uint32_t p) const;
 
-  // Hands parts released by RedirectAndRelease back to the workers. Set by
-  // the engine once the initial jobs are queued (until then a release needs
-  // no requeue: the initial job will find the part pending).
-  void SetRequeue(std::function<void(UnitTask*, std::uint32_t)> requeue) {
-    requeue_ = std::move(requeue);
-  }
-
-  // Where device-side work runs (the engine's single "device stream"
-  // executor, modelling a GPU stream): set by the engine before strategies
-  // see the task.
-  void SetDeviceStream(std::function<void(std::function<void()>)> run) {
-    run_on_device_ = std::move(run);
-  }
   // For parts the caller claimed: copies each inside the device into
-  // `buffer` (consecutively) on the device stream, then redirects and
-  // releases it. Returns at once; WaitInDeviceCopies waits for completion.
+  // `buffer` (consecutively) on the executor's device stream, then redirects
+  // and releases it. Returns at once; WaitInDeviceCopies waits for
+  // completion.
   void CopyInDeviceAsync(std::vector<std::uint32_t> parts, std::byte* buffer);
   // Blocks until every CopyInDeviceAsync of this task finished; returns the
   // first copy error.
@@ -105,10 +118,9 @@ class UnitTask {
   std::uint32_t unit_;
   std::uint64_t epoch_;
   Device* device_;
+  UnitTaskExecutor* executor_;
   std::vector<Part> parts_;
   std::uint64_t bytes_ = 0;
-  std::function<void(UnitTask*, std::uint32_t)> requeue_;
-  std::function<void(std::function<void()>)> run_on_device_;
   mutable std::atomic<std::uint32_t> in_device_pending_{0};
   mutable std::mutex device_error_mutex_;  // guards device_error_
   Status device_error_;
