@@ -41,11 +41,11 @@ bool IsRowTensor(const runtime::TensorView& tensor, std::int64_t rows) {
 Result<std::vector<runtime::UnitRegistration>> ParameterUnits(
     std::string_view name, std::vector<runtime::TensorView> tensors, bool embedding_table) {
   if (tensors.empty() || tensors.front().name != kParamRole) {
-    return Status(StatusCode::kInvalidArgument,
-                  "parameter '" + std::string(name) + "': its unit must start with the '" +
-                      std::string(kParamRole) + "' tensor, got " +
-                      (tensors.empty() ? std::string("no tensors")
-                                       : "'" + tensors.front().name + "'"));
+    return Status(
+        StatusCode::kInvalidArgument,
+        "parameter '" + std::string(name) + "': its unit must start with the '" +
+            std::string(kParamRole) + "' tensor, got " +
+            (tensors.empty() ? std::string("no tensors") : "'" + tensors.front().name + "'"));
   }
   runtime::UnitRegistration unit;
   unit.name = std::string(name);
@@ -55,8 +55,7 @@ Result<std::vector<runtime::UnitRegistration>> ParameterUnits(
     return std::vector<runtime::UnitRegistration>{std::move(unit)};
   }
   const runtime::TensorView& param = tensors.front();
-  PMSNAP_RETURN_IF_ERROR(
-      CheckTableParameter(name, layout::DTypeName(param.dtype), param.shape));
+  PMSNAP_RETURN_IF_ERROR(CheckTableParameter(name, layout::DTypeName(param.dtype), param.shape));
   const std::int64_t rows = param.shape[0];
   runtime::UnitRegistration dense;
   dense.name = DenseUnitName(name);

@@ -350,9 +350,9 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
       if (is_table[index]) {
         return Status(StatusCode::kInvalidArgument, "embedding table '" + name + "' named twice");
       }
-      PMSNAP_RETURN_IF_ERROR(frontend::CheckTableParameter(
-          name, DTypeNameOf(it->param.scalar_type()), it->param.sizes(),
-          it->param.layout() == torch::kStrided));
+      PMSNAP_RETURN_IF_ERROR(
+          frontend::CheckTableParameter(name, DTypeNameOf(it->param.scalar_type()),
+                                        it->param.sizes(), it->param.layout() == torch::kStrided));
       is_table[index] = true;
     }
     if (module != nullptr) {

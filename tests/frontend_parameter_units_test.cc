@@ -1,12 +1,12 @@
 // frontend/parameter_units.h: the rules the C++ and Python CheckpointedOptimizers
 // share, checked without libtorch (the hooks and pytest suites check them again
 // through each front end).
-#include "pmsnap/frontend/parameter_units.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
+
+#include "pmsnap/frontend/parameter_units.h"
 
 namespace pmsnap::frontend {
 namespace {
@@ -35,11 +35,11 @@ TEST(FrontendParameterUnitsTest, DenseCompanionNameRoundTrips) {
 }
 
 TEST(FrontendParameterUnitsTest, PlainParameterIsOneUnitInTheGivenOrder) {
-  auto units = ParameterUnits("fc.weight",
-                              {View("param", DType::kFloat32, {4, 3}),
-                               View("exp_avg", DType::kFloat32, {4, 3}),
-                               View("step", DType::kInt64, {1})},
-                              /*embedding_table=*/false);
+  auto units =
+      ParameterUnits("fc.weight",
+                     {View("param", DType::kFloat32, {4, 3}),
+                      View("exp_avg", DType::kFloat32, {4, 3}), View("step", DType::kInt64, {1})},
+                     /*embedding_table=*/false);
   ASSERT_TRUE(units.ok()) << units.status().ToString();
   ASSERT_EQ(units->size(), 1u);
   EXPECT_EQ((*units)[0].name, "fc.weight");
@@ -50,13 +50,12 @@ TEST(FrontendParameterUnitsTest, PlainParameterIsOneUnitInTheGivenOrder) {
 TEST(FrontendParameterUnitsTest, TableSplitsRowTensorsFromTheRest) {
   // Adagrad in Python order: a float32 scalar step, then the [rows, dim] sum;
   // a [rows] accumulator also goes by row, a float64 one does not.
-  auto units = ParameterUnits("emb.weight",
-                              {View("param", DType::kFloat32, {10, 4}),
-                               View("step", DType::kFloat32, {}),
-                               View("sum", DType::kFloat32, {10, 4}),
-                               View("row_norm", DType::kFloat32, {10}),
-                               View("wide", DType::kFloat64, {10, 4})},
-                              /*embedding_table=*/true);
+  auto units = ParameterUnits(
+      "emb.weight",
+      {View("param", DType::kFloat32, {10, 4}), View("step", DType::kFloat32, {}),
+       View("sum", DType::kFloat32, {10, 4}), View("row_norm", DType::kFloat32, {10}),
+       View("wide", DType::kFloat64, {10, 4})},
+      /*embedding_table=*/true);
   ASSERT_TRUE(units.ok()) << units.status().ToString();
   ASSERT_EQ(units->size(), 2u);
   EXPECT_EQ((*units)[0].name, "emb.weight");
@@ -68,10 +67,10 @@ TEST(FrontendParameterUnitsTest, TableSplitsRowTensorsFromTheRest) {
 }
 
 TEST(FrontendParameterUnitsTest, TableWithOnlyRowStateHasNoCompanion) {
-  auto units = ParameterUnits("emb.weight",
-                              {View("param", DType::kFloat32, {10, 4}),
-                               View("momentum_buffer", DType::kFloat32, {10, 4})},
-                              /*embedding_table=*/true);
+  auto units = ParameterUnits(
+      "emb.weight",
+      {View("param", DType::kFloat32, {10, 4}), View("momentum_buffer", DType::kFloat32, {10, 4})},
+      /*embedding_table=*/true);
   ASSERT_TRUE(units.ok()) << units.status().ToString();
   EXPECT_EQ(units->size(), 1u);
 }

@@ -113,8 +113,7 @@ TensorArg ToTensorArg(const runtime::TensorView& view) {
 
 // frontend::ParameterUnits for Python: [(unit name, [(role, data_ptr, dtype, shape)])].
 std::vector<UnitArg> ParameterUnitsOf(const std::string& name,
-                                      const std::vector<TensorArg>& tensors,
-                                      bool embedding_table) {
+                                      const std::vector<TensorArg>& tensors, bool embedding_table) {
   std::vector<runtime::TensorView> views;
   views.reserve(tensors.size());
   for (const TensorArg& tensor : tensors) views.push_back(ToTensorView(tensor, name));
