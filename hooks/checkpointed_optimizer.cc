@@ -6,6 +6,9 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <set>
 #include <utility>
 
+#include "pmsnap/frontend/parameter_units.h"
 #include "pmsnap/hooks/tracked_embedding.h"
 
 namespace pmsnap::hooks {
@@ -72,33 +76,47 @@ std::vector<std::pair<std::string, torch::Tensor>> NamedParameters(
 }
 
 // Whether `kind`'s update of `param` changes rows whose gradient is zero
-// (then a table's changed rows are all rows, whatever was looked up). Plain
-// SGD (p -= lr * 0) and Adagrad (sum += 0; p -= clr * 0 / std) leave them
-// bitwise as they were; momentum, weight decay and Adam/RMSprop's moving
-// averages do not.
+// (then a table's changed rows are all rows, whatever was looked up): the
+// rule of frontend::MovesRowsWithoutGradient, given the hyperparameters of
+// the parameter's group.
 bool MovesRowsWithoutGradient(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
                               OptimizerKind kind) {
-  for (const torch::optim::OptimizerParamGroup& group : optimizer.param_groups()) {
+  namespace optim = torch::optim;
+  for (const optim::OptimizerParamGroup& group : optimizer.param_groups()) {
     for (const torch::Tensor& p : group.params()) {
       if (!p.is_same(param)) continue;
-      if (kind == OptimizerKind::kSgd) {
-        const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
-        return o.momentum() != 0 || o.weight_decay() != 0;
+      const optim::OptimizerOptions& options = group.options();
+      double momentum = 0;
+      double weight_decay = 0;
+      switch (kind) {
+        case OptimizerKind::kSgd:
+          momentum = static_cast<const optim::SGDOptions&>(options).momentum();
+          weight_decay = static_cast<const optim::SGDOptions&>(options).weight_decay();
+          break;
+        case OptimizerKind::kAdam:
+          weight_decay = static_cast<const optim::AdamOptions&>(options).weight_decay();
+          break;
+        case OptimizerKind::kAdamW:
+          weight_decay = static_cast<const optim::AdamWOptions&>(options).weight_decay();
+          break;
+        case OptimizerKind::kAdagrad:
+          weight_decay = static_cast<const optim::AdagradOptions&>(options).weight_decay();
+          break;
+        case OptimizerKind::kRmsprop:
+          momentum = static_cast<const optim::RMSpropOptions&>(options).momentum();
+          weight_decay = static_cast<const optim::RMSpropOptions&>(options).weight_decay();
+          break;
       }
-      if (kind == OptimizerKind::kAdagrad) {
-        const auto& o = static_cast<const torch::optim::AdagradOptions&>(group.options());
-        return o.weight_decay() != 0;
-      }
-      return true;
+      return frontend::MovesRowsWithoutGradient(OptimizerKindName(kind), momentum, weight_decay);
     }
   }
   return true;
 }
 
-// Whether `t` is float32 [rows] or [rows, dim] (what diff/ encodes by row).
-bool IsRowTensor(const torch::Tensor& t, std::int64_t rows) {
-  return t.scalar_type() == c10::ScalarType::Float && (t.dim() == 1 || t.dim() == 2) &&
-         t.size(0) == rows;
+// Torch's name of `type` without "torch." ("float32"), as pmsnap's dtypes are named.
+std::string DTypeNameOf(c10::ScalarType type) {
+  auto dtype = DTypeOf(type);
+  return dtype ? layout::DTypeName(*dtype) : std::string(c10::toString(type));
 }
 
 // Every embedding module of `module` (itself included), with its name prefix.
@@ -129,8 +147,6 @@ bool HasMaxNorm(torch::nn::Module& module) {
 }
 
 }  // namespace
-
-std::string EmbeddingDenseUnitName(const std::string& table) { return table + "#dense"; }
 
 // Forwards the stepper's per-parameter events to the engine's hooks (an
 // embedding table's two units around its one update).
@@ -334,14 +350,9 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
       if (is_table[index]) {
         return Status(StatusCode::kInvalidArgument, "embedding table '" + name + "' named twice");
       }
-      if (it->param.scalar_type() != c10::ScalarType::Float || it->param.dim() != 2) {
-        return Status(StatusCode::kInvalidArgument,
-                      "embedding table '" + name +
-                          "' must be a float32 [rows, dim] parameter, "
-                          "got " +
-                          std::string(c10::toString(it->param.scalar_type())) + " of " +
-                          std::to_string(it->param.dim()) + " dimensions");
-      }
+      PMSNAP_RETURN_IF_ERROR(
+          frontend::CheckTableParameter(name, DTypeNameOf(it->param.scalar_type()),
+                                        it->param.sizes(), it->param.layout() == torch::kStrided));
       is_table[index] = true;
     }
     if (module != nullptr) {
@@ -386,22 +397,17 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
   try {
     for (std::size_t i = 0; i < slots.size(); ++i) {
       const ParameterSlot& slot = slots[i];
-      runtime::UnitRegistration unit;
-      unit.name = slot.name;
-      unit.encoded = is_table[i];
-      runtime::UnitRegistration dense;
-      dense.name = EmbeddingDenseUnitName(slot.name);
-      PMSNAP_ASSIGN_OR_RETURN(runtime::TensorView param, ViewOf(slot.name, "param", slot.param));
-      unit.tensors.push_back(std::move(param));
+      std::vector<runtime::TensorView> views;
+      PMSNAP_ASSIGN_OR_RETURN(runtime::TensorView param,
+                              ViewOf(slot.name, std::string(frontend::kParamRole), slot.param));
+      views.push_back(std::move(param));
       for (const auto& [role, tensor] : slot.state) {
-        const bool by_row = is_table[i] && IsRowTensor(tensor, slot.param.size(0));
-        PMSNAP_ASSIGN_OR_RETURN(
-            runtime::TensorView view,
-            ViewOf(by_row || !is_table[i] ? unit.name : dense.name, role, tensor));
-        (by_row || !is_table[i] ? unit : dense).tensors.push_back(std::move(view));
+        PMSNAP_ASSIGN_OR_RETURN(runtime::TensorView view, ViewOf(slot.name, role, tensor));
+        views.push_back(std::move(view));
       }
-      units.push_back(std::move(unit));
-      if (!dense.tensors.empty()) units.push_back(std::move(dense));
+      PMSNAP_ASSIGN_OR_RETURN(std::vector<runtime::UnitRegistration> parameter_units,
+                              frontend::ParameterUnits(slot.name, std::move(views), is_table[i]));
+      for (runtime::UnitRegistration& unit : parameter_units) units.push_back(std::move(unit));
     }
   } catch (const c10::Error& error) {
     return Status(
@@ -450,7 +456,7 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
     checkpointed->unit_of_slot_.push_back(*unit);
     std::uint32_t dense_unit = kNoUnit;
     if (is_table[i]) {
-      if (auto found = checkpointed->engine_->FindUnit(EmbeddingDenseUnitName(slot.name))) {
+      if (auto found = checkpointed->engine_->FindUnit(frontend::DenseUnitName(slot.name))) {
         dense_unit = *found;
       }
       TableSlot table;

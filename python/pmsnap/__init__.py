@@ -45,14 +45,14 @@ from ._pmsnap import (  # noqa: F401  (re-exported)
     cuda_support_compiled,
     read_pool,
 )
-from .embedding import EmbeddingTracker  # noqa: F401
-from .optimizer import (  # noqa: F401
-    CheckpointedOptimizer,
+from .checkpoints import (  # noqa: F401
     has_checkpoint,
     list_checkpoints,
     recover_table,
     restore,
 )
+from .embedding import EmbeddingTracker  # noqa: F401
+from .optimizer import CheckpointedOptimizer  # noqa: F401
 
 __all__ = [
     "CheckpointedOptimizer", "EmbeddingTracker", "EmbeddingOptions", "Policy", "restore",

@@ -78,3 +78,20 @@ def unpack(data):
         raise ValueError("pmsnap: the checkpoint's extra state was not written by this "
                          "version of the pmsnap Python package")
     return blob
+
+
+def param_group_hyperparameters(optimizer):
+    """[{hyperparameter: value}] per param group of `optimizer` (all but "params")."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def nontensor_state(optimizer, named):
+    """{parameter name: {key: value}} of the non-tensor entries of optimizer.state."""
+    out = {}
+    for name, p in named:
+        state = optimizer.state.get(p)
+        if state:
+            rest = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+            if rest:
+                out[name] = rest
+    return out

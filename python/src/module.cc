@@ -10,6 +10,11 @@
 //                "every", "adaptive"); hooks, flush, close, restore, stats.
 //   read_pool    a pool's manifest and commit state, without knowing the model
 //                (restore uses it to create lazily-made optimizer state).
+//   parameter_units, dense_unit_name, table_of_dense_unit,
+//   check_embedding_table, moves_rows_without_gradient, PARAM_ROLE
+//                the unit rules the C++ hooks follow too
+//                (frontend/parameter_units.h), so both front ends lay out
+//                parameters, optimizer state and embedding tables alike.
 //   RowTracker   touched-row bit vector for one embedding table.
 //   Policy, EmbeddingOptions
 //                diff::Policy / diff::EmbeddingOptions: an Engine given
@@ -50,6 +55,7 @@
 #include "errors.h"
 #include "pmsnap/conflict/strategies.h"
 #include "pmsnap/diff/embedding_checkpointer.h"
+#include "pmsnap/frontend/parameter_units.h"
 #include "pmsnap/pmem_layout/manifest.h"
 #include "pmsnap/pmem_layout/pool.h"
 #include "pmsnap/runtime/cuda_device.h"
@@ -95,6 +101,38 @@ std::string DTypeText(DType dtype) {
 using TensorArg = std::tuple<std::string, std::uintptr_t, std::string, std::vector<std::int64_t>>;
 using UnitArg = std::pair<std::string, std::vector<TensorArg>>;
 
+runtime::TensorView ToTensorView(const TensorArg& tensor, const std::string& unit) {
+  const auto& [role, ptr, dtype, shape] = tensor;
+  runtime::TensorView view;
+  view.name = role;
+  view.data = reinterpret_cast<void*>(ptr);
+  view.dtype = ParseDType(dtype, "unit '" + unit + "' tensor '" + role + "'");
+  view.shape = shape;
+  return view;
+}
+
+TensorArg ToTensorArg(const runtime::TensorView& view) {
+  return {view.name, reinterpret_cast<std::uintptr_t>(view.data), DTypeText(view.dtype),
+          view.shape};
+}
+
+// frontend::ParameterUnits for Python: [(unit name, [(role, data_ptr, dtype, shape)])].
+std::vector<UnitArg> ParameterUnitsOf(const std::string& name,
+                                      const std::vector<TensorArg>& tensors, bool embedding_table) {
+  std::vector<runtime::TensorView> views;
+  views.reserve(tensors.size());
+  for (const TensorArg& tensor : tensors) views.push_back(ToTensorView(tensor, name));
+  std::vector<runtime::UnitRegistration> units =
+      ValueOrThrow(frontend::ParameterUnits(name, std::move(views), embedding_table));
+  std::vector<UnitArg> out;
+  for (const runtime::UnitRegistration& unit : units) {
+    std::vector<TensorArg> args;
+    for (const runtime::TensorView& view : unit.tensors) args.push_back(ToTensorArg(view));
+    out.emplace_back(unit.name, std::move(args));
+  }
+  return out;
+}
+
 std::vector<runtime::UnitRegistration> ToRegistrations(const std::vector<UnitArg>& units,
                                                        const std::vector<std::string>& encoded) {
   std::vector<runtime::UnitRegistration> out;
@@ -111,14 +149,7 @@ std::vector<runtime::UnitRegistration> ToRegistrations(const std::vector<UnitArg
     runtime::UnitRegistration unit;
     unit.name = name;
     for (const std::string& e : encoded) unit.encoded = unit.encoded || e == name;
-    for (const auto& [role, ptr, dtype, shape] : tensors) {
-      runtime::TensorView view;
-      view.name = role;
-      view.data = reinterpret_cast<void*>(ptr);
-      view.dtype = ParseDType(dtype, "unit '" + name + "' tensor '" + role + "'");
-      view.shape = shape;
-      unit.tensors.push_back(std::move(view));
-    }
+    for (const TensorArg& tensor : tensors) unit.tensors.push_back(ToTensorView(tensor, name));
     out.push_back(std::move(unit));
   }
   return out;
@@ -767,6 +798,37 @@ PYBIND11_MODULE(_pmsnap, m) {
   m.def("describe_device", &DescribeDevice, py::arg("spec"),
         "-> (device name, note); raises InvalidArgumentError for a bad spec.");
   m.def("cuda_support_compiled", &pmsnap::runtime::CudaSupportCompiled);
+
+  namespace frontend = pmsnap::frontend;
+  m.attr("PARAM_ROLE") = std::string(frontend::kParamRole);
+  m.def("parameter_units", &ParameterUnitsOf, py::arg("name"), py::arg("tensors"),
+        py::arg("embedding_table") = false,
+        "-> [(unit name, [(role, data_ptr, dtype, shape)])]: parameter `name`'s units, its "
+        "tensors (the \"param\" one first) split as frontend::ParameterUnits splits them; "
+        "InvalidArgumentError naming the parameter otherwise.");
+  m.def(
+      "dense_unit_name", [](const std::string& table) { return frontend::DenseUnitName(table); },
+      py::arg("table"), "Name of embedding table `table`'s dense companion unit.");
+  m.def(
+      "table_of_dense_unit",
+      [](const std::string& unit) -> std::optional<std::string> {
+        auto table = frontend::TableOfDenseUnit(unit);
+        if (!table) return std::nullopt;
+        return std::string(*table);
+      },
+      py::arg("unit"), "The table whose dense companion `unit` is, or None.");
+  m.def(
+      "check_embedding_table",
+      [](const std::string& table, const std::string& dtype, const std::vector<std::int64_t>& shape,
+         bool dense_layout) {
+        ThrowIfError(frontend::CheckTableParameter(table, dtype, shape, dense_layout));
+      },
+      py::arg("table"), py::arg("dtype"), py::arg("shape"), py::arg("dense_layout") = true,
+      "InvalidArgumentError unless parameter `table` is a dense float32 [rows, dim] tensor.");
+  m.def("moves_rows_without_gradient", &frontend::MovesRowsWithoutGradient, py::arg("optimizer"),
+        py::arg("momentum") = 0.0, py::arg("weight_decay") = 0.0,
+        "Whether optimizer class `optimizer` (\"SGD\", \"Adagrad\", ...) with these "
+        "hyperparameters changes embedding rows that got no gradient.");
   m.attr("DTYPES") = [] {
     py::list names;
     for (const auto& [text, dtype] : kDTypes) names.append(std::string(text));

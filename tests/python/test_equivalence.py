@@ -1,6 +1,6 @@
 """CheckpointedOptimizer gives bitwise the same training as the plain optimizer.
 
-Per-parameter stepping (optimizer.py) must not change a single bit of the
+Per-parameter stepping (stepping.py) must not change a single bit of the
 parameters or the optimizer state, for every supported optimizer, under every
 conflict strategy and on a slow simulated device where conflicts happen. The
 pool written along the way must restore to the final state bit for bit.

@@ -24,7 +24,8 @@
 // Embedding tables (EmbeddingTables): parameters named there are checkpointed
 // through a diff::EmbeddingCheckpointer (full, differential, incremental or
 // IncrCP 2-D checkpoints, optionally quantized) into the pool's chunk heap,
-// in the same epochs as the dense units:
+// in the same epochs as the dense units, split as the Python front end splits
+// them (frontend/parameter_units.h: ParameterUnits, MovesRowsWithoutGradient):
 //   * unit "<name>" (encoded): the table plus every optimizer-state tensor of
 //     the same row count (Adagrad's sum, SGD's momentum buffer, Adam's
 //     moments), float32 [rows] or [rows, dim], so each checkpoint writes the
@@ -315,8 +316,5 @@ Result<RestoreInfo> RestoreFromPool(const torch::nn::Module& module,
                                     torch::optim::Optimizer& optimizer,
                                     runtime::EngineOptions options,
                                     EmbeddingTables embeddings = {});
-
-// Name of the dense companion unit of embedding table `table`.
-std::string EmbeddingDenseUnitName(const std::string& table);
 
 }  // namespace pmsnap::hooks

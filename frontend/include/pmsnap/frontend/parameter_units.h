@@ -1,0 +1,83 @@
+// The rules both CheckpointedOptimizers follow, in one place: the C++ one
+// (hooks::CheckpointedOptimizer, libtorch) and the Python one
+// (pmsnap.CheckpointedOptimizer, through the _pmsnap extension) call these
+// functions, so a rule changed here changes for both.
+//
+//   * A parameter and its optimizer-state tensors make one unit, named after
+//     the parameter, the parameter first (role kParamRole).
+//   * An embedding table (a dense float32 [rows, dim] parameter) makes two:
+//     the encoded unit "<name>" with the parameter and every state tensor
+//     stored row by row with it (float32 [rows] or [rows, dim]: Adagrad's
+//     sum, SGD's momentum buffer, Adam's moments), which diff/ checkpoints
+//     row by row; and, when anything is left (the step count), the
+//     fixed-slot unit "<name>#dense" (DenseUnitName) with the rest. Both are
+//     hooked around the table's one update.
+//   * An optimizer whose update changes rows that got no gradient (momentum,
+//     weight decay, moving averages) makes every row of a table "changed"
+//     each step (MovesRowsWithoutGradient): its checkpoints stay exact, the
+//     differential policies just save nothing.
+//
+// What each front end keeps to itself, and why, is listed in
+// docs/ARCHITECTURE.md ("Differences between the front ends"). These
+// functions see tensors as runtime::TensorView (pointer, dtype, shape) and an
+// optimizer as its class name plus two hyperparameters: no libtorch, which
+// the Python extension must not link.
+//
+// Thread-safety: pure functions of their arguments; any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pmsnap/common/status.h"
+#include "pmsnap/runtime/engine.h"
+
+namespace pmsnap::frontend {
+
+// Role of the parameter itself in its unit (always the unit's first tensor).
+inline constexpr std::string_view kParamRole = "param";
+
+// Name of embedding table `table`'s fixed-slot companion unit: "<table>#dense".
+std::string DenseUnitName(std::string_view table);
+
+// The table whose companion unit `unit` is ("emb.weight" for
+// "emb.weight#dense"); nullopt for any other unit name. The view points into
+// `unit`.
+std::optional<std::string_view> TableOfDenseUnit(std::string_view unit);
+
+// Ok if parameter `table` can be checkpointed as an embedding table: dense
+// (`dense_layout`: not a sparse tensor) float32 of shape [rows, dim].
+// `dtype_name` is torch's name without "torch." ("float32", "float64", ...).
+// Else kInvalidArgument naming the table and what it is instead.
+Status CheckTableParameter(std::string_view table, std::string_view dtype_name,
+                           std::span<const std::int64_t> shape, bool dense_layout = true);
+
+// Whether `tensor` is stored row by row with a table of `rows` rows (float32
+// [rows] or [rows, dim]), so that it goes into the table's encoded unit.
+bool IsRowTensor(const runtime::TensorView& tensor, std::int64_t rows);
+
+// The units of parameter `name`, ready for runtime::Engine::Open. `tensors`
+// holds the parameter (role kParamRole) first, then its optimizer-state
+// tensors in the front end's order; the units keep that order. Not a table:
+// one unit with every tensor. `embedding_table`: the encoded unit `name`
+// (the parameter and its row tensors), then DenseUnitName(name) with the
+// other tensors if there are any (file comment). Errors: kInvalidArgument
+// naming the parameter if `tensors` does not start with its kParamRole
+// tensor, or (a table) CheckTableParameter's.
+Result<std::vector<runtime::UnitRegistration>> ParameterUnits(
+    std::string_view name, std::vector<runtime::TensorView> tensors, bool embedding_table);
+
+// Whether an update by optimizer `optimizer` (its class name as torch spells
+// it: "SGD", "Adagrad", "SparseAdam", "Adam", ...) with the parameter
+// group's `momentum` and `weight_decay` changes rows whose gradient is zero.
+// Plain SGD (p -= lr * 0), Adagrad (sum += 0; p -= clr * 0 / std) and
+// SparseAdam (updates only the gradient's rows) leave them bitwise as they
+// were; momentum, weight decay and every other optimizer's moving averages
+// do not, and an unknown optimizer is assumed to.
+bool MovesRowsWithoutGradient(std::string_view optimizer, double momentum, double weight_decay);
+
+}  // namespace pmsnap::frontend

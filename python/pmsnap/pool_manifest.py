@@ -1,0 +1,97 @@
+"""The model against an existing pool's manifest (_pmsnap.read_pool's "units").
+
+Before the engine opens an existing pool, CheckpointedOptimizer compares the
+model with what the pool records, so that a mismatch names the parameter
+(check_pool_names) or the embedding table (check_pool_tables). restore()
+then creates the optimizer state torch has not made yet from the manifest
+(create_state_from_manifest): torch creates state lazily, on a parameter's
+first update, but the engine restores into registered tensors. An embedding
+table's state is split between its unit and its dense companion
+(_pmsnap.dense_unit_name); both are read here as one parameter's.
+
+Thread-safety: the training thread that owns the CheckpointedOptimizer.
+"""
+
+import torch
+
+from . import _pmsnap
+from .errors import make_error
+from .units import PARAM_ROLE, dtype_name, shape_text, state_tensors, torch_dtype
+
+
+def check_pool_tables(info, tables, pool):
+    """ModelMismatchError if the pool's embedding tables differ from `tables`."""
+    encoded = set(info.get("encoded_units", []))
+    for name in sorted(encoded - set(tables)):
+        raise make_error(_pmsnap.ModelMismatchError,
+                         f"pool {pool} checkpoints '{name}' as an embedding table but this "
+                         "optimizer does not (pass embeddings= / embedding_policy= as when it "
+                         "was made)")
+    for name in sorted(set(tables) - encoded):
+        raise make_error(_pmsnap.ModelMismatchError,
+                         f"pool {pool} checkpoints '{name}' as a dense parameter, not as an "
+                         "embedding table; use a new pool to switch it to embedding checkpoints")
+
+
+def check_pool_names(info, named, pool):
+    """ModelMismatchError naming the first parameter the pool was not made for."""
+    units = {name: tensors for name, tensors in info["units"]}
+    ours = {name for name, _ in named}
+    units = {name: tensors for name, tensors in units.items()
+             if _pmsnap.table_of_dense_unit(name) not in ours}
+    for name, p in named:
+        tensors = units.get(name)
+        if tensors is None:
+            raise make_error(_pmsnap.ModelMismatchError,
+                             f"pool {pool} has no unit for parameter '{name}' (it holds "
+                             f"{len(units)} units, e.g. {', '.join(list(units)[:3])}): it was "
+                             "made for another model")
+        role, dtype, shape = tensors[0]
+        if role != PARAM_ROLE or dtype != dtype_name(p.dtype) or list(shape) != list(p.shape):
+            raise make_error(_pmsnap.ModelMismatchError,
+                             f"pool {pool}: parameter '{name}' is {dtype_name(p.dtype)} "
+                             f"{shape_text(p.shape)} but the pool holds {dtype} "
+                             f"{shape_text(shape)}")
+    if len(units) != len(named):
+        extra = [name for name in units if name not in ours]
+        raise make_error(_pmsnap.ModelMismatchError,
+                         f"pool {pool} holds units the optimizer does not have, e.g. "
+                         f"'{extra[0]}'")
+
+
+def create_state_from_manifest(info, optimizer, named):
+    """Creates optimizer state tensors the pool records but torch has not made yet.
+
+    Checks every parameter first, so a mismatch leaves the optimizer untouched.
+    """
+    units = {name: tensors for name, tensors in info["units"]}
+    # A table's state is split between its unit and its dense companion.
+    units = {name: list(tensors) + (list(units.get(_pmsnap.dense_unit_name(name), []))
+                                    if _pmsnap.table_of_dense_unit(name) is None else [])
+             for name, tensors in units.items()}
+    for name, p in named:
+        roles = {role: (dtype, list(shape)) for role, dtype, shape in units[name][1:]}
+        for key, value in state_tensors(optimizer, p):
+            if key not in roles:
+                raise make_error(_pmsnap.ModelMismatchError,
+                                 f"parameter '{name}': the optimizer holds state '{key}' that "
+                                 f"the pool does not (pool roles: {sorted(roles)}); was the "
+                                 "pool written by another optimizer?")
+            if (dtype_name(value.dtype), list(value.shape)) != roles[key]:
+                dtype, shape = roles[key]
+                raise make_error(_pmsnap.ModelMismatchError,
+                                 f"parameter '{name}': optimizer state '{key}' is "
+                                 f"{dtype_name(value.dtype)} {shape_text(value.shape)}, the "
+                                 f"pool holds {dtype} {shape_text(shape)}")
+    for name, p in named:
+        for role, dtype, shape in units[name][1:]:
+            state = optimizer.state[p]
+            current = state.get(role)
+            if (isinstance(current, torch.Tensor) and dtype_name(current.dtype) == dtype
+                    and list(current.shape) == list(shape) and current.is_contiguous()):
+                continue
+            if current is not None and not isinstance(current, torch.Tensor):
+                raise make_error(_pmsnap.ModelMismatchError,
+                                 f"parameter '{name}': optimizer state '{role}' is a "
+                                 f"{type(current).__name__} here but a tensor in the pool")
+            state[role] = torch.zeros(shape, dtype=torch_dtype(dtype), device=p.device)

@@ -1,0 +1,155 @@
+"""What a parameter and its optimizer state become in the pool: units.
+
+Unit = one parameter plus every tensor in optimizer.state[param], in sorted key
+order ("param", then e.g. "exp_avg", "exp_avg_sq", "step"). Non-tensor state
+(RMSprop's int step), the param groups' hyperparameters and the global RNG
+states travel in the checkpoint's pickled extra state (extra_state.py). An
+embedding table is split into its encoded unit and a "<name>#dense"
+companion by the C++ rules the libtorch hooks use too
+(_pmsnap.parameter_units, frontend/parameter_units.h).
+
+Tensors are checkpointed in place through their data pointers: while the
+engine is open, parameters and state tensors must keep their storage (no
+`p.data = ...`, no `module.to(...)`); Unit.check_unchanged finds a moved one
+and raises ModelMismatchError naming the parameter. Should an optimizer
+replace a state tensor instead of updating it in place, Unit.repin_state
+copies its value back into the registered tensor (bitwise) and puts the
+registered tensor back.
+
+Thread-safety: the training thread that owns the CheckpointedOptimizer.
+"""
+
+import torch
+
+from . import _pmsnap
+from .errors import make_error
+
+PARAM_ROLE = _pmsnap.PARAM_ROLE
+
+
+def dtype_name(dtype):
+    """Torch's name of `dtype` without "torch." ("float32"), as the pool names dtypes."""
+    return str(dtype).replace("torch.", "")
+
+
+def torch_dtype(name):
+    """The torch.dtype a pool's dtype name stands for; ModelMismatchError if none."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise make_error(_pmsnap.ModelMismatchError, f"pool holds an unknown dtype '{name}'")
+    return dtype
+
+
+def shape_text(shape):
+    """"[4, 3]", as the C++ messages write shapes."""
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def named_parameters(optimizer, model):
+    """[(name, param)] in the optimizer's order; names from `model` when given."""
+    names = {}
+    if model is not None:
+        for name, p in model.named_parameters():
+            names.setdefault(id(p), name)
+    out = []
+    seen = set()
+    for g, group in enumerate(optimizer.param_groups):
+        for i, p in enumerate(group["params"]):
+            if id(p) in seen:
+                raise make_error(_pmsnap.InvalidArgumentError,
+                                 f"parameter group{g}.param{i} appears twice in the optimizer")
+            seen.add(id(p))
+            out.append((names.get(id(p), f"group{g}.param{i}"), p))
+    if not out:
+        raise make_error(_pmsnap.InvalidArgumentError, "the optimizer has no parameters")
+    return out
+
+
+def state_tensors(optimizer, param):
+    """Sorted [(key, tensor)] of the tensor entries in optimizer.state[param]."""
+    state = optimizer.state.get(param)
+    if not state:
+        return []
+    return sorted(((k, v) for k, v in state.items() if isinstance(v, torch.Tensor)),
+                  key=lambda kv: str(kv[0]))
+
+
+class Unit:
+    """One parameter and its state tensors, as laid out: one engine unit, or for
+    an embedding table its encoded unit plus a dense companion."""
+
+    __slots__ = ("name", "param", "tensors", "ptrs", "shapes", "table", "_registrations")
+
+    def __init__(self, name, param, state, table=False):
+        self.name = name
+        self.param = param
+        self.tensors = [(PARAM_ROLE, param)] + state  # [(role, tensor)]
+        self.ptrs = [t.data_ptr() for _, t in self.tensors]
+        self.shapes = [tuple(t.shape) for _, t in self.tensors]
+        self.table = table
+        self._registrations = None
+
+    def registrations(self, cuda):
+        """[(unit name, views)]: the unit, then a table's "#dense" companion if any.
+
+        InvalidArgumentError naming the parameter for a tensor that is not
+        contiguous dense memory on the engine's device (`cuda` or the host).
+        """
+        views = [self._view(role, t, cuda) for role, t in self.tensors]
+        self._registrations = _pmsnap.parameter_units(self.name, views, self.table)
+        return self._registrations
+
+    def encoded_roles(self):
+        """[(role, shape)] of a table's encoded unit, as registered."""
+        _, views = self._registrations[0]
+        return [(role, tuple(shape)) for role, _, _, shape in views]
+
+    def check_unchanged(self):
+        """ModelMismatchError if a registered tensor moved or changed shape."""
+        for (role, t), ptr, shape in zip(self.tensors, self.ptrs, self.shapes):
+            if t.data_ptr() != ptr or tuple(t.shape) != shape:
+                raise make_error(_pmsnap.ModelMismatchError,
+                                 f"parameter '{self.name}': tensor '{role}' changed from "
+                                 f"{shape_text(shape)} to {shape_text(t.shape)} (or moved) "
+                                 "since the pool was laid out; pmsnap checkpoints tensors in "
+                                 "place, so they must keep their storage (no .data "
+                                 "reassignment or module.to() after wrapping)")
+
+    def repin_state(self, optimizer):
+        """Keeps the registered state tensors in optimizer.state (module doc)."""
+        state = optimizer.state.get(self.param)
+        registered = self.tensors[1:]
+        count = 0
+        if state:
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    count += 1
+        if count != len(registered):
+            keys = sorted(str(k) for k, v in (state or {}).items() if isinstance(v, torch.Tensor))
+            raise make_error(_pmsnap.ModelMismatchError,
+                             f"parameter '{self.name}': optimizer state tensors changed from "
+                             f"{[r for r, _ in registered]} to {keys} after the pool was laid "
+                             "out (a parameter without a gradient in the first step gained "
+                             "state later?); use a new pool")
+        for (key, tensor) in registered:
+            current = state.get(key)
+            if current is tensor:
+                continue
+            if (not isinstance(current, torch.Tensor) or current.shape != tensor.shape
+                    or current.dtype != tensor.dtype):
+                raise make_error(_pmsnap.ModelMismatchError,
+                                 f"parameter '{self.name}': optimizer state '{key}' changed "
+                                 "shape or dtype after the pool was laid out")
+            tensor.copy_(current)
+            state[key] = tensor
+
+    def _view(self, role, t, cuda):
+        if t.is_sparse or not t.is_contiguous():
+            raise make_error(_pmsnap.InvalidArgumentError,
+                             f"parameter '{self.name}': tensor '{role}' is not contiguous dense "
+                             "memory; pmsnap checkpoints tensors in place")
+        if (t.device.type == "cuda") != cuda:
+            raise make_error(_pmsnap.InvalidArgumentError,
+                             f"parameter '{self.name}': tensor '{role}' lives on {t.device} but "
+                             f"the pmsnap device is {'cuda' if cuda else 'the host'}")
+        return (str(role), t.data_ptr(), dtype_name(t.dtype), list(t.shape))

@@ -1,0 +1,114 @@
+// frontend/parameter_units.h: the rules the C++ and Python CheckpointedOptimizers
+// share, checked without libtorch (the hooks and pytest suites check them again
+// through each front end).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "pmsnap/frontend/parameter_units.h"
+
+namespace pmsnap::frontend {
+namespace {
+
+using layout::DType;
+
+runtime::TensorView View(std::string role, DType dtype, std::vector<std::int64_t> shape) {
+  runtime::TensorView view;
+  view.name = std::move(role);
+  view.dtype = dtype;
+  view.shape = std::move(shape);
+  return view;
+}
+
+std::vector<std::string> Roles(const runtime::UnitRegistration& unit) {
+  std::vector<std::string> roles;
+  for (const runtime::TensorView& t : unit.tensors) roles.push_back(t.name);
+  return roles;
+}
+
+TEST(FrontendParameterUnitsTest, DenseCompanionNameRoundTrips) {
+  EXPECT_EQ(DenseUnitName("emb.weight"), "emb.weight#dense");
+  EXPECT_EQ(TableOfDenseUnit("emb.weight#dense"), "emb.weight");
+  EXPECT_EQ(TableOfDenseUnit("emb.weight"), std::nullopt);
+  EXPECT_EQ(TableOfDenseUnit("#dense"), std::nullopt);  // no table name before it
+}
+
+TEST(FrontendParameterUnitsTest, PlainParameterIsOneUnitInTheGivenOrder) {
+  auto units =
+      ParameterUnits("fc.weight",
+                     {View("param", DType::kFloat32, {4, 3}),
+                      View("exp_avg", DType::kFloat32, {4, 3}), View("step", DType::kInt64, {1})},
+                     /*embedding_table=*/false);
+  ASSERT_TRUE(units.ok()) << units.status().ToString();
+  ASSERT_EQ(units->size(), 1u);
+  EXPECT_EQ((*units)[0].name, "fc.weight");
+  EXPECT_FALSE((*units)[0].encoded);
+  EXPECT_EQ(Roles((*units)[0]), (std::vector<std::string>{"param", "exp_avg", "step"}));
+}
+
+TEST(FrontendParameterUnitsTest, TableSplitsRowTensorsFromTheRest) {
+  // Adagrad in Python order: a float32 scalar step, then the [rows, dim] sum;
+  // a [rows] accumulator also goes by row, a float64 one does not.
+  auto units = ParameterUnits(
+      "emb.weight",
+      {View("param", DType::kFloat32, {10, 4}), View("step", DType::kFloat32, {}),
+       View("sum", DType::kFloat32, {10, 4}), View("row_norm", DType::kFloat32, {10}),
+       View("wide", DType::kFloat64, {10, 4})},
+      /*embedding_table=*/true);
+  ASSERT_TRUE(units.ok()) << units.status().ToString();
+  ASSERT_EQ(units->size(), 2u);
+  EXPECT_EQ((*units)[0].name, "emb.weight");
+  EXPECT_TRUE((*units)[0].encoded);
+  EXPECT_EQ(Roles((*units)[0]), (std::vector<std::string>{"param", "sum", "row_norm"}));
+  EXPECT_EQ((*units)[1].name, "emb.weight#dense");
+  EXPECT_FALSE((*units)[1].encoded);
+  EXPECT_EQ(Roles((*units)[1]), (std::vector<std::string>{"step", "wide"}));
+}
+
+TEST(FrontendParameterUnitsTest, TableWithOnlyRowStateHasNoCompanion) {
+  auto units = ParameterUnits(
+      "emb.weight",
+      {View("param", DType::kFloat32, {10, 4}), View("momentum_buffer", DType::kFloat32, {10, 4})},
+      /*embedding_table=*/true);
+  ASSERT_TRUE(units.ok()) << units.status().ToString();
+  EXPECT_EQ(units->size(), 1u);
+}
+
+TEST(FrontendParameterUnitsTest, RefusesATableThatIsNotFloat32RowsByDim) {
+  auto units = ParameterUnits("emb.weight", {View("param", DType::kFloat64, {10, 4})},
+                              /*embedding_table=*/true);
+  ASSERT_FALSE(units.ok());
+  EXPECT_EQ(units.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(units.status().message().find("'emb.weight'"), std::string::npos);
+  EXPECT_NE(units.status().message().find("float32 [rows, dim]"), std::string::npos);
+  EXPECT_NE(units.status().message().find("float64 [10, 4]"), std::string::npos);
+
+  const std::int64_t shape[] = {10, 4};
+  Status sparse = CheckTableParameter("emb.weight", "float32", shape, /*dense_layout=*/false);
+  EXPECT_NE(sparse.message().find("sparse float32 [10, 4]"), std::string::npos);
+  const std::int64_t vector_shape[] = {10};
+  EXPECT_FALSE(CheckTableParameter("emb.weight", "float32", vector_shape).ok());
+}
+
+TEST(FrontendParameterUnitsTest, RefusesAUnitThatDoesNotStartWithTheParameter) {
+  auto units = ParameterUnits("fc.weight", {View("exp_avg", DType::kFloat32, {4})}, false);
+  ASSERT_FALSE(units.ok());
+  EXPECT_NE(units.status().message().find("'fc.weight'"), std::string::npos);
+  EXPECT_FALSE(ParameterUnits("fc.weight", {}, false).ok());
+}
+
+TEST(FrontendParameterUnitsTest, OptimizersThatMoveRowsWithoutGradient) {
+  EXPECT_FALSE(MovesRowsWithoutGradient("SGD", 0, 0));
+  EXPECT_TRUE(MovesRowsWithoutGradient("SGD", 0.9, 0));
+  EXPECT_TRUE(MovesRowsWithoutGradient("SGD", 0, 1e-4));
+  EXPECT_FALSE(MovesRowsWithoutGradient("Adagrad", 0, 0));
+  EXPECT_TRUE(MovesRowsWithoutGradient("Adagrad", 0, 1e-4));
+  EXPECT_FALSE(MovesRowsWithoutGradient("SparseAdam", 0, 0));
+  for (const char* moving : {"Adam", "AdamW", "RMSprop", "SomeUserOptimizer"}) {
+    EXPECT_TRUE(MovesRowsWithoutGradient(moving, 0, 0)) << moving;
+  }
+}
+
+}  // namespace
+}  // namespace pmsnap::frontend
