@@ -7,7 +7,7 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    ${CMAKE_CURRENT_SOURCE_DIR}/python)
   set(_pmsnap_python_env PYTHONPATH=${PMSNAP_PYTHON_BUILD_DIR} PMEM_IS_PMEM_FORCE=1
                          PYTHONDONTWRITEBYTECODE=1 PMSNAP_CLI=$<TARGET_FILE:pmsnap>)
-  set_tests_properties(python_tests PROPERTIES ENVIRONMENT "${_pmsnap_python_env}" TIMEOUT 300)
+  set_tests_properties(python_tests PROPERTIES ENVIRONMENT "${_pmsnap_python_env}" TIMEOUT 600)
 endif()
 
 # `pip install .` into a fresh venv, then checkpoint, SIGKILL and restore with

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from . import _pmsnap
-from .optimizer import _error
+from .errors import make_error
 
 EpochAgreement = _pmsnap.EpochAgreement
 
@@ -36,7 +36,7 @@ class TorchDistributedCoordinator(_pmsnap.Coordinator):
     def __init__(self, process_group=None):
         super().__init__()
         if not dist.is_available() or not dist.is_initialized():
-            raise _error(_pmsnap.FailedPreconditionError,
+            raise make_error(_pmsnap.FailedPreconditionError,
                          "torch.distributed is not initialized: call "
                          "torch.distributed.init_process_group first (torchrun sets it up)")
         self._rank = dist.get_rank(process_group)
@@ -54,7 +54,7 @@ class TorchDistributedCoordinator(_pmsnap.Coordinator):
 
     def start_min_all_reduce(self, values):
         if self._pending is not None:
-            raise _error(_pmsnap.FailedPreconditionError,
+            raise make_error(_pmsnap.FailedPreconditionError,
                          f"rank {self._rank}: an all-reduce is already in flight")
         values = torch.tensor(values, dtype=torch.int64)
         work = dist.all_reduce(values, op=dist.ReduceOp.MIN, group=self._group, async_op=True)
@@ -62,7 +62,7 @@ class TorchDistributedCoordinator(_pmsnap.Coordinator):
 
     def finish_min_all_reduce(self):
         if self._pending is None:
-            raise _error(_pmsnap.FailedPreconditionError,
+            raise make_error(_pmsnap.FailedPreconditionError,
                          f"rank {self._rank}: no all-reduce in flight")
         (work, values), self._pending = self._pending, None
         work.wait()
