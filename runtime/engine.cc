@@ -1,4 +1,5 @@
 #include "pmsnap/runtime/engine.h"
+#include "pmsnap/runtime/epoch_agreement.h"
 
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
@@ -158,6 +159,10 @@ struct Engine::Impl {
   std::atomic<std::uint64_t> bytes_written{0};
   std::atomic<std::uint64_t> held_bytes{0};
   std::atomic<std::uint64_t> epochs_committed{0};
+  // Training thread: the newest iteration this rank committed (or restored).
+  std::optional<std::uint64_t> committed_iteration;
+  // Several ranks: the agreement on which steps open epochs (null alone).
+  std::unique_ptr<EpochAgreement> agreement;
 
   ~Impl() = default;
 
@@ -353,6 +358,7 @@ struct Engine::Impl {
       if (committed) {
         stats.last_epoch_seconds = finished;
         stats.last_committed_iteration = epoch.iteration;
+        committed_iteration = epoch.iteration;
         policy_inputs.snapshot_seconds = snapshot;
         policy_inputs.persist_seconds = std::max(0.0, finished - snapshot);
         policy_inputs.have_profile = true;
@@ -493,6 +499,63 @@ Engine::~Engine() {
   }
 }
 
+namespace {
+
+// Opens the pool at options.pool_path if it exists, else creates it. With an
+// agreement (several ranks) every rank takes part in the same collectives
+// whatever happens locally, so that a failure on one rank fails all of them
+// instead of leaving the others waiting: first whether every existing pool
+// opened, then the run identity (AgreeOnGroup), then whether every new pool
+// was created with it.
+Result<std::unique_ptr<layout::Pool>> OpenOrCreatePool(const EngineOptions& options,
+                                                       const layout::Manifest& manifest,
+                                                       const layout::OpenOptions& open_options,
+                                                       EpochAgreement* agreement) {
+  std::error_code ec;
+  const bool exists = std::filesystem::exists(options.pool_path, ec);
+  if (agreement == nullptr) {
+    return exists ? layout::Pool::Open(options.pool_path, manifest, open_options)
+                  : layout::Pool::Create(options.pool_path, manifest, options.pool_options);
+  }
+  Result<std::unique_ptr<layout::Pool>> pool =
+      Status(StatusCode::kInternal, "pool '" + options.pool_path + "' not opened");
+  std::optional<layout::RankGroup> existing;
+  if (exists) {
+    pool = layout::Pool::Open(options.pool_path, manifest, open_options);
+    if (pool.ok()) existing = (*pool)->group();
+  }
+  PMSNAP_RETURN_IF_ERROR(agreement->AgreeOnStatus(exists ? pool.status() : Status::Ok()));
+  const std::uint64_t fingerprint =
+      options.model_fingerprint != 0 ? options.model_fingerprint : manifest.Signature();
+  PMSNAP_ASSIGN_OR_RETURN(const layout::RankGroup group,
+                          agreement->AgreeOnGroup(existing, fingerprint, options.pool_path));
+  if (!exists) {
+    layout::PoolOptions pool_options = options.pool_options;
+    pool_options.group = group;
+    pool = layout::Pool::Create(options.pool_path, manifest, pool_options);
+    PMSNAP_RETURN_IF_ERROR(agreement->AgreeOnStatus(pool.status()));
+  }
+  return pool;
+}
+
+// The iterations this pool can restore: the recovered (newest verified)
+// slot, and the other slot if it holds an older complete epoch whose record
+// verifies. A newer slot that failed verification at open is not among them.
+std::vector<std::uint64_t> IntactIterations(const layout::Pool& pool) {
+  std::vector<std::uint64_t> intact;
+  Result<layout::SnapshotView> latest = pool.Latest();
+  if (!latest.ok()) return intact;
+  intact.push_back(latest->iteration());
+  const layout::SlotInfo other = pool.slot_info(1 - latest->slot());
+  if (other.state == layout::SlotState::kComplete && other.record_valid &&
+      other.epoch < latest->epoch()) {
+    intact.push_back(other.iteration);
+  }
+  return intact;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
                                              std::vector<UnitRegistration> units) {
   if (options.pool_path.empty()) {
@@ -546,22 +609,28 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
     impl->device = options.device;
   }
   impl->policy = options.policy ? options.policy : std::make_shared<ContinuousPolicy>();
+  if (options.coordinator && options.coordinator->world_size() > 1) {
+    if (impl->policy->adapts_to_measurements()) {
+      return Status(StatusCode::kInvalidArgument,
+                    "policy '" + impl->policy->name() + "' decides from this rank's own " +
+                        "measurements, so ranks would capture different iterations; with " +
+                        std::to_string(options.coordinator->world_size()) +
+                        " ranks use continuous or every-k (" + options.pool_path + ")");
+    }
+    PMSNAP_ASSIGN_OR_RETURN(impl->agreement, EpochAgreement::Create(options.coordinator));
+  }
   impl->strategy =
       options.strategy ? options.strategy : std::make_shared<WaitForSnapshotStrategy>();
 
-  std::error_code ec;
   layout::OpenOptions open_options;
   open_options.verify_data = options.verify_on_open;
   // An encoder reads its own state at Attach, from the slot chosen at open.
-  open_options.defer_data_verification = encoded_units.empty();
+  // Ranks agree on what to restore from what each verified at open.
+  open_options.defer_data_verification = encoded_units.empty() && !impl->agreement;
   open_options.prefault_mapping = options.pool_options.prefault_mapping;
   open_options.prefault_method = options.pool_options.prefault_method;
-  Result<std::unique_ptr<layout::Pool>> pool =
-      std::filesystem::exists(options.pool_path, ec)
-          ? layout::Pool::Open(options.pool_path, manifest, open_options)
-          : layout::Pool::Create(options.pool_path, manifest, options.pool_options);
-  if (!pool.ok()) return pool.status();
-  impl->pool = std::move(pool).value();
+  PMSNAP_ASSIGN_OR_RETURN(
+      impl->pool, OpenOrCreatePool(options, manifest, open_options, impl->agreement.get()));
   for (const auto& unit : impl->pool->layout().units) impl->model_bytes += unit.bytes;
   impl->hold_budget.emplace(options.copy_start, impl->device->cpu_addressable(), impl->model_bytes,
                             options.workers);
@@ -618,7 +687,14 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
 Status Engine::BeginStep(std::uint64_t step) {
   Impl& impl = *impl_;
   if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
-  PMSNAP_RETURN_IF_ERROR(impl.TakeError());
+  if (Status failed = impl.TakeError(); !failed.ok()) {
+    // The other ranks learn of it at this boundary's exchange.
+    if (impl.agreement) {
+      (void)impl.agreement->AtBoundary(step, {impl.committed_iteration, false}, false, false,
+                                       [&] { return LocalEpochState{}; });
+    }
+    return failed;
+  }
   if (impl.in_step) {
     return Status(StatusCode::kFailedPrecondition, "BeginStep(" + std::to_string(step) +
                                                        ") before EndStep of step " +
@@ -644,7 +720,27 @@ Status Engine::BeginStep(std::uint64_t step) {
   impl.hold_budget->OnStepBegin(start);
 
   impl.policy_inputs.device_free_bytes = impl.device->free_bytes();
-  if (impl.policy->ShouldCheckpoint(step, impl.policy_inputs)) {
+  bool open_epoch = impl.policy->ShouldCheckpoint(step, impl.policy_inputs);
+  if (impl.agreement) {
+    Result<bool> agreed = impl.agreement->AtBoundary(
+        step, {impl.committed_iteration, true}, open_epoch, impl.policy->wait_if_busy(), [&] {
+          const auto wait_start = Clock::now();
+          impl.WaitEpochIdle();
+          impl.ReapIfDone();
+          {
+            std::lock_guard<std::mutex> lock(impl.stats_mutex);
+            impl.stats.boundary_wait_seconds += SecondsSince(wait_start);
+          }
+          return LocalEpochState{impl.committed_iteration, impl.TakeError().ok()};
+        });
+    if (!agreed.ok()) {
+      impl.RecordError(agreed.status());
+      impl.AddBlocked(SecondsSince(start));
+      return agreed.status();
+    }
+    open_epoch = *agreed;
+  }
+  if (open_epoch) {
     if (impl.epoch_busy.load(std::memory_order_acquire) && impl.policy->wait_if_busy()) {
       const auto wait_start = Clock::now();
       impl.WaitEpochIdle();
@@ -673,6 +769,7 @@ Status Engine::BeginStep(std::uint64_t step) {
       impl.epoch_busy.store(true, std::memory_order_release);
       impl.capturing = true;
       impl.policy->OnEpochStarted(step);
+      if (impl.agreement) impl.agreement->OnEpochOpened(step);
       std::lock_guard<std::mutex> lock(impl.stats_mutex);
       impl.stats.epochs_started += 1;
     }
@@ -807,6 +904,10 @@ Status Engine::Close(CloseMode mode) {
   }
   impl.WaitEpochIdle();
   impl.ReapIfDone();
+  if (impl.agreement) {
+    // Every rank finishes the exchange it started, whatever it then reports.
+    if (Status finished = impl.agreement->Finish(); !finished.ok()) impl.RecordError(finished);
+  }
   impl.closed = true;
   impl.pinning.clear();
   impl.arena->terminate();
@@ -823,8 +924,39 @@ Result<RestoreResult> Engine::Restore() {
                   "Restore after training started (call it before the first BeginStep)");
   }
   if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
-  return RestoreNewestIntactEpoch(*impl.pool, *impl.device, impl.units, impl.encoder.get(),
-                                  impl.options.workers);
+  if (!impl.agreement) {
+    PMSNAP_ASSIGN_OR_RETURN(RestoreResult restored,
+                            RestoreNewestIntactEpoch(*impl.pool, *impl.device, impl.units,
+                                                     impl.encoder.get(), impl.options.workers));
+    impl.committed_iteration = restored.iteration;
+    return restored;
+  }
+  PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t agreed,
+                          impl.agreement->AgreeOnRestore(IntactIterations(*impl.pool)));
+  // A rank one epoch ahead of the others drops its newest slot first, so
+  // that restore reads the agreed one and the next epoch overwrites the
+  // dropped one.
+  auto restore_agreed = [&]() -> Result<RestoreResult> {
+    PMSNAP_ASSIGN_OR_RETURN(const layout::SnapshotView latest, impl.pool->Latest());
+    if (latest.iteration() != agreed) {
+      PMSNAP_RETURN_IF_ERROR(impl.pool->RollBackLatest(
+          "iteration " + std::to_string(latest.iteration()) + " is newer than iteration " +
+          std::to_string(agreed) + ", the newest every rank holds"));
+    }
+    PMSNAP_ASSIGN_OR_RETURN(RestoreResult restored,
+                            RestoreNewestIntactEpoch(*impl.pool, *impl.device, impl.units,
+                                                     impl.encoder.get(), impl.options.workers));
+    if (restored.iteration != agreed) {
+      return Status(StatusCode::kCorruption,
+                    "pool '" + impl.pool->path() + "': iteration " + std::to_string(agreed) +
+                        ", the newest every rank holds, failed verification while restoring");
+    }
+    return restored;
+  };
+  Result<RestoreResult> restored = restore_agreed();
+  PMSNAP_RETURN_IF_ERROR(impl.agreement->AgreeOnStatus(restored.status()));
+  impl.committed_iteration = agreed;
+  return restored;
 }
 
 std::optional<std::uint32_t> Engine::FindUnit(const std::string& name) const {

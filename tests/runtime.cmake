@@ -3,6 +3,8 @@ pmsnap_add_pool_test(runtime_engine_test SOURCES runtime_engine_test.cc LIBS pms
 pmsnap_add_test(runtime_device_test SOURCES runtime_device_test.cc LIBS pmsnap::runtime)
 pmsnap_add_test(runtime_epoch_agreement_test SOURCES runtime_epoch_agreement_test.cc
                 LIBS pmsnap::runtime)
+pmsnap_add_test(runtime_engine_ranks_test SOURCES runtime_engine_ranks_test.cc LIBS pmsnap::runtime
+                ENV "PMEM_IS_PMEM_FORCE=1")
 pmsnap_add_test(runtime_sharding_test SOURCES runtime_sharding_test.cc LIBS pmsnap::runtime)
 pmsnap_add_test(common_cpu_affinity_test SOURCES common_cpu_affinity_test.cc LIBS pmsnap::common)
 pmsnap_add_test(runtime_copy_hold_budget_test SOURCES runtime_copy_hold_budget_test.cc

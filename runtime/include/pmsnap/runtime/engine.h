@@ -35,6 +35,7 @@
 #include "pmsnap/pmem_layout/manifest.h"
 #include "pmsnap/pmem_layout/pool.h"
 #include "pmsnap/runtime/conflict_strategy.h"
+#include "pmsnap/runtime/coordinator.h"
 #include "pmsnap/runtime/device.h"
 #include "pmsnap/runtime/encoder.h"
 #include "pmsnap/runtime/interval_policy.h"
@@ -115,6 +116,17 @@ struct EngineOptions {
   std::shared_ptr<Encoder> encoder;
   // Print the one-line stats summary (stderr) at Close.
   bool print_summary = true;
+  // Many ranks (docs/ARCHITECTURE.md, "Many ranks"): the collectives this
+  // rank's engine agrees with the other ranks' engines through. nullptr or
+  // a world size of 1: a single process. With more ranks every rank must
+  // open, restore (or not), step and close its engine together, and the
+  // pool records its rank group (pool_options.group is set by Open).
+  std::shared_ptr<Coordinator> coordinator;
+  // With a coordinator: the whole model's identity, the same on every rank
+  // (front ends hash every parameter's name, dtype and shape before
+  // sharding); 0: this rank's manifest signature (right when every rank
+  // registers the same units).
+  std::uint64_t model_fingerprint = 0;
 };
 
 enum class CloseMode {
@@ -133,6 +145,11 @@ class Engine {
   // Opens the pool at options.pool_path if it exists (kModelMismatch if it
   // was made for other units, naming the first that differs) or creates it.
   // Every tensor must be non-null and match its dtype/shape registration.
+  // With a coordinator of several ranks, every rank opens together and they
+  // fail together (EpochAgreement::AgreeOnGroup): a pool of another run,
+  // rank, world size or model is an error naming the failing rank's file,
+  // and so is a failed open on any rank. kInvalidArgument for a policy that
+  // adapts to per-rank measurements (CheckFreq): ranks must decide alike.
   static Result<std::unique_ptr<Engine>> Open(EngineOptions options,
                                               std::vector<UnitRegistration> units);
   ~Engine();  // Close(kFinish) if not closed
@@ -160,6 +177,10 @@ class Engine {
   // older checkpoint is restored instead, with a pool warning; kCorruption
   // when neither verifies. kNotFound if the pool has no committed epoch.
   // Only before the first BeginStep.
+  // With several ranks, every rank calls it together: they restore the
+  // newest iteration every rank holds intact (a rank one epoch ahead rolls
+  // its pool back to it; EpochAgreement::AgreeOnRestore), and if any rank
+  // fails, all return that rank's error.
   Result<RestoreResult> Restore();
 
   std::optional<std::uint32_t> FindUnit(const std::string& name) const;

@@ -34,6 +34,10 @@ class IntervalPolicy {
   virtual bool wait_if_busy() const = 0;
   // Called when an epoch for `step` started.
   virtual void OnEpochStarted(std::uint64_t step) { (void)step; }
+  // Whether answers depend on this process's measurements. Several ranks
+  // must make the same decisions, so the engine refuses such a policy when
+  // it coordinates ranks.
+  virtual bool adapts_to_measurements() const { return false; }
 };
 
 // As many checkpoints as the machine allows: a new epoch at the first step
@@ -73,6 +77,7 @@ class CheckFreqPolicy final : public IntervalPolicy {
   bool ShouldCheckpoint(std::uint64_t step, const PolicyInputs& inputs) override;
   bool wait_if_busy() const override { return true; }
   void OnEpochStarted(std::uint64_t step) override { last_step_ = step; }
+  bool adapts_to_measurements() const override { return true; }
 
   // The algorithm itself, exposed for tests: returns k and whether the GPU
   // (in-device) mode was chosen.

@@ -1,0 +1,241 @@
+// Engines of several ranks (threads here, each with its own pool and model)
+// agreeing through a Coordinator: they capture the same iterations, open and
+// fail together, and restore the newest iteration every rank holds.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pmsnap/pmem_layout/pool.h"
+#include "pmsnap/runtime/device.h"
+#include "pmsnap/runtime/engine.h"
+#include "testutil/temp_pool.h"
+#include "testutil/test_devices.h"
+#include "testutil/thread_coordinator.h"
+#include "testutil/toy_model.h"
+
+namespace pmsnap::runtime {
+namespace {
+
+using pmsnap::testing::TempPoolPath;
+using pmsnap::testing::ToyModel;
+
+// One pool path and one model per rank.
+struct Ranks {
+  explicit Ranks(int world, const std::string& name) {
+    for (int r = 0; r < world; ++r) {
+      paths.push_back(std::make_unique<TempPoolPath>(name + "-rank" + std::to_string(r)));
+      models.push_back(std::make_unique<ToyModel>(3, 4000));
+    }
+  }
+  int world() const { return static_cast<int>(paths.size()); }
+  const std::string& path(int r) const { return paths[r]->path(); }
+
+  std::vector<std::unique_ptr<TempPoolPath>> paths;
+  std::vector<std::unique_ptr<ToyModel>> models;
+};
+
+EngineOptions RankOptions(const std::string& path, std::shared_ptr<Coordinator> coordinator,
+                          std::shared_ptr<IntervalPolicy> policy) {
+  EngineOptions options;
+  options.pool_path = path;
+  options.pool_options.part_bytes = 16 << 10;
+  options.workers = 1;
+  options.print_summary = false;
+  options.coordinator = std::move(coordinator);
+  options.policy = std::move(policy);
+  return options;
+}
+
+// Runs body(rank, coordinator) on one thread per rank of a fresh group.
+void OnRanks(int world, const std::function<void(int, std::shared_ptr<Coordinator>)>& body) {
+  auto group = std::make_shared<testutil::ThreadGroup>(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { body(r, group->Rank(r)); });
+  for (auto& t : threads) t.join();
+}
+
+// The iterations of a pool's complete slots, newest first.
+std::vector<std::uint64_t> SlotIterations(const std::string& path) {
+  auto pool = layout::Pool::Open(path);
+  EXPECT_TRUE(pool.ok()) << pool.status().ToString();
+  std::vector<std::uint64_t> out;
+  if (!pool.ok()) return out;
+  std::vector<layout::SlotInfo> slots{(*pool)->slot_info(0), (*pool)->slot_info(1)};
+  std::sort(slots.begin(), slots.end(), [](auto& a, auto& b) { return a.epoch > b.epoch; });
+  for (const auto& s : slots) {
+    if (s.state == layout::SlotState::kComplete) out.push_back(s.iteration);
+  }
+  return out;
+}
+
+// Trains `steps` steps from `first` on every rank with `policy_for(rank)`;
+// rank `slow_rank` copies through a slow simulated link.
+void Train(Ranks& ranks, std::uint64_t first, std::uint64_t steps,
+           const std::function<std::shared_ptr<IntervalPolicy>()>& policy, int slow_rank = -1,
+           bool restore = false) {
+  OnRanks(ranks.world(), [&](int r, std::shared_ptr<Coordinator> c) {
+    SimulatedDeviceOptions slow;
+    slow.copy_bandwidth_gbps = 0.05;  // 48 KiB per unit: ~1 ms a copy
+    SimulatedDevice slow_device(slow);
+    EngineOptions options = RankOptions(ranks.path(r), c, policy());
+    if (r == slow_rank) options.device = &slow_device;
+    auto engine = Engine::Open(options, ranks.models[r]->Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    if (restore) {
+      auto restored = (*engine)->Restore();
+      ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+      EXPECT_EQ(restored->iteration, first - 1);
+    }
+    for (std::uint64_t k = first; k < first + steps; ++k) {
+      ASSERT_TRUE(ranks.models[r]->Step(**engine, k).ok()) << "rank " << r << " step " << k;
+    }
+    ASSERT_TRUE((*engine)->Close().ok());
+  });
+}
+
+TEST(EngineRanksTest, RanksCaptureTheSameIterationsUnderASlowRank) {
+  Ranks ranks(3, "ranks-same");
+  Train(ranks, 1, 40, [] { return std::make_shared<ContinuousPolicy>(); }, /*slow_rank=*/1);
+  const auto reference = SlotIterations(ranks.path(0));
+  ASSERT_EQ(reference.size(), 2u);
+  for (int r = 0; r < ranks.world(); ++r) {
+    EXPECT_EQ(SlotIterations(ranks.path(r)), reference) << "rank " << r;
+    auto pool = layout::Pool::Open(ranks.path(r));
+    ASSERT_TRUE(pool.ok());
+    EXPECT_EQ(ranks.models[r]->CompareWithHistory(*(*pool)->Latest()), "") << r;
+    EXPECT_EQ((*pool)->group().world_size, 3u);
+    EXPECT_EQ((*pool)->group().rank, static_cast<std::uint32_t>(r));
+  }
+}
+
+TEST(EngineRanksTest, EveryStepPolicyCapturesEveryIterationOnEveryRank) {
+  Ranks ranks(2, "ranks-every");
+  Train(ranks, 1, 12, [] { return std::make_shared<EveryKPolicy>(1); }, /*slow_rank=*/0);
+  for (int r = 0; r < ranks.world(); ++r) {
+    EXPECT_EQ(SlotIterations(ranks.path(r)), (std::vector<std::uint64_t>{12, 11})) << r;
+  }
+}
+
+TEST(EngineRanksTest, RestoreRollsBackTheRankThatIsOneEpochAhead) {
+  Ranks ranks(2, "ranks-ahead");
+  Train(ranks, 1, 10, [] { return std::make_shared<EveryKPolicy>(1); });
+  // Rank 1 committed iteration 11 before the job died; rank 0 did not.
+  {
+    EngineOptions alone = RankOptions(ranks.path(1), nullptr, std::make_shared<EveryKPolicy>(1));
+    auto engine = Engine::Open(alone, ranks.models[1]->Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    ASSERT_TRUE(ranks.models[1]->Step(**engine, 11).ok());
+    ASSERT_TRUE((*engine)->Close().ok());
+  }
+  ASSERT_EQ(SlotIterations(ranks.path(1)), (std::vector<std::uint64_t>{11, 10}));
+  // Fresh models: everything they hold after the restore came from the pools.
+  Ranks restarted(2, "unused");
+  for (int r = 0; r < 2; ++r) restarted.paths[r] = std::move(ranks.paths[r]);
+  Train(restarted, 11, 3, [] { return std::make_shared<EveryKPolicy>(1); }, -1, /*restore=*/true);
+  // Rank 1's iteration 11 was overwritten by the new 11, then by 13; every
+  // rank's pool holds the same iterations again.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(SlotIterations(restarted.path(r)), (std::vector<std::uint64_t>{13, 12})) << r;
+  }
+}
+
+TEST(EngineRanksTest, RestoreAfterRollbackContinuesBitExact) {
+  Ranks ranks(2, "ranks-exact");
+  Train(ranks, 1, 6, [] { return std::make_shared<EveryKPolicy>(1); });
+  {
+    EngineOptions alone = RankOptions(ranks.path(1), nullptr, std::make_shared<EveryKPolicy>(1));
+    auto engine = Engine::Open(alone, ranks.models[1]->Registrations());
+    ASSERT_TRUE(engine.ok());
+    ASSERT_TRUE(ranks.models[1]->Step(**engine, 7).ok());
+    ASSERT_TRUE((*engine)->Close().ok());
+  }
+  // An uninterrupted reference for both ranks: restore of 6, then steps 7, 8.
+  ToyModel reference(3, 4000);
+  for (std::uint64_t k = 1; k <= 8; ++k) reference.StepPlain(k);
+  Ranks restarted(2, "unused");
+  for (int r = 0; r < 2; ++r) restarted.paths[r] = std::move(ranks.paths[r]);
+  Train(restarted, 7, 2, [] { return std::make_shared<EveryKPolicy>(1); }, -1, /*restore=*/true);
+  for (int r = 0; r < 2; ++r) {
+    auto pool = layout::Pool::Open(restarted.path(r));
+    ASSERT_TRUE(pool.ok());
+    auto latest = (*pool)->Latest();
+    ASSERT_TRUE(latest.ok());
+    EXPECT_EQ(latest->iteration(), 8u);
+    EXPECT_EQ(reference.CompareWithHistory(*latest), "") << "rank " << r;
+  }
+}
+
+TEST(EngineRanksTest, AForeignPoolFailsEveryRankNamingIt) {
+  Ranks ranks(2, "ranks-foreign");
+  Ranks other(2, "ranks-other");
+  Train(ranks, 1, 3, [] { return std::make_shared<EveryKPolicy>(1); });
+  Train(other, 1, 3, [] { return std::make_shared<EveryKPolicy>(1); });
+  std::filesystem::copy_file(other.path(1), ranks.path(1),
+                             std::filesystem::copy_options::overwrite_existing);
+  std::vector<Status> seen(2);
+  OnRanks(2, [&](int r, std::shared_ptr<Coordinator> c) {
+    auto engine = Engine::Open(RankOptions(ranks.path(r), c, nullptr),
+                               ranks.models[r]->Registrations());
+    seen[r] = engine.status();
+  });
+  for (const Status& s : seen) {
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_NE(s.message().find("rank 1: pool '" + ranks.path(1) + "' belongs to run"),
+              std::string::npos)
+        << s.message();
+  }
+}
+
+TEST(EngineRanksTest, AFailingRankStopsEveryRankAtTheSameStep) {
+  Ranks ranks(3, "ranks-fail");
+  std::vector<std::uint64_t> failed_at(3, 0);
+  std::vector<Status> seen(3);
+  OnRanks(3, [&](int r, std::shared_ptr<Coordinator> c) {
+    pmsnap::testing::FailingDevice failing(/*successes=*/10);
+    EngineOptions options = RankOptions(ranks.path(r), c, std::make_shared<EveryKPolicy>(1));
+    if (r == 2) options.device = &failing;
+    auto engine = Engine::Open(options, ranks.models[r]->Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    for (std::uint64_t k = 1; k <= 40; ++k) {
+      Status s = ranks.models[r]->Step(**engine, k);
+      if (!s.ok()) {
+        failed_at[r] = k;
+        seen[r] = s;
+        break;
+      }
+    }
+    (void)(*engine)->Close(CloseMode::kAbandon);
+  });
+  EXPECT_NE(seen[2].code(), StatusCode::kOk);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(seen[r].code(), StatusCode::kAborted) << seen[r].ToString();
+    EXPECT_NE(seen[r].message().find("rank 2 failed"), std::string::npos) << seen[r].message();
+  }
+  // Ranks 0 and 1 hear of it at the boundary after the one where rank 2 did.
+  EXPECT_GT(failed_at[2], 0u);
+  EXPECT_EQ(failed_at[0], failed_at[1]);
+  EXPECT_LE(failed_at[0], failed_at[2] + 1);
+}
+
+TEST(EngineRanksTest, CheckFreqIsRefusedWithSeveralRanks) {
+  Ranks ranks(2, "ranks-checkfreq");
+  std::vector<Status> seen(2);
+  OnRanks(2, [&](int r, std::shared_ptr<Coordinator> c) {
+    seen[r] = Engine::Open(RankOptions(ranks.path(r), c, std::make_shared<CheckFreqPolicy>()),
+                           ranks.models[r]->Registrations())
+                  .status();
+  });
+  for (const Status& s : seen) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("continuous or every-k"), std::string::npos) << s.message();
+  }
+}
+
+}  // namespace
+}  // namespace pmsnap::runtime
