@@ -4,10 +4,19 @@
 if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
   add_test(NAME python_tests
            COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_ddp_resume.py
                    ${CMAKE_CURRENT_SOURCE_DIR}/python)
   set(_pmsnap_python_env PYTHONPATH=${PMSNAP_PYTHON_BUILD_DIR} PMEM_IS_PMEM_FORCE=1
                          PYTHONDONTWRITEBYTECODE=1 PMSNAP_CLI=$<TARGET_FILE:pmsnap>)
   set_tests_properties(python_tests PROPERTIES ENVIRONMENT "${_pmsnap_python_env}" TIMEOUT 600)
+  # Twenty torchrun launches of a 2-rank DDP job, each SIGKILLed once
+  # ($PMSNAP_DDP_KILLS), then one to the end: on its own so it runs beside
+  # the rest of the Python suite.
+  add_test(NAME python_ddp_resume_test
+           COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/python/test_ddp_resume.py)
+  set_tests_properties(python_ddp_resume_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
+                       TIMEOUT 900)
 endif()
 
 # `pip install .` into a fresh venv, then checkpoint, SIGKILL and restore with

@@ -11,6 +11,8 @@ uses it.
     agreement = pmsnap.distributed.EpochAgreement(coordinator)
 """
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -73,3 +75,54 @@ class TorchDistributedCoordinator(_pmsnap.Coordinator):
             torch.empty(0, dtype=torch.uint8)
         dist.broadcast(buffer, group=self._group, group_src=root)
         return buffer.numpy().tobytes()
+
+
+def coordinator_for(process_group):
+    """The coordinator CheckpointedOptimizer uses: None for a single process
+    (torch.distributed not initialized, or a group of one rank)."""
+    if process_group is None and not (dist.is_available() and dist.is_initialized()):
+        return None
+    if dist.get_world_size(process_group) == 1:
+        return None
+    return TorchDistributedCoordinator(process_group)
+
+
+def rank_pool_path(template, coordinator):
+    """`template` with "{rank}" replaced by this rank (unchanged alone).
+
+    InvalidArgumentError when several ranks share a template without
+    "{rank}": two ranks must never write one pool file."""
+    if coordinator is None:
+        return template
+    if "{rank}" not in template:
+        raise make_error(_pmsnap.InvalidArgumentError,
+                         f"{coordinator.world_size()} ranks cannot share pool {template}: put "
+                         "{rank} in the path, e.g. /mnt/pmem/run.{rank}.pool")
+    return template.replace("{rank}", str(coordinator.rank()))
+
+
+@contextlib.contextmanager
+def together(coordinator):
+    """Runs the block on every rank; if it raised a pmsnap.Error on any rank,
+    raises on every rank (the lowest failing rank's error, its class and
+    message) instead of leaving the others waiting in a collective. Alone
+    (coordinator None) it changes nothing."""
+    if coordinator is None:
+        yield
+        return
+    error = None
+    try:
+        yield
+    except _pmsnap.Error as e:
+        error = e
+    world, rank = coordinator.world_size(), coordinator.rank()
+    coordinator.start_min_all_reduce([world if error is None else rank])
+    failed = coordinator.finish_min_all_reduce()[0]
+    if failed >= world:
+        return
+    mine = f"{type(error).__name__}\0rank {rank}: {error}" if failed == rank else ""
+    text = coordinator.broadcast(mine.encode()[:4095].ljust(4096, b"\0"), failed)
+    if failed == rank:
+        raise error
+    name, _, message = text.rstrip(b"\0").decode(errors="replace").partition("\0")
+    raise make_error(getattr(_pmsnap, name, _pmsnap.Error), message)

@@ -48,6 +48,7 @@ import torch
 
 from . import _pmsnap
 from . import extra_state as _extra
+from . import distributed as _distributed
 from .embedding import EmbeddingTracker
 from .embedding_tables import gradient_rows, make_embedding_options, resolve_tables
 from .errors import make_error
@@ -129,6 +130,13 @@ class CheckpointedOptimizer(UpdateInBackward):
       copy_start: when a captured weight's copy starts: "auto" (host: the
         step's last captures wait for its end), "after-update" or
         "after-step"; see runtime::CopyStart.
+      process_group: with torch.distributed initialized and more than one
+        rank (torchrun), the ranks of this group (default: the world)
+        checkpoint together (pmsnap.distributed): `pool` must contain
+        "{rank}" (each rank has its own pool), every rank captures the same
+        iterations, and restore() brings every rank to the newest iteration
+        all of them hold. Construct, restore, step and close on every rank
+        alike; an error on one rank is raised on all of them.
       Other keyword arguments tune the engine and a newly created pool:
       part_bytes, extra_state_capacity, verify_on_open,
       check_free_space, reserve_bytes, checkfreq_overhead, print_summary.
@@ -143,7 +151,7 @@ class CheckpointedOptimizer(UpdateInBackward):
                  track_embeddings=False, print_summary=False, embeddings=None,
                  embedding_policy=None, quantize_bits=None, expected_resumes=1.0, retain=None,
                  embedding_options=None, embedding_rows="auto", update_in_backward=False,
-                 copy_start=None):
+                 copy_start=None, process_group=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -172,7 +180,8 @@ class CheckpointedOptimizer(UpdateInBackward):
         # Fails early with InvalidArgumentError for a bad spec.
         self._device_name, self._device_note = _pmsnap.describe_device(device)
         self.optimizer = optimizer
-        self.pool = os.fspath(pool)
+        self._coordinator = _distributed.coordinator_for(process_group)
+        self.pool = _distributed.rank_pool_path(os.fspath(pool), self._coordinator)
         self.model = model
         self.iteration = int(start_iteration)
         self.extra_state = {}
@@ -189,7 +198,7 @@ class CheckpointedOptimizer(UpdateInBackward):
             strategy=strategy, workers=workers, part_bytes=part_bytes,
             extra_state_capacity=extra_state_capacity, verify_on_open=verify_on_open,
             check_free_space=check_free_space, reserve_bytes=reserve_bytes,
-            print_summary=print_summary)
+            print_summary=print_summary, coordinator=self._coordinator)
         self._cuda = self._device_name.startswith("cuda")
         self._named = named_parameters(optimizer, model)
         self._stepper = ParameterStepper(optimizer, [p for _, p in self._named])
@@ -213,12 +222,13 @@ class CheckpointedOptimizer(UpdateInBackward):
             raise make_error(_pmsnap.InvalidArgumentError,
                              "quantize_bits= and retain= are for embedding tables: pass "
                              "embeddings= or embedding_policy= too")
-        if os.path.exists(self.pool):
-            info = _pmsnap.read_pool(self.pool)
-            check_pool_names(info, self._named, self.pool)
-            check_pool_tables(info, self._tables, self.pool)
-            if info["latest"] is not None:
-                self._pool_latest = info["latest"]["iteration"]
+        with _distributed.together(self._coordinator):
+            if os.path.exists(self.pool):
+                info = _pmsnap.read_pool(self.pool)
+                check_pool_names(info, self._named, self.pool)
+                check_pool_tables(info, self._tables, self.pool)
+                if info["latest"] is not None:
+                    self._pool_latest = info["latest"]["iteration"]
         tracked = {t.module_name: dict(model.named_modules())[t.module_name]
                    for t in self._tables.values() if t.module_name is not None}
         if tracked:
@@ -301,12 +311,13 @@ class CheckpointedOptimizer(UpdateInBackward):
         if self._engine is not None or self._closed:
             raise make_error(_pmsnap.FailedPreconditionError,
                              "restore() must come before the first step() and before close()")
-        if not os.path.exists(self.pool):
-            raise make_error(_pmsnap.NotFoundError, f"pool {self.pool} does not exist")
-        info = _pmsnap.read_pool(self.pool)
-        check_pool_names(info, self._named, self.pool)
-        check_pool_tables(info, self._tables, self.pool)
-        create_state_from_manifest(info, self.optimizer, self._named)
+        with _distributed.together(self._coordinator):
+            if not os.path.exists(self.pool):
+                raise make_error(_pmsnap.NotFoundError, f"pool {self.pool} does not exist")
+            info = _pmsnap.read_pool(self.pool)
+            check_pool_names(info, self._named, self.pool)
+            check_pool_tables(info, self._tables, self.pool)
+            create_state_from_manifest(info, self.optimizer, self._named)
         self._open_engine()
         try:
             iteration, _, data = self._engine.restore()

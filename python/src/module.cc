@@ -58,6 +58,7 @@
 #include "pmsnap/frontend/parameter_units.h"
 #include "pmsnap/pmem_layout/manifest.h"
 #include "pmsnap/pmem_layout/pool.h"
+#include "pmsnap/runtime/coordinator.h"
 #include "pmsnap/runtime/cuda_device.h"
 #include "pmsnap/runtime/device.h"
 #include "pmsnap/runtime/engine.h"
@@ -257,7 +258,8 @@ class PyEngine {
            bool check_free_space, std::uint64_t reserve_bytes, bool print_summary,
            const std::vector<std::string>& encoded_units,
            const std::optional<diff::EmbeddingOptions>& embedding_options,
-           const std::string& copy_start) {
+           const std::string& copy_start, std::shared_ptr<runtime::Coordinator> coordinator,
+           std::uint64_t model_fingerprint) {
     runtime::EngineOptions options;
     options.pool_path = pool;
     options.pool_options.part_bytes = part_bytes;
@@ -270,6 +272,8 @@ class PyEngine {
     options.strategy = MakeStrategy(strategy, reserve_bytes);
     options.print_summary = print_summary;
     options.copy_start = ValueOrThrow(runtime::ParseCopyStart(copy_start));
+    options.coordinator = std::move(coordinator);
+    options.model_fingerprint = model_fingerprint;
     std::vector<runtime::UnitRegistration> registrations = ToRegistrations(units, encoded_units);
     if (!encoded_units.empty()) {
       checkpointer_ = std::make_shared<diff::EmbeddingCheckpointer>(
@@ -655,7 +659,8 @@ PYBIND11_MODULE(_pmsnap, m) {
                     const std::string&, std::uint64_t, double, const std::string&, int,
                     std::uint64_t, std::uint64_t, std::uint64_t, bool, bool, std::uint64_t, bool,
                     const std::vector<std::string>&,
-                    const std::optional<pmsnap::diff::EmbeddingOptions>&, const std::string&>(),
+                    const std::optional<pmsnap::diff::EmbeddingOptions>&, const std::string&,
+                    std::shared_ptr<pmsnap::runtime::Coordinator>, std::uint64_t>(),
            py::arg("pool"), py::arg("units"), py::kw_only(), py::arg("device") = "host",
            py::arg("policy") = "continuous", py::arg("every") = 1,
            py::arg("checkfreq_overhead") = 0.035, py::arg("strategy") = "adaptive",
@@ -665,6 +670,9 @@ PYBIND11_MODULE(_pmsnap, m) {
            py::arg("check_free_space") = true, py::arg("reserve_bytes") = 0,
            py::arg("print_summary") = false, py::arg("encoded_units") = std::vector<std::string>{},
            py::arg("embedding_options") = std::nullopt, py::arg("copy_start") = "auto",
+           py::arg("coordinator") = nullptr, py::arg("model_fingerprint") = 0,
+           // The Python coordinator's methods must outlive the engine's calls.
+           py::keep_alive<1, 20>(),
            "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])]; "
            "`encoded_units` (embedding tables) go through a diff::EmbeddingCheckpointer.")
       .def("begin_step", &PyEngine::BeginStep, py::arg("step"))

@@ -1,0 +1,90 @@
+"""A DDP trainer for the multi-rank crash test, run by torchrun (gloo, CPU).
+
+Trains a small MLP with Adam under DistributedDataParallel, each rank on its
+own deterministic batches, and checkpoints every iteration through
+pmsnap.CheckpointedOptimizer into one pool per rank. On restart attempt i
+(TORCHELASTIC_RESTART_COUNT) it first restores, then, if the kill plan has an
+entry for attempt i, the named rank SIGKILLs itself a fraction of its own
+measured step time after the named step: inside the next step's update, its
+checkpoint's commit, or between steps. torchrun then restarts every rank.
+At the end every rank writes its parameters and optimizer state.
+
+  --plain: the same training with the plain optimizer (the reference).
+"""
+
+import argparse
+import os
+import signal
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import pmsnap
+
+torch.set_num_threads(1)
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 12, generator=g)
+    return x, x.sum(dim=1, keepdim=True).repeat(1, 4).sin()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pool", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--kills", default="", help="rank:step:fraction per attempt, comma-separated")
+    parser.add_argument("--plain", action="store_true")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16),
+                                torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    start = 1
+    if args.plain:
+        opt = optimizer
+    else:
+        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1)
+        try:
+            _, extra = opt.restore()
+            start = extra["batch"] + 1
+        except pmsnap.NotFoundError:
+            pass  # no rank holds a checkpoint yet (the same answer on every rank)
+    plan = [k.split(":") for k in args.kills.split(",") if k]
+    victim, kill_step, fraction = (int(plan[attempt][0]), int(plan[attempt][1]),
+                                   float(plan[attempt][2])) if attempt < len(plan) else (-1, 0, 0)
+    print(f"rank {rank} attempt {attempt} starts at {start}", flush=True)
+    for step in range(start, args.steps + 1):
+        began = time.monotonic()
+        x, y = batch(step, rank)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        if args.plain:
+            opt.step()
+        else:
+            opt.step(extra_state={"batch": step})
+        opt.zero_grad(set_to_none=True)
+        if rank == victim and step == kill_step:
+            delay = fraction * (time.monotonic() - began)
+            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    if not args.plain:
+        opt.close()
+    torch.save({"params": [p.detach().clone() for p in model.parameters()],
+                "optimizer": optimizer.state_dict(), "start": start},
+               os.path.join(args.out, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
