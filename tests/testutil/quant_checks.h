@@ -49,7 +49,7 @@ inline std::vector<float> DequantizeAll(const QuantizedView& q) {
 // Name parts of the values the quant tests are parameterized over. By
 // convention an `int` parameter is a bit width and an unsigned one a row
 // width (dim).
-inline std::string ParamNamePart(int bits) { return std::to_string(bits) + "bit"; }
+inline std::string ParamNamePart(int bits) { return "bits" + std::to_string(bits); }
 inline std::string ParamNamePart(std::uint32_t dim) { return "dim" + std::to_string(dim); }
 inline std::string ParamNamePart(Method method) { return MethodName(method); }
 inline std::string ParamNamePart(ScaleType type) { return ScaleTypeName(type); }
@@ -59,8 +59,9 @@ inline std::string ParamNamePart(workloads::RowShape shape) {
 }
 
 // Name generator for INSTANTIATE_TEST_SUITE_P over a tuple of the values
-// above: "asymmetric_4bit_fp16_dim64" instead of an index, so that ctest
-// lists which case each test is.
+// above: "asymmetric_bits4_fp16_dim64" instead of an index, so that ctest
+// lists which case each test is (a letter first: a digit after the "/"
+// would read as gtest's index).
 struct TupleParamName {
   template <typename... Values>
   std::string operator()(const ::testing::TestParamInfo<std::tuple<Values...>>& info) const {
