@@ -11,7 +11,7 @@
 // (CheckFreq style: stop, copy the whole model device -> DRAM, resume,
 // persist the copy in the background; the next checkpoint waits for it).
 //
-//   pmsnap_bench_conflict [--iters N] [--scale S] [--out DIR]
+//   pmsnap_bench_conflict [--iters=N] [--scale=S] [--out=DIR]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "pmsnap/common/command_line.h"
+#include "pmsnap/common/pool_directory.h"
 #include "pmsnap/conflict/strategies.h"
 #include "pmsnap/runtime/engine.h"
 
@@ -253,30 +255,36 @@ Cell RunModelGrained(const Workload& w, double gbps, int iters, const std::strin
   return cell;
 }
 
+const char* kUsage =
+    "usage: pmsnap_bench_conflict [flags]\n"
+    "  --iters=N    measured iterations per cell, at least 4 (20)\n"
+    "  --scale=S    model widths: MLP S x 1024, transformer S x 512 (0.5)\n"
+    "  --out=DIR    CSV and PNG (bench/results)\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int iters = 20;
   double scale = 0.5;
   std::string out = PMSNAP_BENCH_RESULTS_DIR;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--iters")
-      iters = std::max(4, std::atoi(argv[i + 1]));
-    else if (flag == "--scale")
-      scale = std::atof(argv[i + 1]);
-    else if (flag == "--out")
-      out = argv[i + 1];
-    else {
-      std::fprintf(stderr, "usage: pmsnap_bench_conflict [--iters N] [--scale S] [--out DIR]\n");
-      return 2;
-    }
+  if (auto exit_code = ParseCommandLine(argc, argv, "pmsnap_bench_conflict", kUsage,
+                                        [&](const std::string& key, const std::string& value) {
+                                          if (key == "--iters")
+                                            iters = std::max(4, std::stoi(value));
+                                          else if (key == "--scale")
+                                            scale = std::stod(value);
+                                          else if (key == "--out")
+                                            out = value;
+                                          else
+                                            return false;
+                                          return true;
+                                        })) {
+    return *exit_code;
   }
   setenv("PMEM_IS_PMEM_FORCE", "1", 0);
   std::error_code out_error;
   std::filesystem::create_directories(out, out_error);  // results go there
-  const char* env_dir = std::getenv("PMSNAP_POOL_DIR");
-  const std::string pool_dir = env_dir ? env_dir : "/dev/shm";
+  const std::string pool_dir = PoolDirectory();
   const std::vector<std::string> methods = {"1", "2", "3", "4", "adaptive"};
   std::vector<Cell> cells;
   std::printf(

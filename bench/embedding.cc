@@ -9,8 +9,8 @@
 // (IncrCP's metric leaves it out); ratios against full checkpoints and
 // naive (consecutive) incremental. Defaults follow IncrCP's setup.
 //
-//   pmsnap_bench_embedding [--intervals N] [--batches B] [--scale S] [--out DIR]
-//                          [--policies a,b,...]
+//   pmsnap_bench_embedding [--intervals=N] [--batches=B] [--scale=S] [--out=DIR]
+//                          [--policies=a,b,...]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "pmsnap/common/command_line.h"
+#include "pmsnap/common/pool_directory.h"
 #include "pmsnap/diff/embedding_checkpointer.h"
 #include "pmsnap/runtime/engine.h"
 
@@ -91,6 +93,15 @@ double Mean(const std::vector<double>& values) {
   return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / values.size();
 }
 
+const char* kUsage =
+    "usage: pmsnap_bench_embedding [flags]\n"
+    "  --intervals=N    checkpoints, at least 4 (150)\n"
+    "  --batches=B      batches per checkpoint interval, at least 1 (10)\n"
+    "  --scale=S        tables capped at S x 200000 rows (0.5)\n"
+    "  --out=DIR        CSV and PNG (bench/results)\n"
+    "  --policies=a,b   subset of full,one-shot,incremental,intermittent,incrcp-2d,\n"
+    "                   one-shot+4bit,intermittent+4bit (default: all)\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,31 +112,28 @@ int main(int argc, char** argv) {
   double scale = 0.5;
   std::string out = PMSNAP_BENCH_RESULTS_DIR;
   std::string only;  // comma-separated labels; empty: every policy
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--intervals")
-      intervals = std::max(4, std::atoi(argv[i + 1]));
-    else if (flag == "--batches")
-      batches = std::max(1, std::atoi(argv[i + 1]));
-    else if (flag == "--scale")
-      scale = std::atof(argv[i + 1]);
-    else if (flag == "--out")
-      out = argv[i + 1];
-    else if (flag == "--policies")
-      only = "," + std::string(argv[i + 1]) + ",";
-    else {
-      std::fprintf(stderr,
-                   "usage: pmsnap_bench_embedding [--intervals N (150)] [--batches B (10)] "
-                   "[--scale S (0.5)] [--out DIR] [--policies full,one-shot,incremental,"
-                   "intermittent,incrcp-2d,one-shot+4bit,intermittent+4bit]\n");
-      return 2;
-    }
+  if (auto exit_code = ParseCommandLine(argc, argv, "pmsnap_bench_embedding", kUsage,
+                                        [&](const std::string& key, const std::string& value) {
+                                          if (key == "--intervals")
+                                            intervals = std::max(4, std::stoi(value));
+                                          else if (key == "--batches")
+                                            batches = std::max(1, std::stoi(value));
+                                          else if (key == "--scale")
+                                            scale = std::stod(value);
+                                          else if (key == "--out")
+                                            out = value;
+                                          else if (key == "--policies")
+                                            only = "," + value + ",";
+                                          else
+                                            return false;
+                                          return true;
+                                        })) {
+    return *exit_code;
   }
   setenv("PMEM_IS_PMEM_FORCE", "1", 0);
   std::error_code out_error;
   std::filesystem::create_directories(out, out_error);  // results go there
-  const char* env_dir = std::getenv("PMSNAP_POOL_DIR");
-  const std::string pool_dir = env_dir ? env_dir : "/dev/shm";
+  const std::string pool_dir = PoolDirectory();
   const std::vector<std::uint64_t> cardinalities = Cardinalities(scale);
   std::uint64_t total_rows = 0;
   for (auto r : cardinalities) total_rows += r;

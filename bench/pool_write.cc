@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "pmsnap/common/pool_directory.h"
 #include "pmsnap/pmem_layout/pool.h"
 
 namespace {
@@ -56,8 +57,7 @@ struct Args {
 
 Args ParseArgs(int argc, char** argv) {
   Args args;
-  const char* env_dir = std::getenv("PMSNAP_POOL_DIR");
-  args.dir = env_dir != nullptr ? env_dir : "/dev/shm";
+  args.dir = pmsnap::PoolDirectory();
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {

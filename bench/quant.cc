@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "pmsnap/quant/param_search.h"
-#include "quant_test_tables.h"
+#include "pmsnap/workloads/synthetic_tables.h"
 
 #ifdef PMSNAP_BENCH_WITH_TORCH
 #include <ATen/ATen.h>
@@ -40,9 +40,9 @@
 namespace {
 
 using namespace pmsnap::quant;
-using testing::MakeTable;
-using testing::OwnedTable;
-using testing::RowShape;
+using pmsnap::workloads::MakeTable;
+using pmsnap::workloads::OwnedTable;
+using pmsnap::workloads::RowShape;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
@@ -197,7 +197,7 @@ int RunTargets(const Args& args) {
               IsaName(DetectIsa()), args.reps);
   for (std::uint32_t dim : {64u, 128u}) {
     for (RowShape shape : {RowShape::kNormal, RowShape::kHeavyTailed}) {
-      const std::string tname = shape == RowShape::kNormal ? "normal" : "heavy";
+      const std::string tname = pmsnap::workloads::RowShapeName(shape);
       const std::uint64_t rows = args.bytes / (4ull * dim);
       const OwnedTable table = MakeTable(shape, rows, dim, 7 * dim + (shape == RowShape::kNormal));
       const OwnedTable sub = Head(table, rows / 16);
@@ -293,7 +293,7 @@ int main(int argc, char** argv) {
   std::vector<ErrorRow> errors;
   for (std::uint32_t dim : {64u, 128u}) {
     for (RowShape shape : {RowShape::kNormal, RowShape::kHeavyTailed}) {
-      const std::string tname = shape == RowShape::kNormal ? "normal" : "heavy";
+      const std::string tname = pmsnap::workloads::RowShapeName(shape);
       const std::uint64_t rows = args.bytes / (4ull * dim);
       const OwnedTable table = MakeTable(shape, rows, dim, 7 * dim + (shape == RowShape::kNormal));
       auto record = [&](const std::string& method, const std::string& impl, int bits,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for the stall-profiling benchmark (bench/stall.cc, issue [bench]):
+# One command for the stall-profiling benchmark (bench/stall/, issue [bench]):
 # builds pmsnap_bench_stall and runs it. Extra arguments go to the benchmark
 # (--quick for a ~1 minute smoke run, --help for all flags).
 #

@@ -38,7 +38,7 @@ if(PMSNAP_WITH_TORCH AND TARGET pmsnap::torch)
 
   # Crash and resume: the test (no libtorch) spawns this trainer and kills it.
   add_executable(hooks_resume_trainer ${CMAKE_CURRENT_LIST_DIR}/hooks_resume_trainer.cc)
-  target_link_libraries(hooks_resume_trainer PRIVATE pmsnap::torch)
+  target_link_libraries(hooks_resume_trainer PRIVATE pmsnap::torch pmsnap::workloads)
   target_include_directories(hooks_resume_trainer PRIVATE ${CMAKE_CURRENT_LIST_DIR})
   pmsnap_add_test(hooks_resume_test
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_resume_test.cc

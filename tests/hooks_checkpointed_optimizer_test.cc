@@ -191,9 +191,9 @@ TEST(CheckpointedRestoreTest, RestoreFromPoolLoadsModelAndOptimizerAndReleasesTh
 TEST(CheckpointedRestoreTest, RestoreFromMissingPoolIsNotFound) {
   Mlp model = MakeMlp(5);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
-  auto info = RestoreFromPool(*model, sgd, EveryStep(pmsnap::testing::PoolDir() + "/no-such.pool"));
+  auto info = RestoreFromPool(*model, sgd, EveryStep(pmsnap::PoolDirectory() + "/no-such.pool"));
   EXPECT_EQ(info.status().code(), StatusCode::kNotFound);
-  EXPECT_FALSE(std::filesystem::exists(pmsnap::testing::PoolDir() + "/no-such.pool"));
+  EXPECT_FALSE(std::filesystem::exists(pmsnap::PoolDirectory() + "/no-such.pool"));
 }
 
 // --- errors ---

@@ -63,7 +63,7 @@ int RunToEnd(const std::vector<std::string>& args, std::uint64_t* restored = nul
 class ResumeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    out_dir_ = pmsnap::testing::PoolDir() + "/pmsnap-hooks-resume-" + std::to_string(getpid());
+    out_dir_ = pmsnap::PoolDirectory() + "/pmsnap-hooks-resume-" + std::to_string(getpid());
     std::filesystem::create_directories(out_dir_);
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(out_dir_); }

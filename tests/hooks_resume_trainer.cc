@@ -20,13 +20,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <string>
 
 #include "hooks_test_util.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/hooks/extra_state.h"
+#include "pmsnap/workloads/state_dump.h"
 
 namespace {
 
@@ -55,20 +55,10 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-bool WriteState(const std::string& path, Mlp& model, torch::optim::Optimizer& optimizer) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  auto write = [&](const torch::Tensor& t) {
-    torch::Tensor c = t.contiguous();
-    out.write(static_cast<const char*>(c.data_ptr()),
-              static_cast<std::streamsize>(c.numel() * c.element_size()));
-  };
-  for (const auto& item : model->named_parameters()) {
-    write(item.value());
-    pmsnap::testing::ParamStateView state = pmsnap::testing::StateOf(optimizer, item.value());
-    for (const auto& t : state.tensors) write(t);
-    out.write(reinterpret_cast<const char*>(&state.step), sizeof(state.step));
-  }
-  return static_cast<bool>(out);
+// The final state for the parent's byte-for-byte comparison; 0 or Fail's 2.
+int WriteState(const std::string& path, Mlp& model, torch::optim::Optimizer& optimizer) {
+  const Status written = pmsnap::workloads::WriteStateDump(path, *model, optimizer);
+  return written.ok() ? 0 : Fail(written.ToString());
 }
 
 int Run(const Args& args) {
@@ -85,7 +75,7 @@ int Run(const Args& args) {
       pmsnap::testing::ForwardBackward(model, *optimizer, step);
       optimizer->step();
     }
-    return WriteState(args.out, model, *optimizer) ? 0 : Fail("writing " + args.out);
+    return WriteState(args.out, model, *optimizer);
   }
   if (args.mode != "train") return Fail("unknown mode " + args.mode);
 
@@ -130,7 +120,7 @@ int Run(const Args& args) {
   }
   Status closed = (*checkpointed)->Close();
   if (!closed.ok()) return Fail(closed.ToString());
-  if (!WriteState(args.out, model, *optimizer)) return Fail("writing " + args.out);
+  if (const int written = WriteState(args.out, model, *optimizer); written != 0) return written;
   if (args.linger) {
     std::printf("done\n");
     std::fflush(stdout);

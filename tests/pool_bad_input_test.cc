@@ -52,7 +52,7 @@ class DamagedPoolTest : public ::testing::Test {
 };
 
 TEST(PoolOpenTest, MissingFileIsNotFound) {
-  auto pool = Pool::Open(pmsnap::testing::PoolDir() + "/pmsnap-does-not-exist.pool");
+  auto pool = Pool::Open(pmsnap::PoolDirectory() + "/pmsnap-does-not-exist.pool");
   EXPECT_EQ(pool.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(pool.status().message(), HasSubstr("pmsnap-does-not-exist.pool"));
 }

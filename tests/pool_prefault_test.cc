@@ -36,9 +36,9 @@ namespace pmsnap::layout {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using pmsnap::PoolDirectory;
 using pmsnap::testing::CheckSeededView;
 using pmsnap::testing::MakeManifest;
-using pmsnap::testing::PoolDir;
 using pmsnap::testing::TempPoolPath;
 using pmsnap::testing::WriteSeededEpoch;
 using State = PrefaultProgress::State;
@@ -98,7 +98,7 @@ std::size_t ResidentPages(std::byte* data, std::size_t bytes) {
 // behind our back (a disk file system's writeback does).
 bool PoolDirIsTmpfs() {
   struct statfs fs {};
-  return ::statfs(PoolDir().c_str(), &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+  return ::statfs(PoolDirectory().c_str(), &fs) == 0 && fs.f_type == TMPFS_MAGIC;
 }
 
 std::vector<char> ReadFile(const std::string& path) {
@@ -120,7 +120,7 @@ bool KernelHasPopulateWrite() {
 class SeededFileMapping {
  public:
   SeededFileMapping(const std::string& tag, std::size_t bytes)
-      : path_(PoolDir() + "/pmsnap-prefault-" + tag + "-" + std::to_string(::getpid())),
+      : path_(PoolDirectory() + "/pmsnap-prefault-" + tag + "-" + std::to_string(::getpid())),
         bytes_(bytes),
         expected_(bytes) {
     for (std::size_t i = 0; i < bytes; ++i) {
@@ -317,7 +317,8 @@ TEST(PagePrefaulterAutoTest, PopulatesNewPagesAndTouchesPagesAlreadyCached) {
 
   // Allocated but never written (as a new pool's slots): each page is zeroed
   // on its first fault, one at a time.
-  const std::string path = PoolDir() + "/pmsnap-prefault-auto-new-" + std::to_string(::getpid());
+  const std::string path =
+      PoolDirectory() + "/pmsnap-prefault-auto-new-" + std::to_string(::getpid());
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::posix_fallocate(fd, 0, static_cast<off_t>(bytes)), 0);

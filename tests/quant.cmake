@@ -9,7 +9,7 @@ foreach(quant_test
     quant_simd_equivalence_test
     quant_format_test)
   pmsnap_add_test(${quant_test} SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/${quant_test}.cc
-                  LIBS pmsnap::quant)
+                  LIBS pmsnap::quant pmsnap::workloads_tables)
 endforeach()
 # Checks the fast path's rounding against the library's internal fp16 helpers.
 target_include_directories(quant_simd_equivalence_test PRIVATE ${PROJECT_SOURCE_DIR}/quant)
@@ -19,5 +19,5 @@ target_include_directories(quant_simd_equivalence_test PRIVATE ${PROJECT_SOURCE_
 if(PMSNAP_WITH_TORCH)
   pmsnap_add_test(quant_torch_interop_test
                   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/quant_torch_interop_test.cc
-                  LIBS pmsnap::quant pmsnap::libtorch)
+                  LIBS pmsnap::quant pmsnap::workloads_tables pmsnap::libtorch)
 endif()

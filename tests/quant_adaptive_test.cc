@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "pmsnap/quant/quant.h"
-#include "quant_test_tables.h"
+#include "testutil/quant_checks.h"
 
 namespace pmsnap::quant {
 namespace {
 
-using testing::MakeTable;
-using testing::RowShape;
+using workloads::MakeTable;
+using workloads::RowShape;
 
 double RowL2(const float* x, const float* y, std::uint32_t dim) {
   double sq = 0;
@@ -61,14 +61,16 @@ INSTANTIATE_TEST_SUITE_P(Pmsnap, AdaptiveTest,
                                             ::testing::Values(ScaleType::kFp16, ScaleType::kFp32),
                                             ::testing::Values(Layout::kPmsnap),
                                             ::testing::Values(RowShape::kNormal,
-                                                              RowShape::kHeavyTailed)));
+                                                              RowShape::kHeavyTailed)),
+                         testing::TupleParamName());
 INSTANTIATE_TEST_SUITE_P(TorchFused, AdaptiveTest,
                          ::testing::Values(std::make_tuple(2, ScaleType::kFp16, Layout::kTorchFused,
                                                            RowShape::kHeavyTailed),
                                            std::make_tuple(4, ScaleType::kFp16, Layout::kTorchFused,
                                                            RowShape::kHeavyTailed),
                                            std::make_tuple(8, ScaleType::kFp32, Layout::kTorchFused,
-                                                           RowShape::kHeavyTailed)));
+                                                           RowShape::kHeavyTailed)),
+                         testing::TupleParamName());
 
 TEST(AdaptiveSearchTest, ClipsAnOutlierAtTwoBits) {
   // 63 elements in [-0.1, 0.1] and one at 5: the plain 2-bit grid spends all

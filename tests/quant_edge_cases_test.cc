@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "pmsnap/quant/quant.h"
-#include "quant_test_tables.h"
+#include "testutil/quant_checks.h"
 
 namespace pmsnap::quant {
 namespace {
@@ -109,7 +109,7 @@ TEST(EdgeCaseTest, AllZeroTableIsExactAndNegativeZeroIsNormalized) {
 }
 
 TEST(EdgeCaseTest, HugeMagnitudesWithFp32Scale) {
-  auto table = testing::MakeTable(testing::RowShape::kNormal, 50, 32, 5);
+  auto table = workloads::MakeTable(workloads::RowShape::kNormal, 50, 32, 5);
   for (std::size_t i = 0; i < table.values.size(); ++i) table.values[i] *= 1e36f;
   table.values[0] = 3e37f;
   table.values[1] = -3e37f;
@@ -139,7 +139,7 @@ TEST(EdgeCaseTest, HugeMagnitudesWithFp32Scale) {
 }
 
 TEST(EdgeCaseTest, MagnitudeBeyondFp16NamesRowAndSuggestsFp32) {
-  auto table = testing::MakeTable(testing::RowShape::kNormal, 10, 8, 5, "big");
+  auto table = workloads::MakeTable(workloads::RowShape::kNormal, 10, 8, 5, "big");
   table.values[6 * 8 + 2] = 70000.0f;
   for (Method method : kAllMethods) {
     QuantOptions options;
@@ -154,7 +154,7 @@ TEST(EdgeCaseTest, MagnitudeBeyondFp16NamesRowAndSuggestsFp32) {
 }
 
 TEST(EdgeCaseTest, TinyMagnitudesKeepRelativePrecision) {
-  auto table = testing::MakeTable(testing::RowShape::kNormal, 20, 64, 8);
+  auto table = workloads::MakeTable(workloads::RowShape::kNormal, 20, 64, 8);
   for (float& v : table.values) v *= 1e-20f;
   QuantOptions options;
   options.bits = 4;

@@ -8,13 +8,13 @@
 #include <limits>
 
 #include "pmsnap/quant/format.h"
-#include "quant_test_tables.h"
+#include "testutil/quant_checks.h"
 
 namespace pmsnap::quant {
 namespace {
 
 std::vector<std::uint8_t> SerializedSample(Method method = Method::kAdaptive, int bits = 3) {
-  const auto table = testing::MakeTable(testing::RowShape::kNormal, 21, 13, 77);
+  const auto table = workloads::MakeTable(workloads::RowShape::kNormal, 21, 13, 77);
   QuantOptions options;
   options.method = method;
   options.bits = bits;
@@ -39,7 +39,7 @@ TEST(FormatTest, RoundTripIsSelfDescribing) {
   for (Method method :
        {Method::kSymmetric, Method::kAsymmetric, Method::kAdaptive, Method::kKMeans}) {
     for (int bits : {2, 3, 4, 8}) {
-      const auto table = testing::MakeTable(testing::RowShape::kHeavyTailed, 33, 19, 5);
+      const auto table = workloads::MakeTable(workloads::RowShape::kHeavyTailed, 33, 19, 5);
       QuantOptions options;
       options.method = method;
       options.bits = bits;
@@ -139,7 +139,7 @@ TEST(FormatTest, InconsistentFieldsNameTheField) {
 }
 
 TEST(FormatTest, NonFiniteStoredScaleFailsDequantizeWithRow) {
-  const auto table = testing::MakeTable(testing::RowShape::kNormal, 4, 8, 1);
+  const auto table = workloads::MakeTable(workloads::RowShape::kNormal, 4, 8, 1);
   QuantOptions options;
   options.scale_type = ScaleType::kFp32;
   auto q = Quantize(table.view(), options);

@@ -8,13 +8,13 @@
 #include <cstring>
 
 #include "pmsnap/quant/quant.h"
-#include "quant_test_tables.h"
+#include "testutil/quant_checks.h"
 
 namespace pmsnap::quant {
 namespace {
 
-using testing::MakeTable;
-using testing::RowShape;
+using workloads::MakeTable;
+using workloads::RowShape;
 
 QuantOptions KMeans(int bits, ScaleType scale_type = ScaleType::kFp32) {
   QuantOptions options;

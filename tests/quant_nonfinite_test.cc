@@ -7,7 +7,7 @@
 #include <string>
 
 #include "pmsnap/quant/quant.h"
-#include "quant_test_tables.h"
+#include "testutil/quant_checks.h"
 
 namespace pmsnap::quant {
 namespace {
@@ -25,7 +25,7 @@ TEST(NonFiniteTest, ErrorNamesTableRowAndColumn) {
     for (Method method :
          {Method::kSymmetric, Method::kAsymmetric, Method::kAdaptive, Method::kKMeans}) {
       for (std::uint32_t column : {0u, 3u, 63u}) {
-        auto table = testing::MakeTable(testing::RowShape::kNormal, 40, 64, 2, "user_emb");
+        auto table = workloads::MakeTable(workloads::RowShape::kNormal, 40, 64, 2, "user_emb");
         table.row(17)[column] = bad.value;
         QuantOptions options;
         options.method = method;
@@ -42,7 +42,7 @@ TEST(NonFiniteTest, ErrorNamesTableRowAndColumn) {
 }
 
 TEST(NonFiniteTest, LowestBadRowIsReportedUnderThreads) {
-  auto table = testing::MakeTable(testing::RowShape::kNormal, 200000, 16, 3, "big");
+  auto table = workloads::MakeTable(workloads::RowShape::kNormal, 200000, 16, 3, "big");
   table.row(199990)[1] = std::numeric_limits<float>::quiet_NaN();
   table.row(123457)[5] = std::numeric_limits<float>::infinity();
   table.row(150000)[0] = std::numeric_limits<float>::quiet_NaN();

@@ -8,13 +8,13 @@
 #include <set>
 
 #include "pmsnap/quant/param_search.h"
-#include "quant_test_tables.h"
+#include "testutil/quant_checks.h"
 
 namespace pmsnap::quant {
 namespace {
 
-using testing::MakeTable;
-using testing::RowShape;
+using workloads::MakeTable;
+using workloads::RowShape;
 
 class SampledChoiceTest : public ::testing::TestWithParam<std::tuple<RowShape, int>> {};
 
@@ -45,7 +45,8 @@ TEST_P(SampledChoiceTest, SampledChoiceEqualsFullTableChoice) {
 INSTANTIATE_TEST_SUITE_P(Tables, SampledChoiceTest,
                          ::testing::Combine(::testing::Values(RowShape::kNormal,
                                                               RowShape::kHeavyTailed),
-                                            ::testing::Values(2, 3, 4)));
+                                            ::testing::Values(2, 3, 4)),
+                         testing::TupleParamName());
 
 TEST(ParamSearchTest, TaperPointFollowsTheGainThreshold) {
   const auto table = MakeTable(RowShape::kHeavyTailed, 5000, 64, 7);

@@ -8,13 +8,13 @@
 #include <tuple>
 
 #include "pmsnap/quant/quant.h"
-#include "quant_test_tables.h"
+#include "testutil/quant_checks.h"
 
 namespace pmsnap::quant {
 namespace {
 
-using testing::MakeTable;
-using testing::RowShape;
+using workloads::MakeTable;
+using workloads::RowShape;
 
 class RoundTripTest
     : public ::testing::TestWithParam<std::tuple<Method, int, ScaleType, std::uint32_t>> {};
@@ -54,7 +54,8 @@ INSTANTIATE_TEST_SUITE_P(AllUniform, RoundTripTest,
                                                               Method::kAsymmetric),
                                             ::testing::Values(2, 3, 4, 8),
                                             ::testing::Values(ScaleType::kFp16, ScaleType::kFp32),
-                                            ::testing::Values(1u, 5u, 64u, 100u, 128u)));
+                                            ::testing::Values(1u, 5u, 64u, 100u, 128u)),
+                         testing::TupleParamName());
 
 TEST(RoundTripTest, RowBytesArePackedTightly) {
   for (int bits : {2, 3, 4, 8}) {

@@ -10,7 +10,7 @@
 
 #include "detail/half.h"
 #include "pmsnap/quant/quant.h"
-#include "quant_test_tables.h"
+#include "testutil/quant_checks.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -19,8 +19,8 @@
 namespace pmsnap::quant {
 namespace {
 
-using testing::MakeTable;
-using testing::RowShape;
+using workloads::MakeTable;
+using workloads::RowShape;
 
 class SimdEquivalenceTest : public ::testing::TestWithParam<Isa> {};
 

@@ -11,14 +11,14 @@
 #include <string>
 
 #include "pmsnap/quant/quant.h"
-#include "quant_test_tables.h"
+#include "testutil/quant_checks.h"
 
 namespace pmsnap::quant {
 namespace {
 
-using testing::MakeTable;
-using testing::OwnedTable;
-using testing::RowShape;
+using workloads::MakeTable;
+using workloads::OwnedTable;
+using workloads::RowShape;
 
 at::Tensor AsTensor(const OwnedTable& t) {
   return at::from_blob(const_cast<float*>(t.values.data()),
@@ -90,7 +90,8 @@ INSTANTIATE_TEST_SUITE_P(PrepackOps, TorchInteropTest,
                          ::testing::Combine(::testing::Values(2, 4, 8),
                                             ::testing::Values(RowShape::kNormal,
                                                               RowShape::kHeavyTailed),
-                                            ::testing::Values(8u, 64u, 128u, 200u)));
+                                            ::testing::Values(8u, 64u, 128u, 200u)),
+                         testing::TupleParamName());
 
 TEST(TorchInteropReadTest, OurDecoderReadsPyTorchBytesLikePyTorch) {
   const auto table = MakeTable(RowShape::kHeavyTailed, 300, 64, 5);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "pmsnap/common/pool_directory.h"
 #include "pmsnap/pmem_layout/pool.h"
 
 namespace {
@@ -65,8 +66,7 @@ int main(int argc, char** argv) {
   std::uint64_t mib = 256;
   std::uint32_t units = 32;
   double seconds = 2.0;
-  const char* env_dir = std::getenv("PMSNAP_POOL_DIR");
-  std::string path = std::string(env_dir ? env_dir : "/dev/shm") + "/pmsnap-pool-demo.pool";
+  std::string path = pmsnap::PoolDirectory() + "/pmsnap-pool-demo.pool";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--mib")

@@ -28,13 +28,13 @@
 
 namespace pmsnap::testing {
 
-// A fresh directory under PoolDir() with a file system mounted on it;
+// A fresh directory under PoolDirectory() with a file system mounted on it;
 // unmounted and removed on destruction (lazily if something still holds
 // it, so that a failing test cannot leave the mount behind busy).
 class ScratchMount {
  public:
   explicit ScratchMount(const std::string& tag) {
-    std::string pattern = PoolDir() + "/pmsnap-test-mnt-" + tag + "-XXXXXX";
+    std::string pattern = PoolDirectory() + "/pmsnap-test-mnt-" + tag + "-XXXXXX";
     if (::mkdtemp(pattern.data()) != nullptr) dir_ = pattern;
   }
   ~ScratchMount() {
@@ -47,7 +47,7 @@ class ScratchMount {
   // mount -t <type> -o <options> none <dir>. "" once mounted; else why not,
   // starting "skip: " where the caller may not mount at all (not root).
   std::string Mount(const std::string& type, const std::string& options) {
-    if (dir_.empty()) return "cannot make a mount point under " + PoolDir();
+    if (dir_.empty()) return "cannot make a mount point under " + PoolDirectory();
     if (::mount("none", dir_.c_str(), type.c_str(), 0, options.c_str()) != 0) {
       const int err = errno;
       const bool refused = err == EPERM || err == EACCES;

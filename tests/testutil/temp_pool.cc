@@ -10,11 +10,6 @@
 
 namespace pmsnap::testing {
 
-std::string PoolDir() {
-  const char* dir = std::getenv("PMSNAP_POOL_DIR");
-  return (dir != nullptr && *dir != '\0') ? dir : "/dev/shm";
-}
-
 void FlipBit(const std::string& path, std::uint64_t offset, int bit) {
   const int fd = ::open(path.c_str(), O_RDWR);
   ASSERT_GE(fd, 0) << "cannot open " << path;
@@ -27,7 +22,7 @@ void FlipBit(const std::string& path, std::uint64_t offset, int bit) {
 
 TempPoolPath::TempPoolPath(const std::string& tag) {
   static std::atomic<int> counter{0};
-  path_ = PoolDir() + "/pmsnap-test-" + tag + "-" + std::to_string(::getpid()) + "-" +
+  path_ = PoolDirectory() + "/pmsnap-test-" + tag + "-" + std::to_string(::getpid()) + "-" +
           std::to_string(counter.fetch_add(1)) + ".pool";
   std::filesystem::remove_all(path_);
 }

@@ -1,14 +1,13 @@
-// Test helpers: unique pool paths under $PMSNAP_POOL_DIR (default /dev/shm),
-// removed when the owner goes out of scope.
+// Test helpers: unique pool paths under PoolDirectory() ($PMSNAP_POOL_DIR,
+// default /dev/shm), removed when the owner goes out of scope.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-namespace pmsnap::testing {
+#include "pmsnap/common/pool_directory.h"
 
-// The directory pools live in during tests.
-std::string PoolDir();
+namespace pmsnap::testing {
 
 // Flips one bit of the byte at `offset` of a closed file (fault injection);
 // a gtest failure if the file cannot be read or written there.

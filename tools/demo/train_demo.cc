@@ -28,7 +28,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,10 +44,13 @@
 
 #include "pmsnap/common/child_process.h"
 #include "pmsnap/common/command_line.h"
+#include "pmsnap/common/pool_directory.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/hooks/extra_state.h"
-#include "pmsnap/hooks/optimizer_state.h"
 #include "pmsnap/runtime/cuda_device.h"
+#include "pmsnap/workloads/models.h"
+#include "pmsnap/workloads/state_dump.h"
+#include "pmsnap/workloads/zipf_rows.h"
 
 namespace {
 
@@ -178,66 +180,23 @@ std::vector<std::string> ChildFlags(const Options& o) {
 
 // ---------------------------------------------------------------- model
 
-torch::nn::Sequential Mlp(const std::vector<std::int64_t>& widths, bool last_relu) {
-  torch::nn::Sequential mlp;
-  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
-    mlp->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
-    if (i + 2 < widths.size() || last_relu) mlp->push_back(torch::nn::ReLU());
-  }
-  return mlp;
+// The DLRM-like model of workloads/ at the demo's size.
+pmsnap::workloads::DlrmOptions ModelShape(const Options& o) {
+  pmsnap::workloads::DlrmOptions shape;
+  shape.tables = o.tables;
+  shape.rows = o.rows;
+  shape.dim = o.dim;
+  shape.dense_features = o.dense;
+  shape.bottom_hidden = {64};
+  shape.top_hidden = {64, 32};
+  return shape;
 }
-
-struct DlrmImpl : torch::nn::Module {
-  DlrmImpl(const Options& o) {
-    bottom = register_module("bottom", Mlp({o.dense, 64, o.dim}, true));
-    for (int t = 0; t < o.tables; ++t) {
-      tables.push_back(
-          register_module("emb" + std::to_string(t),
-                          torch::nn::EmbeddingBag(
-                              torch::nn::EmbeddingBagOptions(o.rows, o.dim).mode(torch::kSum))));
-    }
-    const std::int64_t features = o.tables + 1;
-    const std::int64_t pairs = features * (features - 1) / 2;
-    top = register_module("top", Mlp({o.dim + pairs, 64, 32, 1}, false));
-    auto index = torch::triu_indices(features, features, 1);
-    pair_rows = index[0];
-    pair_cols = index[1];
-  }
-
-  // dense: [B, dense]; ids[t]: [B * bag] flat ids with offsets [B].
-  torch::Tensor forward(const torch::Tensor& dense, const std::vector<torch::Tensor>& ids,
-                        const torch::Tensor& offsets) {
-    torch::Tensor x = bottom->forward(dense);
-    std::vector<torch::Tensor> features = {x};
-    for (std::size_t t = 0; t < tables.size(); ++t) {
-      features.push_back(tables[t]->forward(ids[t], offsets));
-    }
-    // DLRM's interaction: every pairwise dot product of the feature vectors.
-    torch::Tensor stacked = torch::stack(features, 1);  // [B, F, D]
-    torch::Tensor dots = torch::bmm(stacked, stacked.transpose(1, 2));
-    torch::Tensor pairs = dots.index({torch::indexing::Slice(), pair_rows, pair_cols});
-    return top->forward(torch::cat({x, pairs}, 1)).squeeze(1);
-  }
-
-  torch::nn::Sequential bottom{nullptr}, top{nullptr};
-  std::vector<torch::nn::EmbeddingBag> tables;
-  torch::Tensor pair_rows, pair_cols;
-};
-TORCH_MODULE(Dlrm);
 
 // Synthetic click data: batch `iteration` is a pure function of (seed,
 // iteration), so a resumed process sees the same stream.
 class ZipfData {
  public:
-  explicit ZipfData(const Options& o) : o_(o) {
-    cdf_.resize(static_cast<std::size_t>(o.rows));
-    double sum = 0;
-    for (std::int64_t r = 0; r < o.rows; ++r) {
-      sum += 1.0 / std::pow(static_cast<double>(r + 1), o.zipf);
-      cdf_[static_cast<std::size_t>(r)] = sum;
-    }
-    for (double& c : cdf_) c /= sum;
-  }
+  explicit ZipfData(const Options& o) : o_(o), zipf_(o.rows, o.zipf) {}
 
   struct Batch {
     torch::Tensor dense, offsets, labels;
@@ -259,12 +218,8 @@ class ZipfData {
       torch::Tensor ids = torch::empty({o_.batch * o_.bag}, torch::kLong);
       std::int64_t* p = ids.data_ptr<std::int64_t>();
       for (std::int64_t i = 0; i < o_.batch * o_.bag; ++i) {
-        const auto rank = static_cast<std::int64_t>(
-            std::lower_bound(cdf_.begin(), cdf_.end(), uniform(rng)) - cdf_.begin());
-        // Scatter hot rows over the table (a fixed permutation per table).
-        p[i] = static_cast<std::int64_t>((static_cast<std::uint64_t>(rank) * 2654435761ull +
-                                          static_cast<std::uint64_t>(t) * 97) %
-                                         static_cast<std::uint64_t>(o_.rows));
+        const std::int64_t rank = zipf_.Rank(uniform(rng));
+        p[i] = zipf_.Row(rank, t);
         hotness[static_cast<std::size_t>(i / o_.bag)] += rank < 100 ? 1.0 : 0.0;
       }
       b.ids.push_back(ids);
@@ -281,7 +236,7 @@ class ZipfData {
 
  private:
   const Options& o_;
-  std::vector<double> cdf_;
+  pmsnap::workloads::ZipfRows zipf_;
 };
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const Options& o,
@@ -303,29 +258,19 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const Options& o,
   return nullptr;
 }
 
-// Final parameters and optimizer state, raw, in registration order.
-bool WriteFinalState(const std::string& path, Dlrm& model, torch::optim::Optimizer& optimizer) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  auto write = [&](const torch::Tensor& t) {
-    torch::Tensor c = t.contiguous();
-    out.write(static_cast<const char*>(c.data_ptr()),
-              static_cast<std::streamsize>(c.numel() * c.element_size()));
-  };
-  for (const auto& item : model->named_parameters()) {
-    write(item.value());
-    pmsnap::hooks::OptimizerStateView state =
-        pmsnap::hooks::ViewOptimizerState(optimizer, item.value());
-    for (const auto& t : state.tensors) write(t);
-    out.write(reinterpret_cast<const char*>(&state.step), sizeof(state.step));
-  }
-  return static_cast<bool>(out);
-}
-
 // ---------------------------------------------------------------- children
 
 int ChildFail(const std::string& message) {
   std::fprintf(stderr, "pmsnap-demo child: %s\n", message.c_str());
   return 2;
+}
+
+// The final parameters and optimizer state, for the parent's byte-for-byte
+// comparison; the child's exit status.
+int WriteState(const std::string& path, pmsnap::workloads::Dlrm& model,
+               torch::optim::Optimizer& optimizer) {
+  const pmsnap::Status written = pmsnap::workloads::WriteStateDump(path, *model, optimizer);
+  return written.ok() ? 0 : ChildFail(written.ToString());
 }
 
 // Prints "step k" after each iteration for the parent's progress display.
@@ -343,7 +288,7 @@ double Percentile(std::vector<double> values, double q) {
 int RunChild(const Options& o) {
   torch::set_num_threads(o.threads);
   torch::manual_seed(o.seed);
-  Dlrm model(o);
+  pmsnap::workloads::Dlrm model(ModelShape(o));
   auto optimizer = MakeOptimizer(o, model->parameters());
   if (!optimizer) return ChildFail("unknown optimizer " + o.optimizer);
   ZipfData data(o);
@@ -366,7 +311,7 @@ int RunChild(const Options& o) {
     }
     stats << "iteration_seconds " << SecondsSince(start) / static_cast<double>(o.iterations)
           << "\n";
-    return WriteFinalState(o.out, model, *optimizer) ? 0 : ChildFail("writing " + o.out);
+    return WriteState(o.out, model, *optimizer);
   }
 
   // role == "train": checkpoint every iteration, resume from the pool if it has a commit.
@@ -446,7 +391,7 @@ int RunChild(const Options& o) {
         << "policy " << s.policy << "\n"
         << "strategy " << s.strategy << "\n"
         << "summary " << s.Summary() << "\n";
-  return WriteFinalState(o.out, model, *optimizer) ? 0 : ChildFail("writing " + o.out);
+  return WriteState(o.out, model, *optimizer);
 }
 
 // ---------------------------------------------------------------- parent
@@ -570,8 +515,7 @@ int RunParent(Options o) {
   if (o.kill_at == 0)
     o.kill_at = o.iterations / 4 + rng() % std::max<std::uint64_t>(o.iterations / 2, 1);
   if (o.kill_at >= o.iterations) o.kill_at = o.iterations - 1;
-  const char* dir_env = std::getenv("PMSNAP_POOL_DIR");
-  const std::string dir = dir_env && *dir_env ? dir_env : "/dev/shm";
+  const std::string dir = pmsnap::PoolDirectory();
   if (o.pool.empty()) o.pool = dir + "/pmsnap-demo-" + std::to_string(getpid()) + ".pool";
   if (std::filesystem::exists(o.pool)) {
     std::fprintf(stderr, "pmsnap-demo: %s exists; pass another --pool or remove it\n",

@@ -30,7 +30,7 @@
 // the cache and no temporary is larger than a block. Every element goes
 // through the same kernels as in libtorch's step, so the result is bitwise
 // the same (the equivalence tests check it with blocks small enough to split
-// the test model's tensors); on the 92M-parameter MLP of bench/stall.cc (64
+// the test model's tensors); on the 92M-parameter MLP of bench/stall/ (64
 // MiB weights) it makes a training iteration 18-38% shorter. Other
 // optimizers, and parameters under 32 MiB (kDefaultMinBlockedBytes) or no
 // larger than one block, use the optimizer's own step().
