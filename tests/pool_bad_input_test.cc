@@ -242,6 +242,48 @@ TEST_F(DamagedPoolTest, FlippedBitInHeaderIsCorruption) {
   EXPECT_TRUE(Pool::Open(path_.path()).ok());
 }
 
+// Found by tests/fuzz/pool_open_fuzz.cc (a timeout): a manifest whose shapes
+// were changed under valid checksums made the open lay out billions of parts
+// (hanging, then running out of memory) before it compared the layout with
+// the header. The open must refuse it at once, naming the slot size.
+TEST(PoolOpenTest, ManifestTooLargeForItsSlotIsCorruption) {
+  TempPoolPath path("huge-manifest");
+  const Manifest manifest = MakeManifest(2, 3000);
+  PoolOptions options;
+  options.part_bytes = 4096;
+  FileRegions regions;
+  {
+    auto pool = Pool::Create(path.path(), manifest, options);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    regions = (*pool)->regions();
+  }
+  // Same encoded length (dims are fixed-width), 2^46 bytes for one tensor.
+  Manifest huge = manifest;
+  huge.units[0].tensors[0].shape = {16, std::int64_t{1} << 40};
+  const std::vector<std::byte> huge_bytes = huge.Serialize();
+  ASSERT_EQ(huge_bytes.size(), manifest.Serialize().size());
+
+  detail::PoolHeader header{};
+  const int fd = ::open(path.path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pread(fd, &header, sizeof(header), regions.header.offset),
+            static_cast<ssize_t>(sizeof(header)));
+  ASSERT_EQ(::pwrite(fd, huge_bytes.data(), huge_bytes.size(), header.manifest_offset),
+            static_cast<ssize_t>(huge_bytes.size()));
+  header.manifest_checksum = Checksum64(huge_bytes.data(), huge_bytes.size());
+  header.model_signature = huge.Signature();
+  header.header_checksum = 0;
+  header.header_checksum = Checksum64(&header, sizeof(header));
+  ASSERT_EQ(::pwrite(fd, &header, sizeof(header), regions.header.offset),
+            static_cast<ssize_t>(sizeof(header)));
+  ::close(fd);
+
+  auto pool = Pool::Open(path.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(pool.status().message(), HasSubstr("need more than the header's slot"));
+  EXPECT_THAT(pool.status().message(), HasSubstr(path.path()));
+}
+
 TEST_F(DamagedPoolTest, FlippedBitInManifestIsCorruption) {
   FlipBit(path_.path(), regions_.manifest.offset + regions_.manifest.bytes / 2);
   auto pool = Pool::Open(path_.path());
