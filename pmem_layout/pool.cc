@@ -716,8 +716,11 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   std::uint64_t offset = impl.root->chunks.head_offset;
   std::uint64_t prev = 0;
   while (offset != 0) {
-    const bool header_fits =
-        in_bounds(offset, sizeof(ChunkHeader)) && impl.chunks.size() <= impl.root->chunks.count;
+    // A misaligned offset cannot be a chunk (libpmemobj aligns allocations);
+    // reading a header there would be undefined behaviour.
+    const bool header_fits = offset % alignof(ChunkHeader) == 0 &&
+                             in_bounds(offset, sizeof(ChunkHeader)) &&
+                             impl.chunks.size() <= impl.root->chunks.count;
     const ChunkHeader* chunk = header_fits ? impl.At<ChunkHeader>(offset) : nullptr;
     if (chunk == nullptr || chunk->magic != detail::kChunkMagic || chunk->prev_offset != prev ||
         !in_bounds(offset + sizeof(ChunkHeader), chunk->bytes)) {

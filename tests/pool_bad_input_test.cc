@@ -19,6 +19,7 @@
 #include "detail/format.h"
 #include "pmsnap/pmem_layout/checksum.h"
 #include "pmsnap/pmem_layout/pool.h"
+#include "testutil/manifest_rewrite.h"
 #include "testutil/pool_fixtures.h"
 #include "testutil/temp_pool.h"
 
@@ -260,28 +261,52 @@ TEST(PoolOpenTest, ManifestTooLargeForItsSlotIsCorruption) {
   // Same encoded length (dims are fixed-width), 2^46 bytes for one tensor.
   Manifest huge = manifest;
   huge.units[0].tensors[0].shape = {16, std::int64_t{1} << 40};
-  const std::vector<std::byte> huge_bytes = huge.Serialize();
-  ASSERT_EQ(huge_bytes.size(), manifest.Serialize().size());
-
-  detail::PoolHeader header{};
-  const int fd = ::open(path.path().c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::pread(fd, &header, sizeof(header), regions.header.offset),
-            static_cast<ssize_t>(sizeof(header)));
-  ASSERT_EQ(::pwrite(fd, huge_bytes.data(), huge_bytes.size(), header.manifest_offset),
-            static_cast<ssize_t>(huge_bytes.size()));
-  header.manifest_checksum = Checksum64(huge_bytes.data(), huge_bytes.size());
-  header.model_signature = huge.Signature();
-  header.header_checksum = 0;
-  header.header_checksum = Checksum64(&header, sizeof(header));
-  ASSERT_EQ(::pwrite(fd, &header, sizeof(header), regions.header.offset),
-            static_cast<ssize_t>(sizeof(header)));
-  ::close(fd);
+  pmsnap::testing::RewriteManifest(path.path(), regions.header.offset, huge);
 
   auto pool = Pool::Open(path.path());
   EXPECT_EQ(pool.status().code(), StatusCode::kCorruption);
   EXPECT_THAT(pool.status().message(), HasSubstr("need more than the header's slot"));
   EXPECT_THAT(pool.status().message(), HasSubstr(path.path()));
+}
+
+// Found by tests/fuzz/pool_open_fuzz.cc (undefined behaviour under UBSan):
+// a damaged chunk-list head pointing one byte past a chunk made the open read
+// a ChunkHeader at a misaligned address. Only the UBSan build and the fuzz
+// build saw the old failure; here the open must keep the slots and report
+// the damaged list, with no chunks.
+TEST(PoolOpenTest, MisalignedChunkListHeadIsADamagedList) {
+  TempPoolPath path("misaligned-chunk");
+  PoolOptions options;
+  options.chunk_heap_bytes = 1 << 20;
+  FileRegions regions;
+  std::uint64_t chunk_id = 0;
+  {
+    auto pool = Pool::Create(path.path(), MakeManifest(1, 1000), options);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 10).ok());
+    auto chunk = (*pool)->AllocChunk(100, 1, 7);
+    ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+    ASSERT_TRUE((*pool)->SealChunk(chunk->id).ok());
+    chunk_id = chunk->id;
+    regions = (*pool)->regions();
+  }
+  const std::uint64_t misaligned_head = chunk_id + 1;
+  const int fd = ::open(path.path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, &misaligned_head, sizeof(misaligned_head),
+                     regions.chunk_heap_root.offset + offsetof(detail::ChunkHeapRoot, head_offset)),
+            static_cast<ssize_t>(sizeof(misaligned_head)));
+  ::close(fd);
+
+  std::vector<std::string> warnings;
+  SetWarningSink([&warnings](const std::string& w) { warnings.push_back(w); });
+  auto pool = Pool::Open(path.path());
+  SetWarningSink(nullptr);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_TRUE((*pool)->Latest().ok());
+  EXPECT_TRUE((*pool)->ListChunks().empty());
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_THAT(warnings.front(), HasSubstr("chunk list is damaged"));
 }
 
 TEST_F(DamagedPoolTest, FlippedBitInManifestIsCorruption) {
