@@ -53,6 +53,7 @@ rm -rf "$build_dir/seeds"
 "$build_dir/tests/fuzz/pmsnap-fuzz-seeds" "$build_dir/seeds"
 mkdir -p "$build_dir/logs"
 : >"$build_dir/summary.txt"
+touch "$build_dir/logs/run-start"  # findings newer than this are this run's
 
 # Runs one target; prints its summary line. libFuzzer's exit status is
 # nonzero on a finding (the input lands in findings/<target>/).
@@ -70,7 +71,7 @@ run_target() {
   ft="$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)"
   corpus="$(find "$build_dir/corpus/$target" -type f | wc -l)"
   local findings
-  findings="$(find "$build_dir/findings/$target" -type f | wc -l)"
+  findings="$(find "$build_dir/findings/$target" -type f -newer "$build_dir/logs/run-start" | wc -l)"
   local line="$target: ${seconds}s execs=${execs:-?} cov=${cov:-?} ft=${ft:-?} corpus=$corpus findings=$findings exit=$status"
   echo "$line" | tee -a "$build_dir/summary.txt"
   if ((status != 0)); then
