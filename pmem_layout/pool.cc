@@ -1292,7 +1292,10 @@ Status Pool::FreeChunk(std::uint64_t chunk_id) {
     } else {
       heap.head_offset = chunk.next_offset;
     }
-    if (chunk.next_offset != 0) {
+    // A damaged list ends the open's walk early, and the last chunk it kept
+    // may point on to anything: only a chunk the walk (or AllocChunk) kept
+    // is written, never whatever bytes a damaged pointer names.
+    if (chunk.next_offset != 0 && impl.chunks.count(chunk.next_offset) != 0) {
       auto& next = *impl.At<ChunkHeader>(chunk.next_offset);
       if (pmemobj_tx_add_range_direct(&next.prev_offset, 8) != 0) return errno ? errno : EIO;
       next.prev_offset = chunk.prev_offset;

@@ -309,6 +309,54 @@ TEST(PoolOpenTest, MisalignedChunkListHeadIsADamagedList) {
   EXPECT_THAT(warnings.front(), HasSubstr("chunk list is damaged"));
 }
 
+// Found by tests/fuzz/pool_open_fuzz.cc (pointer overflow under UBSan): the
+// open's walk of a damaged chunk list stops at the damage, but the last chunk
+// it kept still points on. Freeing that chunk (the orphan sweep of the next
+// BeginEpoch) wrote its prev offset into whatever the damaged pointer named:
+// here the committed slot's data, which then failed its checksum.
+TEST(PoolOpenTest, FreeingTheLastChunkBeforeADamagedLinkWritesNothingElse) {
+  TempPoolPath path("damaged-next");
+  PoolOptions options;
+  options.chunk_heap_bytes = 1 << 20;
+  FileRegions regions;
+  std::uint64_t orphan = 0;
+  {
+    auto pool = Pool::Create(path.path(), MakeManifest(1, 1000), options);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 10).ok());
+    // Epoch 2 never commits: the next BeginEpoch frees this chunk.
+    auto chunk = (*pool)->AllocChunk(100, 2, 7);
+    ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+    orphan = chunk->id;
+    regions = (*pool)->regions();
+  }
+  const int latest_slot = 1;  // epoch 1
+  const std::uint64_t into_slot_data = regions.slot_data[latest_slot].offset;
+  const int fd = ::open(path.path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, &into_slot_data, sizeof(into_slot_data),
+                     orphan + offsetof(detail::ChunkHeader, next_offset)),
+            static_cast<ssize_t>(sizeof(into_slot_data)));
+  ::close(fd);
+
+  SetWarningSink([](const std::string&) {});
+  {
+    auto pool = Pool::Open(path.path());
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_EQ((*pool)->ListChunks().size(), 1u);
+    ASSERT_TRUE((*pool)->BeginEpoch(20).ok());  // sweeps the orphan
+    (*pool)->Abandon();
+    EXPECT_TRUE((*pool)->ListChunks().empty());
+  }
+  auto pool = Pool::Open(path.path());
+  SetWarningSink(nullptr);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(latest->slot(), latest_slot);
+  EXPECT_EQ(CheckSeededView((*pool)->manifest(), *latest, 1), "");
+}
+
 TEST_F(DamagedPoolTest, FlippedBitInManifestIsCorruption) {
   FlipBit(path_.path(), regions_.manifest.offset + regions_.manifest.bytes / 2);
   auto pool = Pool::Open(path_.path());
