@@ -192,7 +192,9 @@ Result<std::vector<std::byte>> SliceDataChunk(const DataChunkView& source,
   for (const TensorBlock& t : source.tensors) {
     const std::uint64_t record = t.row_record_bytes();
     std::vector<std::uint8_t> records(record * positions.size());
-    for (std::size_t i = 0; i < positions.size(); ++i) {
+    // A zero-width tensor has no bytes per row (and `records` no storage:
+    // memcpy must not see its null data()).
+    for (std::size_t i = 0; record != 0 && i < positions.size(); ++i) {
       std::memcpy(records.data() + i * record, t.row_record(positions[i]), record);
     }
     PMSNAP_RETURN_IF_ERROR(AppendBlock(w, t.quantized, t.quantized_view.spec, t.elems_per_row,
@@ -234,7 +236,9 @@ Result<DataChunkView> ParseDataChunk(std::span<const std::byte> bytes, const std
   }
   for (std::uint16_t t = 0; t < header.tensor_count; ++t) {
     std::uint64_t block_bytes = 0, kind = 0;
-    if (bytes.size() - pos < 16)
+    // The previous block's padding may end past the bytes (a block ending
+    // unaligned at the end of the chunk): no room for another block then.
+    if (pos > bytes.size() || bytes.size() - pos < 16)
       return Status(StatusCode::kCorruption, what + ": tensor block truncated");
     std::memcpy(&block_bytes, base + pos, 8);
     std::memcpy(&kind, base + pos + 8, 8);

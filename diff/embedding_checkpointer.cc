@@ -702,6 +702,20 @@ Result<RecoveredTable> RecoverTable(const layout::Pool& pool, const std::string&
     }
     return Status(StatusCode::kNotFound, what + " is not retained (retained: " + retained + ")");
   }
+  // Every retained checkpoint starts from a baseline holding every row, at
+  // 2 bits per value at the least. A table that could not fit the chunk heap
+  // even so comes from a damaged manifest: refuse it before allocating it.
+  const TableShape& shape = found.second;
+  std::uint64_t values_per_row = 0;
+  for (std::uint32_t elems : shape.elems_per_row) values_per_row += elems;
+  std::uint64_t values = 0;
+  if (__builtin_mul_overflow(shape.rows, values_per_row, &values) ||
+      values / 4 > pool.chunk_heap_capacity()) {
+    return Status(StatusCode::kCorruption,
+                  what + ": the manifest's table of " + std::to_string(shape.rows) +
+                      " rows cannot fit the pool's chunk heap of " +
+                      std::to_string(pool.chunk_heap_capacity()) + " bytes");
+  }
   RecoveredTable out;
   out.epoch = checkpoint->epoch;
   out.iteration = checkpoint->iteration;

@@ -72,8 +72,11 @@ Result<std::unique_ptr<ChunkHeap>> ChunkHeap::Load(std::unique_ptr<State> state)
   std::uint64_t prev = 0;
   while (offset != 0) {
     // More chunks than the root counts: a cycle, or a link into garbage.
-    const bool header_fits =
-        in_bounds(offset, sizeof(ChunkHeader)) && s.chunks.size() <= s.root->count;
+    // A misaligned offset cannot be a chunk (libpmemobj aligns allocations);
+    // reading a header there would be undefined behaviour.
+    const bool header_fits = offset % alignof(ChunkHeader) == 0 &&
+                             in_bounds(offset, sizeof(ChunkHeader)) &&
+                             s.chunks.size() <= s.root->count;
     const ChunkHeader* chunk = header_fits ? s.At<ChunkHeader>(offset) : nullptr;
     if (chunk == nullptr || chunk->magic != detail::kChunkMagic || chunk->prev_offset != prev ||
         !in_bounds(offset + sizeof(ChunkHeader), chunk->bytes)) {
@@ -225,7 +228,10 @@ Status ChunkHeap::Free(std::uint64_t chunk_id) {
     } else {
       heap.head_offset = chunk.next_offset;
     }
-    if (chunk.next_offset != 0) {
+    // A damaged list ends the open's walk early, and the last chunk it kept
+    // may point on to anything: only a chunk the walk (or Alloc) kept is
+    // written, never whatever bytes a damaged pointer names.
+    if (chunk.next_offset != 0 && s.chunks.count(chunk.next_offset) != 0) {
       auto& next = *s.At<ChunkHeader>(chunk.next_offset);
       if (pmemobj_tx_add_range_direct(&next.prev_offset, 8) != 0) return errno ? errno : EIO;
       next.prev_offset = chunk.prev_offset;

@@ -215,6 +215,23 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   if (options_.part_bytes < 4096 || options_.part_bytes % kTensorAlignment != 0) {
     return corruption("part size " + std::to_string(options_.part_bytes) + " is invalid");
   }
+  // The manifest's tensors must fit the slot the header sized (and the
+  // bounds check above placed in the file) before laying them out: a
+  // manifest with absurd shapes under valid checksums would otherwise make
+  // ComputeLayout list billions of parts.
+  std::uint64_t manifest_slot_bytes = 0;
+  for (const UnitSpec& unit : manifest_.units) {
+    if ((unit.flags & kUnitFlagEncoded) != 0) continue;
+    for (const TensorSpec& tensor : unit.tensors) {
+      manifest_slot_bytes = AlignUp(manifest_slot_bytes, kTensorAlignment);
+      if (manifest_slot_bytes > header.slot_bytes ||
+          tensor.bytes() > header.slot_bytes - manifest_slot_bytes) {
+        return corruption("manifest tensors need more than the header's slot of " +
+                          std::to_string(header.slot_bytes) + " bytes");
+      }
+      manifest_slot_bytes += tensor.bytes();
+    }
+  }
   layout_ = ComputeLayout(manifest_, options_.part_bytes);
   if (layout_.slot_bytes != header.slot_bytes || layout_.parts.size() != header.part_count ||
       RecordBytes(header.part_count, header.extra_state_capacity) != header.record_bytes) {

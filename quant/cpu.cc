@@ -2,11 +2,24 @@
 // Thread-safety: DetectIsa caches its answer in a function-local static.
 #include "pmsnap/quant/cpu.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "detail/kernels.h"
 
 namespace pmsnap::quant {
 
 namespace {
+#if defined(__x86_64__) || defined(__i386__)
+// CPUID leaf 1, ECX bit 29. Not __builtin_cpu_supports("f16c"): clang 14
+// (the fuzz build's compiler, Debian 12) does not know that feature name.
+bool CpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
 Isa Probe() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -15,8 +28,7 @@ Isa Probe() {
       __builtin_cpu_supports("avx512dq")) {
     return Isa::kAvx512;
   }
-  if (detail::Avx2Kernels() != nullptr && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("f16c")) {
+  if (detail::Avx2Kernels() != nullptr && __builtin_cpu_supports("avx2") && CpuHasF16c()) {
     return Isa::kAvx2;
   }
 #endif

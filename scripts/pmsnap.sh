@@ -22,6 +22,7 @@ build_dir="${PMSNAP_BUILD_DIR:-$root/build}"
 
 packages=(
   cmake ninja-build g++ pkg-config ccache
+  clang libclang-rt-dev
   libpmem-dev libpmemobj-dev pmdk-tools libxxhash-dev libtbb-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   python3 python3-dev python3-venv pybind11-dev

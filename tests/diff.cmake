@@ -1,5 +1,8 @@
 # diff: embedding checkpoints (policies, retention, recovery, crash, corruption).
 pmsnap_add_test(diff_checkpoints_test SOURCES diff_checkpoints_test.cc
                 LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")
-target_include_directories(diff_checkpoints_test PRIVATE ${PROJECT_SOURCE_DIR}/diff)
+target_include_directories(diff_checkpoints_test PRIVATE ${PROJECT_SOURCE_DIR}/diff
+                           ${PROJECT_SOURCE_DIR}/pmem_layout)
 pmsnap_add_pool_test(diff_crash_test SOURCES diff_crash_test.cc LIBS pmsnap::diff)
+pmsnap_add_test(diff_chunk_format_test SOURCES diff_chunk_format_test.cc LIBS pmsnap::diff)
+target_include_directories(diff_chunk_format_test PRIVATE ${PROJECT_SOURCE_DIR}/diff)

@@ -12,6 +12,7 @@
 #include "detail/policy_rules.h"
 #include "pmsnap/diff/embedding_checkpointer.h"
 #include "testutil/embedding_toy.h"
+#include "testutil/manifest_rewrite.h"
 #include "testutil/temp_pool.h"
 
 namespace pmsnap::diff {
@@ -235,6 +236,44 @@ TEST(DiffEngineTest, DamagedChunkIsCorruptionNamingTableAndCheckpoint) {
   EXPECT_EQ(table.status().code(), StatusCode::kCorruption);
   EXPECT_THAT(table.status().message(),
               HasSubstr("table 'emb.users' checkpoint " + std::to_string(epoch)));
+}
+
+// Found by tests/fuzz/pool_open_fuzz.cc (an allocation of terabytes): a
+// manifest rewritten under valid checksums to give the encoded table 2^40
+// rows. Encoded units take no slot bytes, so the pool still opens; recovery
+// allocated the whole table before reading a chunk. It must refuse a table
+// that even 2-bit codes could not fit in the pool's chunk heap.
+TEST(DiffEngineTest, TableTooLargeForTheChunkHeapIsCorruption) {
+  TempPoolPath path("diff-huge-table");
+  std::uint64_t header_offset = 0;
+  layout::Manifest manifest;
+  {
+    auto checkpointer = std::make_shared<EmbeddingCheckpointer>(EmbeddingOptions{});
+    EmbeddingToy toy(kRows, kDim);
+    auto engine = runtime::Engine::Open(Options(path.path(), checkpointer), toy.Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    Train(**engine, *checkpointer, toy, 1, 2);
+    header_offset = (*engine)->pool().regions().header.offset;
+    manifest = (*engine)->pool().manifest();
+  }
+  const std::optional<std::uint32_t> table = [&]() -> std::optional<std::uint32_t> {
+    for (std::uint32_t u = 0; u < manifest.units.size(); ++u) {
+      if (manifest.units[u].name == "emb.users") return u;
+    }
+    return std::nullopt;
+  }();
+  ASSERT_TRUE(table.has_value());
+  for (layout::TensorSpec& tensor : manifest.units[*table].tensors) {
+    tensor.shape[0] = std::int64_t{1} << 40;
+  }
+  pmsnap::testing::RewriteManifest(path.path(), header_offset, manifest);
+
+  auto pool = layout::Pool::Open(path.path());
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto recovered = RecoverTable(**pool, "emb.users");
+  EXPECT_EQ(recovered.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(recovered.status().message(), HasSubstr("cannot fit the pool's chunk heap"));
+  EXPECT_THAT(recovered.status().message(), HasSubstr("table 'emb.users'"));
 }
 
 TEST(DiffEngineTest, IntermittentPolicyTakesANewBaselineWhenDifferentialsGrow) {

@@ -19,6 +19,7 @@
 #include "detail/format.h"
 #include "pmsnap/pmem_layout/checksum.h"
 #include "pmsnap/pmem_layout/pool.h"
+#include "testutil/manifest_rewrite.h"
 #include "testutil/pool_fixtures.h"
 #include "testutil/temp_pool.h"
 
@@ -240,6 +241,120 @@ TEST_F(DamagedPoolTest, FlippedBitInHeaderIsCorruption) {
     FlipBit(path_.path(), regions_.header.offset + field);
   }
   EXPECT_TRUE(Pool::Open(path_.path()).ok());
+}
+
+// Found by tests/fuzz/pool_open_fuzz.cc (a timeout): a manifest whose shapes
+// were changed under valid checksums made the open lay out billions of parts
+// (hanging, then running out of memory) before it compared the layout with
+// the header. The open must refuse it at once, naming the slot size.
+TEST(PoolOpenTest, ManifestTooLargeForItsSlotIsCorruption) {
+  TempPoolPath path("huge-manifest");
+  const Manifest manifest = MakeManifest(2, 3000);
+  PoolOptions options;
+  options.part_bytes = 4096;
+  FileRegions regions;
+  {
+    auto pool = Pool::Create(path.path(), manifest, options);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    regions = (*pool)->regions();
+  }
+  // Same encoded length (dims are fixed-width), 2^46 bytes for one tensor.
+  Manifest huge = manifest;
+  huge.units[0].tensors[0].shape = {16, std::int64_t{1} << 40};
+  pmsnap::testing::RewriteManifest(path.path(), regions.header.offset, huge);
+
+  auto pool = Pool::Open(path.path());
+  EXPECT_EQ(pool.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(pool.status().message(), HasSubstr("need more than the header's slot"));
+  EXPECT_THAT(pool.status().message(), HasSubstr(path.path()));
+}
+
+// Found by tests/fuzz/pool_open_fuzz.cc (undefined behaviour under UBSan):
+// a damaged chunk-list head pointing one byte past a chunk made the open read
+// a ChunkHeader at a misaligned address. Only the UBSan build and the fuzz
+// build saw the old failure; here the open must keep the slots and report
+// the damaged list, with no chunks.
+TEST(PoolOpenTest, MisalignedChunkListHeadIsADamagedList) {
+  TempPoolPath path("misaligned-chunk");
+  PoolOptions options;
+  options.chunk_heap_bytes = 1 << 20;
+  FileRegions regions;
+  std::uint64_t chunk_id = 0;
+  {
+    auto pool = Pool::Create(path.path(), MakeManifest(1, 1000), options);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 10).ok());
+    auto chunk = (*pool)->chunk_heap().Alloc(100, 1, 7);
+    ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+    ASSERT_TRUE((*pool)->chunk_heap().Seal(chunk->id).ok());
+    chunk_id = chunk->id;
+    regions = (*pool)->regions();
+  }
+  const std::uint64_t misaligned_head = chunk_id + 1;
+  const int fd = ::open(path.path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, &misaligned_head, sizeof(misaligned_head),
+                     regions.chunk_heap_root.offset + offsetof(detail::ChunkHeapRoot, head_offset)),
+            static_cast<ssize_t>(sizeof(misaligned_head)));
+  ::close(fd);
+
+  std::vector<std::string> warnings;
+  SetWarningSink([&warnings](const std::string& w) { warnings.push_back(w); });
+  auto pool = Pool::Open(path.path());
+  SetWarningSink(nullptr);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_TRUE((*pool)->Latest().ok());
+  EXPECT_TRUE((*pool)->chunk_heap().List().empty());
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_THAT(warnings.front(), HasSubstr("chunk list is damaged"));
+}
+
+// Found by tests/fuzz/pool_open_fuzz.cc (pointer overflow under UBSan): the
+// open's walk of a damaged chunk list stops at the damage, but the last chunk
+// it kept still points on. Freeing that chunk (the orphan sweep of the next
+// BeginEpoch) wrote its prev offset into whatever the damaged pointer named:
+// here the committed slot's data, which then failed its checksum.
+TEST(PoolOpenTest, FreeingTheLastChunkBeforeADamagedLinkWritesNothingElse) {
+  TempPoolPath path("damaged-next");
+  PoolOptions options;
+  options.chunk_heap_bytes = 1 << 20;
+  FileRegions regions;
+  std::uint64_t orphan = 0;
+  {
+    auto pool = Pool::Create(path.path(), MakeManifest(1, 1000), options);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 10).ok());
+    // Epoch 2 never commits: the next BeginEpoch frees this chunk.
+    auto chunk = (*pool)->chunk_heap().Alloc(100, 2, 7);
+    ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+    orphan = chunk->id;
+    regions = (*pool)->regions();
+  }
+  const int latest_slot = 1;  // epoch 1
+  const std::uint64_t into_slot_data = regions.slot_data[latest_slot].offset;
+  const int fd = ::open(path.path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, &into_slot_data, sizeof(into_slot_data),
+                     orphan + offsetof(detail::ChunkHeader, next_offset)),
+            static_cast<ssize_t>(sizeof(into_slot_data)));
+  ::close(fd);
+
+  SetWarningSink([](const std::string&) {});
+  {
+    auto pool = Pool::Open(path.path());
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_EQ((*pool)->chunk_heap().List().size(), 1u);
+    ASSERT_TRUE((*pool)->BeginEpoch(20).ok());  // sweeps the orphan
+    (*pool)->Abandon();
+    EXPECT_TRUE((*pool)->chunk_heap().List().empty());
+  }
+  auto pool = Pool::Open(path.path());
+  SetWarningSink(nullptr);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(latest->slot(), latest_slot);
+  EXPECT_EQ(CheckSeededView((*pool)->manifest(), *latest, 1), "");
 }
 
 TEST_F(DamagedPoolTest, FlippedBitInManifestIsCorruption) {
