@@ -172,7 +172,8 @@ std::string CheckImage(const PowerLossSimulator& simulator, const PowerLossImage
   }
   const std::string extra = ExtraState(recovered);
   const auto stored = latest->extra_state();
-  if (stored.size() != extra.size() || std::memcmp(stored.data(), extra.data(), extra.size()) != 0) {
+  if (stored.size() != extra.size() ||
+      std::memcmp(stored.data(), extra.data(), extra.size()) != 0) {
     return where + "epoch " + std::to_string(recovered) + ": extra state differs";
   }
   if (with_chunks) {
@@ -265,8 +266,8 @@ TEST(PoolPowerLossTest, CreatedPoolOpensFromEveryImageAfterItsHeaderIsDrained) {
 
 TEST(PoolPowerLossTest, EpochsRecoverToTheLastDrainedCommitFromEveryImage) {
   const Outcome outcome = RunWorkload(/*with_chunks=*/false, 11);
-  std::cout << "persist points " << outcome.persist_points << ", images checked "
-            << outcome.images << ", bad " << outcome.problems.size() << "\n";
+  std::cout << "persist points " << outcome.persist_points << ", images checked " << outcome.images
+            << ", bad " << outcome.problems.size() << "\n";
   EXPECT_GT(outcome.persist_points, 50u);
   EXPECT_GT(outcome.images, 200u);
   for (std::size_t i = 0; i < outcome.problems.size() && i < 5; ++i) {
@@ -276,8 +277,8 @@ TEST(PoolPowerLossTest, EpochsRecoverToTheLastDrainedCommitFromEveryImage) {
 
 TEST(PoolPowerLossTest, ChunkAllocSealFreeAndSweepSurviveEveryImage) {
   const Outcome outcome = RunWorkload(/*with_chunks=*/true, 12);
-  std::cout << "persist points " << outcome.persist_points << ", images checked "
-            << outcome.images << ", bad " << outcome.problems.size() << "\n";
+  std::cout << "persist points " << outcome.persist_points << ", images checked " << outcome.images
+            << ", bad " << outcome.problems.size() << "\n";
   EXPECT_GT(outcome.images, 200u);
   for (std::size_t i = 0; i < outcome.problems.size() && i < 5; ++i) {
     ADD_FAILURE() << outcome.problems[i];

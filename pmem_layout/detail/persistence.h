@@ -43,8 +43,7 @@ class Persistence {
   // Waits until this thread's flushes and non-temporal stores are durable.
   virtual void Drain(PMEMobjpool* pop) = 0;
   // Copies src into PM with non-temporal stores; durable after Drain.
-  virtual void CopyNonTemporal(PMEMobjpool* pop, void* dst, const void* src,
-                               std::size_t bytes) = 0;
+  virtual void CopyNonTemporal(PMEMobjpool* pop, void* dst, const void* src, std::size_t bytes) = 0;
   // The fused kernel (Xxh3Kernels::copy_and_hash): streams a prefix of src
   // into dst (64-byte aligned) with non-temporal stores, durable after
   // Drain, and hashes all of src. Returns the prefix's length.
@@ -103,10 +102,12 @@ inline LibpmemobjPersistence& Production() { return g_production; }
 inline Persistence* Installed() { return g_installed_persistence.load(std::memory_order_relaxed); }
 
 inline void Mapped(PMEMobjpool* pop, std::byte* base, std::uint64_t bytes) {
-  if (Persistence* p = Installed(); p != nullptr) [[unlikely]] p->Mapped(pop, base, bytes);
+  if (Persistence* p = Installed(); p != nullptr) [[unlikely]]
+    p->Mapped(pop, base, bytes);
 }
 inline void Unmapping(PMEMobjpool* pop) {
-  if (Persistence* p = Installed(); p != nullptr) [[unlikely]] p->Unmapping(pop);
+  if (Persistence* p = Installed(); p != nullptr) [[unlikely]]
+    p->Unmapping(pop);
 }
 inline void Flush(PMEMobjpool* pop, const void* addr, std::size_t bytes) {
   if (Persistence* p = Installed(); p != nullptr) [[unlikely]] {
@@ -160,10 +161,12 @@ inline std::size_t StreamAndHash(void* dst, const void* src, std::size_t bytes,
 class LibraryWrites {
  public:
   explicit LibraryWrites(PMEMobjpool* pop) : pop_(pop), persistence_(Installed()) {
-    if (persistence_ != nullptr) [[unlikely]] persistence_->BeginLibraryWrites(pop_);
+    if (persistence_ != nullptr) [[unlikely]]
+      persistence_->BeginLibraryWrites(pop_);
   }
   ~LibraryWrites() {
-    if (persistence_ != nullptr) [[unlikely]] persistence_->EndLibraryWrites(pop_);
+    if (persistence_ != nullptr) [[unlikely]]
+      persistence_->EndLibraryWrites(pop_);
   }
   LibraryWrites(const LibraryWrites&) = delete;
   LibraryWrites& operator=(const LibraryWrites&) = delete;
