@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "detail/chunk_heap_state.h"
+#include "detail/persistence.h"
 #include "detail/pmdk.h"
 
 namespace pmsnap::layout {
@@ -130,7 +131,7 @@ Result<ChunkInfo> ChunkHeap::Alloc(std::uint64_t bytes, std::uint64_t epoch, std
     chunk.tag = tag;
     chunk.bytes = bytes;
     chunk.header_checksum = detail::ChunkHeaderChecksum(chunk);
-    pmemobj_persist(s.pop, &chunk, sizeof(chunk));
+    detail::seam::Persist(s.pop, &chunk, sizeof(chunk));
     if (heap.head_offset != 0) {
       auto& old_head = *s.At<ChunkHeader>(heap.head_offset);
       if (pmemobj_tx_add_range_direct(&old_head.prev_offset, 8) != 0) return errno ? errno : EIO;
@@ -173,13 +174,13 @@ Result<std::span<std::byte>> ChunkHeap::Payload(std::uint64_t chunk_id) {
 Status ChunkHeap::Seal(std::uint64_t chunk_id) {
   PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, Payload(chunk_id));
   State& s = *state_;
-  pmemobj_persist(s.pop, payload.data(), payload.size());
+  detail::seam::Persist(s.pop, payload.data(), payload.size());
   auto& chunk = *s.At<ChunkHeader>(chunk_id);
   chunk.payload_checksum = Checksum64(payload.data(), payload.size());
-  pmemobj_persist(s.pop, &chunk.payload_checksum, sizeof(chunk.payload_checksum));
+  detail::seam::Persist(s.pop, &chunk.payload_checksum, sizeof(chunk.payload_checksum));
   // Only after the checksum is durable: a sealed chunk always verifies.
   chunk.sealed = 1;
-  pmemobj_persist(s.pop, &chunk.sealed, sizeof(chunk.sealed));
+  detail::seam::Persist(s.pop, &chunk.sealed, sizeof(chunk.sealed));
   std::lock_guard<std::mutex> lock(s.mutex);
   s.chunks[chunk_id].sealed = true;
   return Status::Ok();

@@ -17,6 +17,7 @@
 
 #include "detail/file_system.h"
 #include "detail/format.h"
+#include "detail/persistence.h"
 #include "detail/pool_impl.h"
 #include "detail/xxh3_kernels.h"
 #include "pmsnap/pmem_layout/checksum.h"
@@ -298,7 +299,7 @@ Result<std::uint64_t> Pool::BeginEpoch(std::uint64_t iteration) {
   record.commit_word.store(
       detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kWriting)),
       std::memory_order_release);
-  pmemobj_persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
+  detail::seam::Persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
   record.iteration = iteration;
   for (std::size_t p = 0; p < layout_.parts.size(); ++p) {
     impl.written[p].store(0, std::memory_order_relaxed);
@@ -315,23 +316,24 @@ Status Pool::WritePart(std::uint32_t part, const void* src) {
   std::size_t streamed = 0;
   if (reinterpret_cast<std::uintptr_t>(dst.data()) % 64 == 0) {
     // Bulk of the part: one pass that streams to PM and hashes the same loads.
-    streamed = detail::BestXxh3Kernels().copy_and_hash(dst.data(), in, dst.size(), &digest);
+    streamed = detail::seam::StreamAndHash(dst.data(), in, dst.size(), &digest);
   }
   if (streamed == 0) {
     digest = Checksum64(in, dst.size());
   }
   if (streamed < dst.size()) {
-    pmemobj_memcpy(impl.pop, dst.data() + streamed, in + streamed, dst.size() - streamed,
-                   PMEMOBJ_F_MEM_NONTEMPORAL | PMEMOBJ_F_MEM_NODRAIN);
+    detail::seam::CopyNonTemporal(impl.pop, dst.data() + streamed, in + streamed,
+                                  dst.size() - streamed);
   }
   if (streamed > 0 && !impl.is_pmem) {
-    pmemobj_persist(impl.pop, dst.data(), streamed);  // msync path: stores are in the page cache
+    // msync path: stores are in the page cache
+    detail::seam::Persist(impl.pop, dst.data(), streamed);
   }
-  pmemobj_drain(impl.pop);
+  detail::seam::Drain(impl.pop);
   const int slot = static_cast<int>(*impl.open_epoch % 2);
   std::uint64_t* stored = &impl.part_checksums(slot)[part];
   *stored = digest;
-  pmemobj_persist(impl.pop, stored, sizeof(*stored));
+  detail::seam::Persist(impl.pop, stored, sizeof(*stored));
   impl.written[part].store(1, std::memory_order_relaxed);
   return Status::Ok();
 }
@@ -369,11 +371,11 @@ Result<std::span<std::byte>> Pool::PartDestination(std::uint32_t part) {
 Status Pool::SealPart(std::uint32_t part) {
   PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> dst, PartDestination(part));
   Impl& impl = *impl_;
-  pmemobj_persist(impl.pop, dst.data(), dst.size());
+  detail::seam::Persist(impl.pop, dst.data(), dst.size());
   const int slot = static_cast<int>(*impl.open_epoch % 2);
   std::uint64_t* stored = &impl.part_checksums(slot)[part];
   *stored = Checksum64(dst.data(), dst.size());
-  pmemobj_persist(impl.pop, stored, sizeof(*stored));
+  detail::seam::Persist(impl.pop, stored, sizeof(*stored));
   impl.written[part].store(1, std::memory_order_relaxed);
   return Status::Ok();
 }
@@ -404,21 +406,24 @@ Status Pool::Commit(std::span<const std::byte> extra_state) {
   const int slot = static_cast<int>(epoch % 2);
   SlotRecordHeader& record = impl.record(slot);
   if (!extra_state.empty()) {
-    pmemobj_memcpy_persist(impl.pop, impl.extra_state(slot), extra_state.data(),
-                           extra_state.size());
+    detail::seam::CopyPersist(impl.pop, impl.extra_state(slot), extra_state.data(),
+                              extra_state.size());
   }
   record.commit_time_unix_ns = detail::NowUnixNs();
   record.extra_bytes = extra_state.size();
   record.extra_checksum = Checksum64(extra_state.data(), extra_state.size());
   record.parts_checksum = Checksum64(impl.part_checksums(slot), 8 * layout_.parts.size());
   record.record_checksum = RecordChecksum(epoch, record);
-  pmemobj_persist(impl.pop, &record.iteration,
-                  sizeof(SlotRecordHeader) - sizeof(record.commit_word));
+  detail::seam::Flush(impl.pop, &record.iteration,
+                      sizeof(SlotRecordHeader) - sizeof(record.commit_word));
+  // The record must be durable before the commit word says COMPLETE. (The
+  // power-loss tests can drop this drain on purpose to show they catch it.)
+  if (!detail::CommitRecordDrainDropped()) [[likely]] detail::seam::Drain(impl.pop);
   // The commit point: one 8-byte atomic store, then persist.
   record.commit_word.store(
       detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kComplete)),
       std::memory_order_release);
-  pmemobj_persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
+  detail::seam::Persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
   impl.last_committed = epoch;
   impl.open_epoch.reset();
   recovered_slot_ = slot;

@@ -16,6 +16,7 @@
 #include "detail/chunk_heap_state.h"
 #include "detail/file_system.h"
 #include "detail/format.h"
+#include "detail/persistence.h"
 #include "detail/pmdk.h"
 #include "detail/pool_impl.h"
 #include "pmsnap/pmem_layout/checksum.h"
@@ -154,12 +155,17 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
     return PoolFileError(err, what, cause,
                          err == ENOSPC || err == EDQUOT ? FreeSpaceOf(parent) : "");
   }
+  detail::seam::Mapped(pop, reinterpret_cast<std::byte*>(pop), required);
   auto fail = [&](Status status) {
+    detail::seam::Unmapping(pop);
     pmemobj_close(pop);
     std::filesystem::remove(temp_path, ec);
     return status;
   };
-  PMEMoid root_oid = pmemobj_root(pop, sizeof(PoolRoot));
+  PMEMoid root_oid = [&] {
+    const detail::seam::LibraryWrites library_writes(pop);  // allocates the root
+    return pmemobj_root(pop, sizeof(PoolRoot));
+  }();
   if (OID_IS_NULL(root_oid)) {
     return fail({errno == ENOMEM ? StatusCode::kNoSpace : StatusCode::kIOError,
                  PmdkError(("cannot create pool '" + path + "': cannot make its root").c_str())});
@@ -195,8 +201,8 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
     header.slot_data_offset[s] =
         AlignUp(data_address, detail::kSlotDataAlignment) - reinterpret_cast<std::uintptr_t>(base);
   }
-  pmemobj_memcpy_persist(pop, base + header.manifest_offset, manifest_bytes.data(),
-                         manifest_bytes.size());
+  detail::seam::CopyPersist(pop, base + header.manifest_offset, manifest_bytes.data(),
+                            manifest_bytes.size());
 
   header.format_version = kFormatVersion;
   header.header_bytes = sizeof(PoolHeader);
@@ -217,7 +223,8 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   header.manifest_checksum = Checksum64(manifest_bytes.data(), manifest_bytes.size());
   std::memcpy(header.magic, detail::kPoolMagic, sizeof(header.magic));
   header.header_checksum = detail::HeaderChecksum(header);
-  pmemobj_memcpy_persist(pop, &root->header, &header, sizeof(header));
+  detail::seam::CopyPersist(pop, &root->header, &header, sizeof(header));
+  detail::seam::Unmapping(pop);
   pmemobj_close(pop);
 
   // The file appears under its real name only once complete.

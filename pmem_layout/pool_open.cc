@@ -15,6 +15,7 @@
 #include "detail/chunk_heap_state.h"
 #include "detail/file_system.h"
 #include "detail/format.h"
+#include "detail/persistence.h"
 #include "detail/pmdk.h"
 #include "detail/pool_impl.h"
 #include "detail/prefault_order.h"
@@ -113,6 +114,7 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
     }
     return Status(err == EINVAL ? StatusCode::kCorruption : StatusCode::kIOError, message);
   }
+  detail::seam::Mapped(impl.pop, reinterpret_cast<std::byte*>(impl.pop), pool->file_bytes_);
   PMSNAP_RETURN_IF_ERROR(pool->LoadAndRecover(options));
 
   if (expected != nullptr && expected->Signature() != pool->signature()) {

@@ -16,3 +16,11 @@ pmsnap_add_pool_test(pool_bad_env_test SOURCES pool_bad_env_test.cc LIBS pmsnap:
 target_include_directories(pool_bad_env_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)
 pmsnap_add_test(manifest_golden_test SOURCES manifest_golden_test.cc LIBS pmsnap::layout)
 target_include_directories(manifest_golden_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)
+# Power-loss simulator (testutil/power_loss.h) on the persistence seam: the
+# PM path only (non-temporal stores, flushes and drains are what it models).
+add_library(pmsnap_power_loss STATIC testutil/power_loss.cc)
+target_include_directories(pmsnap_power_loss PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}
+                                                     ${PROJECT_SOURCE_DIR}/pmem_layout)
+target_link_libraries(pmsnap_power_loss PUBLIC pmsnap::layout PkgConfig::PMEMOBJ)
+pmsnap_add_test(pool_power_loss_test SOURCES pool_power_loss_test.cc
+                LIBS pmsnap_power_loss ENV "PMEM_IS_PMEM_FORCE=1")

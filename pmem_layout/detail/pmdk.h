@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "detail/persistence.h"
 #include "pmsnap/common/status.h"
 
 namespace pmsnap::layout::detail {
@@ -46,6 +47,7 @@ inline std::string PmdkMessage(int err) {
 // kIOError, with `what` and libpmemobj's message.
 template <typename Body>
 Status RunTransaction(PMEMobjpool* pop, const std::string& what, Body&& body) {
+  const seam::LibraryWrites library_writes(pop);
   if (pmemobj_tx_begin(pop, nullptr, TX_PARAM_NONE) != 0) {
     return {StatusCode::kIOError, PmdkError(("cannot begin transaction for " + what).c_str())};
   }

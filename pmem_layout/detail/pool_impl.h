@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "detail/format.h"
+#include "detail/persistence.h"
 #include "detail/pmdk.h"
 #include "pmsnap/common/page_prefault.h"
 #include "pmsnap/pmem_layout/chunk_heap.h"
@@ -54,7 +55,10 @@ struct Pool::Impl {
     // prefault's thread still writes into it.
     prefault.reset();
     chunk_heap.reset();
-    if (pop != nullptr) pmemobj_close(pop);
+    if (pop != nullptr) {
+      detail::seam::Unmapping(pop);
+      pmemobj_close(pop);
+    }
   }
 
   template <typename T = std::byte>
