@@ -710,11 +710,11 @@ Result<RecoveredTable> RecoverTable(const layout::Pool& pool, const std::string&
   for (std::uint32_t elems : shape.elems_per_row) values_per_row += elems;
   std::uint64_t values = 0;
   if (__builtin_mul_overflow(shape.rows, values_per_row, &values) ||
-      values / 4 > pool.chunk_heap_capacity()) {
+      values / 4 > pool.chunk_heap().capacity_bytes()) {
     return Status(StatusCode::kCorruption,
                   what + ": the manifest's table of " + std::to_string(shape.rows) +
                       " rows cannot fit the pool's chunk heap of " +
-                      std::to_string(pool.chunk_heap_capacity()) + " bytes");
+                      std::to_string(pool.chunk_heap().capacity_bytes()) + " bytes");
   }
   RecoveredTable out;
   out.epoch = checkpoint->epoch;

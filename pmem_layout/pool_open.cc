@@ -225,7 +225,7 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   for (const UnitSpec& unit : manifest_.units) {
     if ((unit.flags & kUnitFlagEncoded) != 0) continue;
     for (const TensorSpec& tensor : unit.tensors) {
-      manifest_slot_bytes = AlignUp(manifest_slot_bytes, kTensorAlignment);
+      manifest_slot_bytes = detail::AlignUp(manifest_slot_bytes, kTensorAlignment);
       if (manifest_slot_bytes > header.slot_bytes ||
           tensor.bytes() > header.slot_bytes - manifest_slot_bytes) {
         return corruption("manifest tensors need more than the header's slot of " +
