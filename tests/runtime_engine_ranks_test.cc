@@ -122,17 +122,21 @@ TEST(EngineRanksTest, EveryStepPolicyCapturesEveryIterationOnEveryRank) {
   }
 }
 
+// Rank `rank` alone commits iteration `step`, as a rank does that is one
+// epoch ahead of the others when the job dies.
+void CommitOneMoreAlone(Ranks& ranks, int rank, std::uint64_t step) {
+  EngineOptions alone = RankOptions(ranks.path(rank), nullptr, std::make_shared<EveryKPolicy>(1));
+  auto engine = Engine::Open(alone, ranks.models[rank]->Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  ASSERT_TRUE(ranks.models[rank]->Step(**engine, step).ok());
+  ASSERT_TRUE((*engine)->Close().ok());
+}
+
 TEST(EngineRanksTest, RestoreRollsBackTheRankThatIsOneEpochAhead) {
   Ranks ranks(2, "ranks-ahead");
   Train(ranks, 1, 10, [] { return std::make_shared<EveryKPolicy>(1); });
   // Rank 1 committed iteration 11 before the job died; rank 0 did not.
-  {
-    EngineOptions alone = RankOptions(ranks.path(1), nullptr, std::make_shared<EveryKPolicy>(1));
-    auto engine = Engine::Open(alone, ranks.models[1]->Registrations());
-    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-    ASSERT_TRUE(ranks.models[1]->Step(**engine, 11).ok());
-    ASSERT_TRUE((*engine)->Close().ok());
-  }
+  CommitOneMoreAlone(ranks, 1, 11);
   ASSERT_EQ(SlotIterations(ranks.path(1)), (std::vector<std::uint64_t>{11, 10}));
   // Fresh models: everything they hold after the restore came from the pools.
   Ranks restarted(2, "unused");
@@ -148,13 +152,7 @@ TEST(EngineRanksTest, RestoreRollsBackTheRankThatIsOneEpochAhead) {
 TEST(EngineRanksTest, RestoreAfterRollbackContinuesBitExact) {
   Ranks ranks(2, "ranks-exact");
   Train(ranks, 1, 6, [] { return std::make_shared<EveryKPolicy>(1); });
-  {
-    EngineOptions alone = RankOptions(ranks.path(1), nullptr, std::make_shared<EveryKPolicy>(1));
-    auto engine = Engine::Open(alone, ranks.models[1]->Registrations());
-    ASSERT_TRUE(engine.ok());
-    ASSERT_TRUE(ranks.models[1]->Step(**engine, 7).ok());
-    ASSERT_TRUE((*engine)->Close().ok());
-  }
+  CommitOneMoreAlone(ranks, 1, 7);
   // An uninterrupted reference for both ranks: restore of 6, then steps 7, 8.
   ToyModel reference(3, 4000);
   for (std::uint64_t k = 1; k <= 8; ++k) reference.StepPlain(k);
