@@ -183,6 +183,15 @@ struct Engine::Impl {
     Epoch& epoch_;
   };
 
+  // A step boundary waiting for the epoch in flight (a fixed interval, or
+  // the ranks' agreement): counted as boundary wait.
+  void WaitEpochIdleAtBoundary() {
+    const auto wait_start = Clock::now();
+    WaitEpochIdle();
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    stats.boundary_wait_seconds += SecondsSince(wait_start);
+  }
+
   void RecordError(const Status& status) {
     std::lock_guard<std::mutex> lock(error_mutex);
     if (first_error.ok()) first_error = status;
@@ -724,13 +733,8 @@ Status Engine::BeginStep(std::uint64_t step) {
   if (impl.agreement) {
     Result<bool> agreed = impl.agreement->AtBoundary(
         step, {impl.committed_iteration, true}, open_epoch, impl.policy->wait_if_busy(), [&] {
-          const auto wait_start = Clock::now();
-          impl.WaitEpochIdle();
+          impl.WaitEpochIdleAtBoundary();
           impl.ReapIfDone();
-          {
-            std::lock_guard<std::mutex> lock(impl.stats_mutex);
-            impl.stats.boundary_wait_seconds += SecondsSince(wait_start);
-          }
           return LocalEpochState{impl.committed_iteration, impl.TakeError().ok()};
         });
     if (!agreed.ok()) {
@@ -742,10 +746,7 @@ Status Engine::BeginStep(std::uint64_t step) {
   }
   if (open_epoch) {
     if (impl.epoch_busy.load(std::memory_order_acquire) && impl.policy->wait_if_busy()) {
-      const auto wait_start = Clock::now();
-      impl.WaitEpochIdle();
-      std::lock_guard<std::mutex> lock(impl.stats_mutex);
-      impl.stats.boundary_wait_seconds += SecondsSince(wait_start);
+      impl.WaitEpochIdleAtBoundary();
     }
     impl.ReapIfDone();
     PMSNAP_RETURN_IF_ERROR(impl.TakeError());
