@@ -543,7 +543,8 @@ class CheckpointedOptimizer(UpdateInBackward):
         rng = _extra.capture_rng() if self.capture_rng else {}
         return _extra.pack(self.extra_state, rng,
                            _extra.param_group_hyperparameters(self.optimizer),
-                           _extra.nontensor_state(self.optimizer, self._named))
+                           _extra.nontensor_state(self.optimizer, self._named),
+                           _extra.param_group_names(self.optimizer, self._named))
 
     def _apply_blob(self, blob, restore_rng):
         groups = blob.get("param_groups")

@@ -1,0 +1,493 @@
+"""Checkpoints that leave the pool: pmsnap.load_state_dict without a model,
+export to safetensors / torch.save / DCP read back by those libraries into a
+fresh model and optimizer bitwise equal to what the pool restores, a damaged
+newest slot, bounded memory, the `pmsnap list/export/prune/diff` commands,
+and bad inputs that leave the pool untouched.
+
+Models: a small transformer encoder with AdamW, and the DLRM of
+test_embedding_diff with its table checkpointed under an embedding policy
+(Adagrad: the table's "sum" rows in the encoded unit, "step" in its dense
+companion).
+"""
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import safetensors.torch
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+
+import pmsnap
+from pmsnap import cli
+from conftest import assert_same_training_state, pool_dir
+from test_embedding_diff import Dlrm, train_step as dlrm_step
+
+TABLE = "bag.weight"
+
+
+class Transformer(torch.nn.Module):
+    def __init__(self, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = torch.nn.Linear(8, 32)
+        layer = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0,
+                                                 batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.head(self.encoder(self.embed(x))).mean(dim=1)
+
+
+def transformer_step(model, opt, step):
+    g = torch.Generator().manual_seed(77 + step)
+    x, y = torch.randn(4, 6, 8, generator=g), torch.randn(4, 1, generator=g)
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def make_transformer(seed=0):
+    model = Transformer(seed)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def make_dlrm(seed=0):
+    model = Dlrm(seed=seed)
+    return model, torch.optim.Adagrad(model.parameters(), lr=0.05, initial_accumulator_value=0.1)
+
+
+DLRM_KWARGS = {"embedding_policy": "incrcp", "retain": 2}
+MODELS = {
+    "transformer": (make_transformer, transformer_step, {}),
+    "dlrm": (make_dlrm, dlrm_step, DLRM_KWARGS),
+}
+
+
+def train(pool, kind, steps=4):
+    """Trains `steps` steps into `pool`; returns (model, optimizer, snapshots
+    {iteration: model state dict copy})."""
+    make, step, kwargs = MODELS[kind]
+    model, optimizer = make(seed=1)
+    snapshots = {}
+    with pmsnap.CheckpointedOptimizer(optimizer, pool, model=model, **kwargs) as opt:
+        for s in range(1, steps + 1):
+            step(model, opt, s)
+            opt.flush()
+            snapshots[s] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return model, optimizer, snapshots
+
+
+def restored(pool, kind):
+    """A fresh model and optimizer restored from the pool: the reference."""
+    make, _, kwargs = MODELS[kind]
+    model, optimizer = make(seed=9)
+    pmsnap.restore(pool, model, optimizer, restore_rng=False, **kwargs)
+    return model, optimizer
+
+
+def fresh(kind):
+    make, _, _ = MODELS[kind]
+    return make(seed=5)
+
+
+def pool_digest(path):
+    """Hash of a pool file's bytes past libpmemobj's pool descriptor (the
+    first 8 KiB, whose run id libpmemobj's open bumps, even to read): every
+    byte of pmsnap's header, manifest, commit records, slots and chunks."""
+    with open(path, "rb") as f:
+        f.seek(8192)
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.fixture
+def out_path():
+    """A unique output path prefix in the pool directory; removed afterwards."""
+    import shutil
+    import uuid
+    base = os.path.join(pool_dir(), f"pmsnap-export-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    yield base
+    for name in os.listdir(pool_dir()):
+        full = os.path.join(pool_dir(), name)
+        if full.startswith(base):
+            shutil.rmtree(full) if os.path.isdir(full) else os.remove(full)
+
+
+def damage_tensor(pool, name, epoch, role="param"):
+    """Flips one byte of parameter `name`'s tensor `role` at `epoch` in the file."""
+    reader = pmsnap._pmsnap.CheckpointReader(pool)
+    units = reader.describe()["units"]
+    for u, (unit, _, tensors) in enumerate(units):
+        if unit == name:
+            t = [r for r, *_ in tensors].index(role)
+            offset = reader.tensor_file_offset(epoch, u, t)
+            break
+    del reader
+    with open(pool, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+# --- load_state_dict ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["transformer", "dlrm"])
+def test_load_state_dict_without_model_equals_what_the_pool_restores(pool_path, kind):
+    model, optimizer, snapshots = train(pool_path, kind)
+    sd = pmsnap.load_state_dict(pool_path)
+    assert sd["pmsnap"]["iteration"] == 4 and sd["pmsnap"]["warnings"] == []
+    ref_model, ref_opt = restored(pool_path, kind)
+    target_model, target_opt = fresh(kind)
+    target_model.load_state_dict(sd["model"])
+    set_optimizer_state_dict(target_model, target_opt, sd["optimizer"])
+    assert_same_training_state(ref_model, ref_opt, target_model, target_opt)
+    assert_same_training_state(model, optimizer, target_model, target_opt)
+
+    # The older retained epoch is the model one step earlier.
+    older = pmsnap.load_state_dict(pool_path, epoch=sd["pmsnap"]["epoch"] - 1)
+    assert older["pmsnap"]["iteration"] == 3
+    for name, tensor in older["model"].items():
+        assert torch.equal(tensor, snapshots[3][name]), name
+
+
+def test_mmap_views_are_zero_copy_and_writes_never_reach_the_pool(pool_path):
+    model, _, _ = train(pool_path, "transformer")
+    before = pool_digest(pool_path)
+    sd = pmsnap.load_state_dict(pool_path, mmap=True)
+    copy = pmsnap.load_state_dict(pool_path)
+    first = next(iter(sd["model"]))
+    a, b = pmsnap.load_state_dict(pool_path, mmap=True, names=[first], model_only=True)["model"], \
+        pmsnap.load_state_dict(pool_path, mmap=True, names=[first], model_only=True)["model"]
+    for name, p in model.named_parameters():
+        assert torch.equal(sd["model"][name], p), name
+        for role, value in copy["optimizer"]["state"][name].items():
+            assert torch.equal(sd["optimizer"]["state"][name][role], value)
+    # Zero-copy: the two views of one tensor are mappings of the same file bytes
+    # (not a buffer of this process); a write to one changes neither the pool
+    # nor the other (copy-on-write, as torch.load(mmap=True)).
+    a[first].add_(1.0)
+    assert torch.equal(b[first], copy["model"][first])
+    assert pool_digest(pool_path) == before
+
+
+def test_reading_one_tensor_reads_only_that_tensor(pool_path):
+    model, _, _ = train(pool_path, "transformer")
+    epoch = pmsnap.load_state_dict(pool_path, names=["head.bias"],
+                                   model_only=True)["pmsnap"]["epoch"]
+    damage_tensor(pool_path, "encoder.layers.0.linear1.weight", epoch)
+    one = pmsnap.load_state_dict(pool_path, epoch=epoch, names=["head.bias"], model_only=True)
+    assert list(one["model"]) == ["head.bias"] and "optimizer" not in one
+    assert torch.equal(one["model"]["head.bias"], model.head.bias)
+    with pytest.raises(pmsnap.CorruptionError) as e:
+        pmsnap.load_state_dict(pool_path, epoch=epoch)
+    assert pool_path in str(e.value) and f"epoch {epoch}" in str(e.value)
+    assert "encoder.layers.0.linear1.weight" in str(e.value)
+    with pytest.raises(pmsnap.NotFoundError, match="no parameter 'nope'"):
+        pmsnap.load_state_dict(pool_path, names=["nope"])
+
+
+def test_quantized_table_is_dequantized_as_recover_table_gives_it(pool_path):
+    model, optimizer = make_dlrm(seed=1)
+    with pmsnap.CheckpointedOptimizer(optimizer, pool_path, model=model, quantize_bits=8,
+                                      embedding_policy="full") as opt:
+        for s in range(1, 4):
+            dlrm_step(model, opt, s)
+    sd = pmsnap.load_state_dict(pool_path)
+    table = sd["model"][TABLE]
+    assert table.dtype == torch.float32 and table.shape == model.bag.weight.shape
+    assert torch.equal(table, pmsnap.recover_table(pool_path, TABLE))
+    assert (table - model.bag.weight).abs().max() < 0.05  # 8-bit rowwise
+    assert torch.equal(sd["model"]["fc1.weight"], model.fc1.weight)
+
+
+# --- export: round trips through each library ----------------------------------------------
+
+def load_into_fresh(kind, fmt, path):
+    """A fresh model and optimizer loaded from an export with the format's own library."""
+    model, optimizer = fresh(kind)
+    if fmt == "safetensors":
+        tensors = safetensors.torch.load_file(path)
+        model.load_state_dict({k: v for k, v in tensors.items() if "/" not in k})
+        osd = pmsnap.read_export(path)["optimizer"]
+    elif fmt == "pt":
+        obj = torch.load(path, weights_only=True)
+        model.load_state_dict(obj["model"])
+        osd = obj["optimizer"]
+    else:
+        sd = {"model": model.state_dict(), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        dcp.load(sd, checkpoint_id=path)
+        model.load_state_dict(sd["model"])
+        osd = sd["optimizer"]
+    set_optimizer_state_dict(model, optimizer, osd)
+    return model, optimizer
+
+
+SUFFIX = {"safetensors": ".safetensors", "pt": ".pt", "dcp": "-dcp"}
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt", "dcp"])
+@pytest.mark.parametrize("kind", ["transformer", "dlrm"])
+def test_export_loads_bitwise_into_a_fresh_model(pool_path, out_path, kind, fmt):
+    train(pool_path, kind)
+    before = pool_digest(pool_path)
+    target = out_path + SUFFIX[fmt]
+    result = pmsnap.export(pool_path, target, format=fmt if fmt == "dcp" else None)
+    assert result["format"] == fmt and result["iteration"] == 4 and os.path.exists(target)
+    assert not [n for n in os.listdir(pool_dir()) if ".partial-" in n and out_path in
+                os.path.join(pool_dir(), n)]
+    ref_model, ref_opt = restored(pool_path, kind)
+    model, optimizer = load_into_fresh(kind, fmt, target)
+    assert_same_training_state(ref_model, ref_opt, model, optimizer)
+    assert pool_digest(pool_path) == before
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt"])
+def test_model_only_export_is_a_plain_state_dict(pool_path, out_path, fmt):
+    model, _, _ = train(pool_path, "transformer")
+    target = out_path + SUFFIX[fmt]
+    pmsnap.export(pool_path, target, model_only=True)
+    tensors = (safetensors.torch.load_file(target) if fmt == "safetensors"
+               else torch.load(target, weights_only=True))
+    fresh_model, _ = fresh("transformer")
+    fresh_model.load_state_dict(tensors)  # strict: exactly the model's keys
+    for name, p in model.named_parameters():
+        assert torch.equal(getattr_path(fresh_model, name), p), name
+
+
+def getattr_path(module, name):
+    return module.get_parameter(name)
+
+
+def test_export_of_an_older_epoch_and_the_extra_state(pool_path, out_path):
+    model, optimizer = make_transformer(seed=1)
+    with pmsnap.CheckpointedOptimizer(optimizer, pool_path, model=model) as opt:
+        for s in range(1, 4):
+            transformer_step(model, opt, s)
+            opt.extra_state = {"batch": s, "name": "run"}
+            opt.flush()
+    newest = pmsnap.load_state_dict(pool_path)["pmsnap"]["epoch"]
+    result = pmsnap.export(pool_path, out_path + ".pt", epoch=newest - 1)
+    obj = torch.load(out_path + ".pt", weights_only=True)
+    assert result["iteration"] == 2 and obj["pmsnap"]["iteration"] == 2
+    assert obj["extra"]["batch"] == 1 and "rng" in obj["extra"]  # step 2 stored step 1's dict
+    meta = safetensors.safe_open(pmsnap.export(pool_path, out_path + ".safetensors")["path"],
+                                 "pt").metadata()
+    assert json.loads(meta["pmsnap.extra"]) == {"batch": 2, "name": "run"}
+    assert meta["pmsnap.epoch"] == str(newest)
+
+
+def test_export_takes_the_intact_epoch_when_the_newest_slot_is_damaged(pool_path, out_path):
+    _, _, snapshots = train(pool_path, "transformer")
+    newest = pmsnap.load_state_dict(pool_path, model_only=True)["pmsnap"]["epoch"]
+    damage_tensor(pool_path, "head.weight", newest)
+    result = pmsnap.export(pool_path, out_path + ".safetensors")
+    assert result["epoch"] == newest - 1 and result["iteration"] == 3
+    assert any("damaged" in w and f"epoch {newest}" in w for w in result["warnings"])
+    tensors = safetensors.torch.load_file(out_path + ".safetensors")
+    for name, value in snapshots[3].items():
+        assert torch.equal(tensors[name], value), name
+    # The command line says so too.
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(["export", pool_path, "--to", out_path + "2.pt"], out, err) == 0
+    assert f"newest epoch {newest} is damaged" in out.getvalue()
+    # Asked for explicitly, the damaged epoch is an error naming pool and epoch.
+    with pytest.raises(pmsnap.CorruptionError, match=f"epoch {newest}"):
+        pmsnap.export(pool_path, out_path + "3.pt", epoch=newest)
+    assert not os.path.exists(out_path + "3.pt")
+
+
+def _ddp_rank(rank, world, pool):
+    from torch.nn.parallel import DistributedDataParallel
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with pmsnap.CheckpointedOptimizer(optimizer, pool, model=model, every=1) as opt:
+        for step in range(1, 4):
+            g = torch.Generator().manual_seed(10 * step + rank)
+            x = torch.randn(4, 6, generator=g)
+            torch.nn.functional.mse_loss(ddp(x), x[:, :2]).backward()
+            opt.step()
+            opt.zero_grad()
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_a_multi_rank_pool_exports_as_one_consolidated_file(out_path):
+    from test_distributed import run_ranks
+    template = out_path + ".{rank}.pool"
+    results = run_ranks(2, lambda rank, world: _ddp_rank(rank, world, template))
+    result = pmsnap.export(template, out_path + ".safetensors", model_only=True)
+    assert result["iteration"] == 3, result
+    tensors = safetensors.torch.load_file(out_path + ".safetensors")
+    assert sorted(tensors) == sorted(results[0])
+    for name, value in results[0].items():
+        assert torch.equal(tensors[name], value), name
+    sd = pmsnap.load_state_dict(template)
+    assert sd["optimizer"]["param_groups"][0]["params"] == list(results[0])
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+_PEAK_SCRIPT = textwrap.dedent("""
+    import sys
+    import pmsnap, safetensors, torch  # noqa: F401
+
+    def status(field):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) << 10 for line in f if line.startswith(field))
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets the peak (VmHWM) to the current resident set
+    base = status("VmRSS:")
+    if sys.argv[2] == "load":
+        sd = pmsnap.load_state_dict(sys.argv[1])  # every tensor at once: the control
+    else:
+        pmsnap.export(sys.argv[1], sys.argv[2])
+    print(status("VmHWM:") - base)
+""")
+
+
+def _big_pool(path, total_bytes, tensor_bytes=16 << 20):
+    """A pool of `total_bytes` of float32 parameters (SGD: no state), one epoch."""
+    numel = tensor_bytes // 4
+    params = [torch.nn.Parameter(torch.full((numel,), float(i))) for i in
+              range(total_bytes // tensor_bytes)]
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    with pmsnap.CheckpointedOptimizer(optimizer, path, workers=1) as opt:
+        opt.step()  # no gradients: the parameters stay, the pool captures them
+    del params, optimizer
+
+
+def _peak_growth(pool, target):
+    run = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, pool, target],
+                         capture_output=True, text=True, check=True)
+    return int(run.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt"])
+def test_export_peak_memory_does_not_grow_with_the_model(pool_path, out_path, fmt):
+    growth = {}
+    for size in (256 << 20, 1 << 30):
+        _big_pool(pool_path, size)
+        target = out_path + SUFFIX[fmt]
+        growth[size] = _peak_growth(pool_path, target)
+        assert os.path.getsize(target) > size
+        os.remove(target)
+        if size == 256 << 20:
+            # The control: the same measure sees a load of every tensor at once.
+            loaded = _peak_growth(pool_path, "load")
+            assert loaded > size * 0.9
+        os.remove(pool_path)
+    print(f"peak RSS growth of a {fmt} export: 256 MiB model {growth[256 << 20] >> 20} MiB, "
+          f"1 GiB model {growth[1 << 30] >> 20} MiB; loading the 256 MiB one whole: "
+          f"{loaded >> 20} MiB")
+    # About one 16 MiB tensor (its read buffer) plus the writer's own, whatever the model.
+    assert growth[1 << 30] < 96 << 20
+    assert growth[1 << 30] - growth[256 << 20] < 32 << 20
+
+
+# --- bad inputs ---------------------------------------------------------------------------------
+
+def test_bad_inputs_give_clear_errors_and_leave_the_pool_untouched(pool_path, out_path):
+    train(pool_path, "transformer")
+    before = pool_digest(pool_path)
+    with pytest.raises(pmsnap.InvalidArgumentError, match="unknown export format 'onnx'"):
+        pmsnap.export(pool_path, out_path + ".bin", format="onnx")
+    with pytest.raises(pmsnap.InvalidArgumentError, match="cannot tell the export format"):
+        pmsnap.export(pool_path, out_path + ".bin")
+    with pytest.raises(pmsnap.NotFoundError) as e:
+        pmsnap.export(pool_path, out_path + ".pt", epoch=1)
+    assert pool_path in str(e.value) and "epoch 1 is not retained" in str(e.value)
+    assert "retained epochs: 4 (iteration 4), 3 (iteration 3)" in str(e.value)
+    not_a_folder = out_path + ".file"
+    open(not_a_folder, "w").close()
+    with pytest.raises(pmsnap.FailedPreconditionError, match="cannot write there"):
+        pmsnap.export(pool_path, os.path.join(not_a_folder, "out.pt"))
+    with pytest.raises(pmsnap.NotFoundError, match="does not exist"):
+        pmsnap.export(pool_path + ".missing", out_path + ".pt")
+    foreign = out_path + ".pt"
+    with open(foreign, "wb") as f:
+        f.write(b"this is not a checkpoint" * 100)
+    with pytest.raises(pmsnap.InvalidArgumentError, match="not a checkpoint pmsnap can import"):
+        pmsnap.read_export(foreign)
+    with pytest.raises(pmsnap.NotAPoolError):
+        pmsnap.load_state_dict(foreign)
+    assert pool_digest(pool_path) == before
+    assert not [n for n in os.listdir(pool_dir()) if ".partial-" in n]
+
+
+# --- the command line -------------------------------------------------------------------------
+
+def run_cli(*args):
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(args), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_list_export_diff_and_prune(pool_path, out_path):
+    model, _, snapshots = train(pool_path, "dlrm")
+    code, out, _ = run_cli("list", pool_path)
+    assert code == 0 and "2 retained checkpoint(s)" in out and "incrcp-2d" in out
+    code, out, _ = run_cli("list", pool_path, "--json")
+    rows = json.loads(out)["checkpoints"]
+    assert [(r["epoch"], r["iteration"], r["latest"]) for r in rows] == [(4, 4, True),
+                                                                         (3, 3, False)]
+    assert all(r["policy"] == "incrcp-2d" and r["bytes"] > 0 for r in rows)
+
+    code, out, err = run_cli("export", pool_path, "--to", out_path + ".pt", "--progress")
+    assert code == 0 and "exported epoch 4 (iteration 4)" in out and "100%" in err
+    assert torch.equal(torch.load(out_path + ".pt", weights_only=True)["model"]["fc2.bias"],
+                       model.fc2.bias)
+
+    code, out, _ = run_cli("diff", pool_path, "--epochs", "3", "4", "--json")
+    rows = {r["tensor"]: r for r in json.loads(out)["tensors"]}
+    delta = (snapshots[4]["fc1.weight"].double() - snapshots[3]["fc1.weight"].double())
+    assert rows["fc1.weight"]["max_abs"] == pytest.approx(float(delta.abs().max()))
+    assert rows["fc1.weight"]["l2"] == pytest.approx(float(delta.norm()))
+    assert rows[TABLE]["max_abs"] > 0 and "optimizer/bag.weight/sum" in rows
+    code, out, _ = run_cli("diff", pool_path, "--epochs", "3", "4")
+    assert code == 0 and "max_abs" in out and "fc1.weight" in out
+
+    code, out, _ = run_cli("prune", pool_path, "--keep", "2")
+    assert code == 0 and "dropped none" in out
+    code, out, _ = run_cli("prune", pool_path, "--keep", "1", "--json")
+    assert json.loads(out) == {"pool": pool_path, "kept": [4], "dropped": [3], "warnings": []}
+    code, out, _ = run_cli("list", pool_path, "--json")
+    assert [r["epoch"] for r in json.loads(out)["checkpoints"]] == [4]
+    with pytest.raises(pmsnap.NotFoundError, match="epoch 3 is not retained"):
+        pmsnap.load_state_dict(pool_path, epoch=3)
+    ref_model, ref_opt = restored(pool_path, "dlrm")  # the kept epoch still restores
+    assert torch.equal(ref_model.fc2.bias, model.fc2.bias)
+
+
+def test_cli_errors_name_the_pool_and_exit_non_zero(pool_path, out_path):
+    train(pool_path, "transformer", steps=2)
+    before = pool_digest(pool_path)
+    code, out, err = run_cli("export", pool_path, "--to", out_path + ".pt", "--epoch", "9")
+    assert code == 1 and pool_path in err and "epoch 9 is not retained" in err
+    code, out, err = run_cli("export", pool_path, "--to", out_path + ".x", "--format", "onnx")
+    assert code == 1 and pool_path in err and "unknown export format" in err
+    code, out, err = run_cli("list", pool_path + ".missing", "--json")
+    assert code == 1 and json.loads(out)["pool"] == pool_path + ".missing"
+    code, _, err = run_cli("prune", pool_path, "--keep", "0")
+    assert code == 1 and pool_path in err
+    code, _, err = run_cli("diff", pool_path, "--epochs", "1")
+    assert code == 2 and "usage" in err.lower() or "expected 2" in err
+    assert pool_digest(pool_path) == before
+    # python -m pmsnap reaches both the C++ commands and these.
+    env = dict(os.environ)
+    run = subprocess.run([sys.executable, "-m", "pmsnap", "list", pool_path], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and "retained checkpoint" in run.stdout
+    run = subprocess.run([sys.executable, "-m", "pmsnap", "info", pool_path], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and "format version" in run.stdout
