@@ -303,6 +303,19 @@ class PoolCheckpoint:
             flat = torch.from_numpy(array)
         return flat.view(dtype).reshape(entry.shape)
 
+    def release_view(self, entry):
+        """Drops the pages of entry's view() from this process (they stay in the
+        file; reading the view again faults them back in). Keeps the resident
+        set of a long pass over views (a DCP export) at about one tensor.
+        Pages written through the view (copy-on-write) are discarded too."""
+        if entry.table is not None or entry.nbytes == 0:
+            return
+        offset = entry.reader.tensor_file_offset(self.epoch, entry.unit, entry.tensor)
+        start = -(-offset // _mmap.PAGESIZE) * _mmap.PAGESIZE
+        end = (offset + entry.nbytes) // _mmap.PAGESIZE * _mmap.PAGESIZE
+        if end > start:
+            self._mapping(entry.reader).madvise(_mmap.MADV_DONTNEED, start, end - start)
+
     def _mapping(self, reader):
         path = self._paths[self._readers.index(reader)]
         mapping = self._mmaps.get(path)
