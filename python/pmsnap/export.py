@@ -401,6 +401,8 @@ def _write_dcp(checkpoint, entries, path, model_only, meter):
             state.setdefault(name, {}).update(values)
         sd["optimizer"] = {"state": state, "param_groups": checkpoint.param_groups()}
         sd["extra"] = {"pmsnap_extra_state": checkpoint.blob()}
+        sd["pmsnap"] = {"pool": checkpoint.pool, "epoch": checkpoint.epoch,
+                        "iteration": checkpoint.iteration}
 
     written = []
 
@@ -434,20 +436,28 @@ def _write_dcp(checkpoint, entries, path, model_only, meter):
 # --- reading an export back --------------------------------------------------------------
 
 def read_export(path):
-    """An exported checkpoint (.safetensors, .pt or DCP folder) as
-    {"model", "optimizer" (None if model-only), "extra"}: what
-    CheckpointedOptimizer(init_from=...) seeds a pool with.
-    InvalidArgumentError naming the file when it is not a pmsnap export or a
-    state dict of tensors."""
+    """An exported checkpoint (.safetensors, .pt or DCP folder) as {"model",
+    "optimizer" (None if model-only), "extra" (the step()'s dict, without
+    RNG states), "iteration" (None if unknown)}: what
+    CheckpointedOptimizer(init_from=...) seeds a pool with. Also takes
+    checkpoints pmsnap did not write: a .pt / .safetensors state dict of
+    tensors (model only), a .pt or DCP folder with "model" and "optimizer"
+    (or "optim") entries keyed by parameter name. NotFoundError for a missing
+    path, InvalidArgumentError naming the file for anything else."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise make_error(_pmsnap.NotFoundError, f"checkpoint {path} does not exist")
     try:
         if os.path.isdir(path):
-            return _read_dcp(path)
-        if path.endswith(".safetensors"):
-            return _read_safetensors(path)
-        return _read_pt(path)
+            result = _read_dcp(path)
+        elif path.endswith(".safetensors"):
+            result = _read_safetensors(path)
+        else:
+            result = _read_pt(path)
+        if not result["model"] or not all(isinstance(v, torch.Tensor)
+                                          for v in result["model"].values()):
+            raise TypeError("holds no model tensors")
+        return result
     except _pmsnap.Error:
         raise
     except Exception as e:  # noqa: BLE001 - the readers' many error types
@@ -476,44 +486,42 @@ def _read_safetensors(path):
                      "param_groups": _from_json(json.loads(metadata["pmsnap.param_groups"]))}
     extra = _from_json(json.loads(metadata["pmsnap.extra"])) if "pmsnap.extra" in metadata \
         else {}
-    return {"model": model, "optimizer": optimizer, "extra": extra}
+    iteration = int(metadata["pmsnap.iteration"]) if "pmsnap.iteration" in metadata else None
+    return {"model": model, "optimizer": optimizer, "extra": extra, "iteration": iteration}
+
+
+def _split(obj):
+    """{"model", "optimizer", "extra", "iteration"} of a loaded nested state dict."""
+    if not isinstance(obj, dict):
+        raise TypeError(f"holds a {type(obj).__name__}, not a dict")
+    if isinstance(obj.get("model"), dict):
+        optimizer = obj.get("optimizer", obj.get("optim"))
+        extra = obj.get("extra") or {}
+        if "pmsnap_extra_state" in extra:  # a DCP export: the whole pmsnap blob
+            extra = extra["pmsnap_extra_state"].get("user", {})
+        extra = {k: v for k, v in extra.items() if k != "rng"}
+        iteration = (obj.get("pmsnap") or {}).get("iteration")
+        return {"model": obj["model"], "optimizer": optimizer, "extra": extra,
+                "iteration": iteration}
+    if not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise TypeError("is neither a pmsnap export nor a state dict of tensors")
+    return {"model": obj, "optimizer": None, "extra": {}, "iteration": None}
 
 
 def _read_pt(path):
-    obj = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(obj, dict):
-        raise TypeError(f"holds a {type(obj).__name__}, not a dict")
-    if "model" in obj and isinstance(obj["model"], dict):
-        extra = dict(obj.get("extra") or {})
-        extra.pop("rng", None)
-        return {"model": obj["model"], "optimizer": obj.get("optimizer"), "extra": extra}
-    if not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise TypeError("is neither a pmsnap export nor a state dict of tensors")
-    return {"model": obj, "optimizer": None, "extra": {}}
+    return _split(torch.load(path, map_location="cpu", weights_only=True))
 
 
 def _read_dcp(path):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    # What torch.distributed.checkpoint.format_utils.dcp_to_torch_save does:
+    # every entry of the checkpoint, nested again, without a target state dict.
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    metadata = dcp.FileSystemReader(path).read_metadata()
-    model, state = {}, {}
     sd = {}
-    for fqn, meta in metadata.state_dict_metadata.items():
-        if not isinstance(meta, TensorStorageMetadata):
-            continue
-        sd[fqn] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*single process.*")
-        dcp.load(sd, checkpoint_id=path)
-    for fqn, tensor in sd.items():
-        if fqn.startswith("model."):
-            model[fqn[len("model."):]] = tensor
-        elif fqn.startswith("optimizer.state."):
-            param, role = fqn[len("optimizer.state."):].rsplit(".", 1)
-            state.setdefault(param, {})[role] = tensor
-        else:
-            raise TypeError(f"unexpected tensor '{fqn}' (not written by pmsnap export)")
-    if not model:
-        raise TypeError("holds no model tensors under 'model.'")
-    return {"model": model, "optimizer": {"state": state} if state else None, "extra": {}}
+        _load_state_dict(sd, storage_reader=FileSystemReader(path),
+                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    return _split(sd)

@@ -493,3 +493,87 @@ def test_cli_errors_name_the_pool_and_exit_non_zero(pool_path, out_path):
     run = subprocess.run([sys.executable, "-m", "pmsnap", "info", pool_path], env=env,
                          capture_output=True, text=True)
     assert run.returncode == 0 and "format version" in run.stdout
+
+
+# --- import: init_from ---------------------------------------------------------------------------
+
+def assert_same_checkpoint(a, b):
+    """Two load_state_dict results hold bitwise the same model and optimizer."""
+    assert a["model"].keys() == b["model"].keys()
+    for name, tensor in a["model"].items():
+        assert tensor.dtype == b["model"][name].dtype and torch.equal(tensor, b["model"][name]), \
+            name
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    for name, state in a["optimizer"]["state"].items():
+        other = b["optimizer"]["state"][name]
+        assert state.keys() == other.keys(), name
+        for role, value in state.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, other[role]), f"{name} {role}"
+            else:
+                assert value == other[role], f"{name} {role}"
+    assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt", "dcp"])
+@pytest.mark.parametrize("kind", ["transformer", "dlrm"])
+def test_init_from_an_export_seeds_a_new_pool_bitwise(pool_path, out_path, kind, fmt):
+    train(pool_path, kind)
+    target = out_path + SUFFIX[fmt] + (os.sep if fmt == "dcp" else "")
+    pmsnap.export(pool_path, target)
+    make, step, kwargs = MODELS[kind]
+    model, optimizer = make(seed=7)
+    seeded = out_path + "-seeded.pool"
+    opt = pmsnap.CheckpointedOptimizer(optimizer, seeded, model=model, init_from=target, **kwargs)
+    assert opt.iteration == 4
+    opt.close()
+    # The new pool holds the imported checkpoint before any step.
+    assert_same_checkpoint(pmsnap.load_state_dict(pool_path), pmsnap.load_state_dict(seeded))
+    model, optimizer = restored(seeded, kind)
+    with pmsnap.CheckpointedOptimizer(optimizer, seeded, model=model, start_iteration=4,
+                                      **kwargs) as opt:
+        step(model, opt, 5)
+    # Training goes on as it would have from the original pool.
+    ref_model, ref_opt = restored(pool_path, kind)
+    with pmsnap.CheckpointedOptimizer(ref_opt, pool_path, model=ref_model, start_iteration=4,
+                                      **kwargs) as ref:
+        step(ref_model, ref, 5)
+    assert_same_training_state(ref_model, ref_opt, model, optimizer)
+    assert pmsnap.load_state_dict(seeded)["pmsnap"]["iteration"] == 5
+
+
+def test_init_from_a_plain_model_state_dict(pool_path, out_path):
+    source, _ = make_transformer(seed=3)
+    torch.save(source.state_dict(), out_path + ".pt")
+    model, optimizer = make_transformer(seed=4)
+    with pmsnap.CheckpointedOptimizer(optimizer, pool_path, model=model,
+                                      init_from=out_path + ".pt") as opt:
+        for name, p in source.named_parameters():
+            assert torch.equal(model.get_parameter(name), p), name
+        assert not os.path.exists(pool_path)  # no optimizer state yet: the first step lays it out
+        transformer_step(model, opt, 1)
+    assert pmsnap.load_state_dict(pool_path)["pmsnap"]["iteration"] == 1
+
+
+def test_init_from_refuses_foreign_files_and_used_pools_leaving_them_untouched(pool_path,
+                                                                                out_path):
+    foreign = out_path + ".pt"
+    with open(foreign, "wb") as f:
+        f.write(b"\x00not a checkpoint" * 64)
+    model, optimizer = make_transformer(seed=4)
+    with pytest.raises(pmsnap.InvalidArgumentError, match=f"{foreign} is not a checkpoint"):
+        pmsnap.CheckpointedOptimizer(optimizer, pool_path, model=model, init_from=foreign)
+    assert not os.path.exists(pool_path)
+    other, _ = fresh("dlrm")
+    torch.save(other.state_dict(), out_path + "-dlrm.pt")
+    with pytest.raises(pmsnap.ModelMismatchError, match="no tensor for parameter"):
+        pmsnap.CheckpointedOptimizer(optimizer, pool_path, model=model,
+                                     init_from=out_path + "-dlrm.pt")
+    train(pool_path, "transformer", steps=2)
+    before = pool_digest(pool_path)
+    pmsnap.export(pool_path, out_path + ".safetensors")
+    model, optimizer = make_transformer(seed=4)
+    with pytest.raises(pmsnap.FailedPreconditionError, match="already holds iteration 2"):
+        pmsnap.CheckpointedOptimizer(optimizer, pool_path, model=model,
+                                     init_from=out_path + ".safetensors")
+    assert pool_digest(pool_path) == before
