@@ -60,6 +60,16 @@ from .export import export, read_export  # noqa: F401
 from .optimizer import CheckpointedOptimizer  # noqa: F401
 from .state_dict import PoolCheckpoint, load_state_dict  # noqa: F401
 
+
+
+def __getattr__(name):
+    # pmsnap.dcp imports torch.distributed.checkpoint: only when used.
+    if name == "dcp":
+        import importlib
+        return importlib.import_module(".dcp", __name__)
+    raise AttributeError(f"module 'pmsnap' has no attribute '{name}'")
+
+
 __all__ = [
     "CheckpointedOptimizer", "EmbeddingTracker", "EmbeddingOptions", "Policy", "restore",
     "has_checkpoint", "read_pool", "list_checkpoints", "recover_table",

@@ -729,8 +729,11 @@ class CheckpointReader {
     return layout.units[unit].tensors[tensor];
   }
 
+  // Adds pool and epoch to a message that does not name them already.
   Status Annotate(const Status& status, std::uint64_t epoch) const {
-    if (status.ok()) return status;
+    if (status.ok() || status.message().find(pool_->path()) != std::string_view::npos) {
+      return status;
+    }
     return Status(status.code(), "pool " + pool_->path() + " epoch " + std::to_string(epoch) +
                                      ": " + std::string(status.message()));
   }
@@ -746,6 +749,85 @@ class CheckpointReader {
     if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
   }
 
+  std::unique_ptr<layout::Pool> pool_;
+};
+
+
+// A pool written epoch by epoch without the engine (pmsnap.dcp.PoolWriter, a
+// DCP StorageWriter): Pool's own writer protocol, BeginEpoch -> WriteTensor
+// for every tensor -> Commit(extra state), so a crash anywhere leaves the
+// pool at its previous commit. Creates the pool for `units` [(name,
+// [(role, dtype, shape)])] or opens an existing one made for exactly those
+// (kModelMismatch naming the first difference otherwise).
+//
+// Thread-safety: one Python thread at a time.
+class PoolFileWriter {
+ public:
+  PoolFileWriter(const std::string& path,
+                 const std::vector<std::pair<std::string, std::vector<std::tuple<
+                     std::string, std::string, std::vector<std::int64_t>>>>>& units,
+                 std::uint64_t extra_state_capacity, std::uint64_t part_bytes) {
+    layout::Manifest manifest;
+    for (const auto& [name, tensors] : units) {
+      layout::UnitSpec unit;
+      unit.name = name;
+      for (const auto& [role, dtype, shape] : tensors) {
+        unit.tensors.push_back({role, ParseDType(dtype, "unit '" + name + "'"), shape});
+      }
+      manifest.units.push_back(std::move(unit));
+    }
+    py::gil_scoped_release release;
+    if (access(path.c_str(), F_OK) == 0) {
+      layout::OpenOptions options;
+      options.prefault_mapping = false;
+      pool_ = ValueOrThrow(layout::Pool::Open(path, manifest, options));
+    } else {
+      layout::PoolOptions options;
+      options.extra_state_capacity = extra_state_capacity;
+      options.part_bytes = part_bytes;
+      options.prefault_mapping = false;
+      pool_ = ValueOrThrow(layout::Pool::Create(path, manifest, options));
+    }
+  }
+
+  // Iteration of the newest committed epoch, or None.
+  std::optional<std::uint64_t> LatestIteration() const {
+    Result<layout::SnapshotView> latest = pool().Latest();
+    if (!latest.ok()) return std::nullopt;
+    return latest->iteration();
+  }
+  std::uint64_t Begin(std::uint64_t iteration) { return ValueOrThrow(pool().BeginEpoch(iteration)); }
+  void WriteTensor(std::uint32_t unit, std::uint32_t tensor, std::uintptr_t src) {
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = pool().WriteTensor(unit, tensor, reinterpret_cast<const void*>(src));
+    }
+    ThrowIfError(status);
+  }
+  void Commit(const py::bytes& extra_state) {
+    const std::string data = extra_state;
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = pool().Commit(std::span<const std::byte>(
+          reinterpret_cast<const std::byte*>(data.data()), data.size()));
+    }
+    ThrowIfError(status);
+  }
+  void Abandon() { pool().Abandon(); }
+  void Close() {
+    py::gil_scoped_release release;
+    pool_.reset();
+  }
+
+ private:
+  layout::Pool& pool() const {
+    if (pool_ == nullptr) {
+      throw StatusError(Status(StatusCode::kFailedPrecondition, "pool writer is closed"));
+    }
+    return *pool_;
+  }
   std::unique_ptr<layout::Pool> pool_;
 };
 
@@ -1059,6 +1141,24 @@ PYBIND11_MODULE(_pmsnap, m) {
             return ListCheckpointsOf(r.pool(), table);
           },
           py::arg("table"));
+
+
+  py::class_<PoolFileWriter>(m, "PoolFileWriter",
+                             "A pool written epoch by epoch with Pool's commit protocol.")
+      .def(py::init<const std::string&,
+                    const std::vector<std::pair<
+                        std::string, std::vector<std::tuple<std::string, std::string,
+                                                            std::vector<std::int64_t>>>>>&,
+                    std::uint64_t, std::uint64_t>(),
+           py::arg("path"), py::arg("units"), py::arg("extra_state_capacity"),
+           py::arg("part_bytes") = std::uint64_t{4} << 20)
+      .def("latest_iteration", &PoolFileWriter::LatestIteration)
+      .def("begin", &PoolFileWriter::Begin, py::arg("iteration"))
+      .def("write_tensor", &PoolFileWriter::WriteTensor, py::arg("unit"), py::arg("tensor"),
+           py::arg("src"))
+      .def("commit", &PoolFileWriter::Commit, py::arg("extra_state"))
+      .def("abandon", &PoolFileWriter::Abandon)
+      .def("close", &PoolFileWriter::Close);
 
   m.def("prune_pool", &PrunePool, py::arg("path"), py::arg("keep"),
         "Keeps the newest `keep` retained epochs of pool `path` -> {pool, kept, dropped}.");

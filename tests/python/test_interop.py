@@ -577,3 +577,79 @@ def test_init_from_refuses_foreign_files_and_used_pools_leaving_them_untouched(p
         pmsnap.CheckpointedOptimizer(optimizer, pool_path, model=model,
                                      init_from=out_path + ".safetensors")
     assert pool_digest(pool_path) == before
+
+
+# --- DCP's own API on a pool: pmsnap.dcp.PoolWriter / PoolReader ------------------------------
+
+def dcp_state(model, optimizer, step):
+    return {"model": model.state_dict(), "optimizer": get_optimizer_state_dict(model, optimizer),
+            "step": step}
+
+
+def test_dcp_save_and_load_through_a_pool(pool_path):
+    model, optimizer = make_transformer(seed=1)
+    for s in range(1, 3):
+        transformer_step(model, optimizer, s)
+    dcp.save(dcp_state(model, optimizer, 2), storage_writer=pmsnap.dcp.PoolWriter(pool_path))
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    transformer_step(model, optimizer, 3)
+    dcp.save(dcp_state(model, optimizer, 3), storage_writer=pmsnap.dcp.PoolWriter(pool_path))
+
+    fresh_model, fresh_opt = make_transformer(seed=5)
+    sd = dcp_state(fresh_model, fresh_opt, 0)
+    dcp.load(sd, storage_reader=pmsnap.dcp.PoolReader(pool_path))
+    fresh_model.load_state_dict(sd["model"])
+    set_optimizer_state_dict(fresh_model, fresh_opt, sd["optimizer"])
+    assert sd["step"] == 3
+    assert_same_training_state(model, optimizer, fresh_model, fresh_opt)
+
+    # The pool keeps the previous save too.
+    older_model, older_opt = make_transformer(seed=6)
+    sd = dcp_state(older_model, older_opt, 0)
+    newest = pmsnap._pmsnap.CheckpointReader(pool_path)
+    epoch = newest.epochs()[0]["epoch"]
+    newest.close()
+    dcp.load(sd, storage_reader=pmsnap.dcp.PoolReader(pool_path, epoch=epoch - 1))
+    assert sd["step"] == 2
+    for name, value in saved.items():
+        assert torch.equal(sd["model"][name], value), name
+
+
+def test_dcp_save_that_fails_midway_leaves_the_last_save_and_reads_check_checksums(pool_path):
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    model, optimizer = make_transformer(seed=1)
+    transformer_step(model, optimizer, 1)
+    dcp.save(dcp_state(model, optimizer, 1), storage_writer=pmsnap.dcp.PoolWriter(pool_path))
+    before = pool_digest(pool_path)
+    committed = {k: v.clone() for k, v in model.state_dict().items()}
+
+    class FailingPlanner(DefaultSavePlanner):
+        calls = 0
+
+        def resolve_data(self, write_item):
+            FailingPlanner.calls += 1
+            if FailingPlanner.calls == 5:
+                raise RuntimeError("simulated failure in the middle of a save")
+            return super().resolve_data(write_item)
+
+    transformer_step(model, optimizer, 2)
+    from torch.distributed.checkpoint.api import CheckpointException
+    with pytest.raises(CheckpointException) as failed:
+        dcp.save(dcp_state(model, optimizer, 2), storage_writer=pmsnap.dcp.PoolWriter(pool_path),
+                 planner=FailingPlanner())
+    assert "simulated failure" in repr(failed.value.failures)
+    fresh_model, fresh_opt = make_transformer(seed=5)
+    sd = dcp_state(fresh_model, fresh_opt, 0)
+    dcp.load(sd, storage_reader=pmsnap.dcp.PoolReader(pool_path))
+    assert sd["step"] == 1
+    for name, value in committed.items():
+        assert torch.equal(sd["model"][name], value), name
+    assert pmsnap.has_checkpoint(pool_path) and pool_digest(pool_path) != before  # slot written
+
+    damage_tensor(pool_path, "model.head.weight", 1, role="value")
+    with pytest.raises(CheckpointException) as failed:
+        dcp.load(dcp_state(*make_transformer(seed=5), 0),
+                 storage_reader=pmsnap.dcp.PoolReader(pool_path))
+    (error,) = [f[0] if isinstance(f, tuple) else f for f in failed.value.failures.values()]
+    assert isinstance(error, pmsnap.CorruptionError), repr(error)
+    assert pool_path in str(error) and "epoch 1" in str(error) and "model.head.weight" in str(error)
