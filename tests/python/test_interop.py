@@ -305,32 +305,47 @@ def test_export_takes_the_intact_epoch_when_the_newest_slot_is_damaged(pool_path
     assert not os.path.exists(out_path + "3.pt")
 
 
-def _ddp_rank(rank, world, pool):
+def _ddp_rank(rank, world, init_file, pool, results):
+    """One rank of a 2-rank DDP run checkpointing into `pool` ({rank})."""
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-    ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    with pmsnap.CheckpointedOptimizer(optimizer, pool, model=model, every=1) as opt:
-        for step in range(1, 4):
-            g = torch.Generator().manual_seed(10 * step + rank)
-            x = torch.randn(4, 6, generator=g)
-            torch.nn.functional.mse_loss(ddp(x), x[:, :2]).backward()
-            opt.step()
-            opt.zero_grad()
-    return {k: v.clone() for k, v in model.state_dict().items()}
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        ddp = DistributedDataParallel(model)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        with pmsnap.CheckpointedOptimizer(optimizer, pool, model=model, every=1) as opt:
+            for step in range(1, 4):
+                g = torch.Generator().manual_seed(10 * step + rank)
+                x = torch.randn(4, 6, generator=g)
+                torch.nn.functional.mse_loss(ddp(x), x[:, :2]).backward()
+                opt.step()
+                opt.zero_grad()
+        results[rank] = {k: v.clone() for k, v in model.state_dict().items()}
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_multi_rank_pool_exports_as_one_consolidated_file(out_path):
-    from test_distributed import run_ranks
+    import tempfile
+    import torch.multiprocessing as mp
     template = out_path + ".{rank}.pool"
-    results = run_ranks(2, lambda rank, world: _ddp_rank(rank, world, template))
+    # Spawned, not forked: this process has run engines (worker threads) by now.
+    with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
+        shared = manager.dict()
+        mp.start_processes(_ddp_rank, args=(2, os.path.join(d, "init"), template, shared),
+                           nprocs=2, join=True, start_method="spawn")
+        results = [shared[r] for r in range(2)]
     result = pmsnap.export(template, out_path + ".safetensors", model_only=True)
     assert result["iteration"] == 3, result
     tensors = safetensors.torch.load_file(out_path + ".safetensors")
     assert sorted(tensors) == sorted(results[0])
     for name, value in results[0].items():
         assert torch.equal(tensors[name], value), name
+        assert torch.equal(results[1][name], value), name  # DDP keeps the replicas equal
     sd = pmsnap.load_state_dict(template)
     assert sd["optimizer"]["param_groups"][0]["params"] == list(results[0])
 
