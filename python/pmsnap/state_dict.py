@@ -11,7 +11,8 @@ parameter name, not by optimizer index):
      "optimizer": {"state": {name: {role: value}},
                    "param_groups": [{hyperparameter: value, "params": [names]}]},
      "extra": {... the dict given to step(), "rng": {...}},
-     "pmsnap": {"pool", "epoch", "iteration", "commit_time_unix_ns", "warnings"}}
+     "pmsnap": {"pool", "epoch", "iteration", "commit_time_unix_ns", "tables",
+                "warnings"}}
 
 A parameter's unit becomes model[name] (its "param" tensor) and
 optimizer["state"][name] (every other tensor, plus the non-tensor state kept
@@ -269,6 +270,7 @@ class PoolCheckpoint:
     def info(self):
         return {"pool": self.pool, "epoch": self.epoch, "iteration": self.iteration,
                 "commit_time_unix_ns": self.commit_time_unix_ns,
+                "tables": sorted({e.table for e in self.entries if e.table is not None}),
                 "warnings": list(self.warnings)}
 
     # --- reading tensors ------------------------------------------------------------
@@ -333,7 +335,14 @@ class PoolCheckpoint:
         return torch.from_numpy(array).reshape(entry.shape)
 
 
-def load_state_dict(pool, epoch=None, mmap=False, names=None, model_only=False):
+_FUSED_LAYOUTS = {
+    "fused8": lambda t: torch.ops.quantized.embedding_bag_byte_prepack(t),
+    "fused4": lambda t: torch.ops.quantized.embedding_bag_4bit_prepack(t),
+}
+
+
+def load_state_dict(pool, epoch=None, mmap=False, names=None, model_only=False,
+                    embedding_layout="float32"):
     """A pool's checkpoint as a state dict, without a model, optimizer or process group.
 
     Returns {"model": {name: tensor}, "optimizer": {"state": {name: {role:
@@ -354,11 +363,28 @@ def load_state_dict(pool, epoch=None, mmap=False, names=None, model_only=False):
     names: parameter names to read (default: all); only their tensors are
     read. model_only: skip optimizer state (and its tensors).
 
+    embedding_layout: "float32" (embedding tables as float32 [rows, dim],
+    dequantized when checkpointed quantized), or PyTorch's fused rowwise
+    layouts that torch.ops.quantized.embedding_bag_byte_rowwise_offsets /
+    embedding_bag_4bit_rowwise_offsets take: "fused8" (uint8 [rows, dim + 8]:
+    codes, then fp32 scale and bias per row) or "fused4" (4-bit codes, fp16
+    scale and bias), quantized by torch's prepack ops from the float32 table.
+
     Errors name the pool and the epoch: NotFoundError (no pool, epoch not
     retained, unknown name), CorruptionError (a checksum fails for an
     explicitly requested epoch, or for both retained ones).
     """
-    return run_with_fallback(pool, epoch, lambda c: _load(c, mmap, names, model_only))
+    if embedding_layout != "float32" and embedding_layout not in _FUSED_LAYOUTS:
+        raise make_error(_pmsnap.InvalidArgumentError,
+                         f"pool {os.fspath(pool)}: unknown embedding_layout "
+                         f"'{embedding_layout}' (float32, fused8 or fused4)")
+    result = run_with_fallback(pool, epoch, lambda c: _load(c, mmap, names, model_only))
+    if embedding_layout != "float32":
+        for table in result["pmsnap"]["tables"]:
+            if table in result["model"]:
+                result["model"][table] = _FUSED_LAYOUTS[embedding_layout](
+                    result["model"][table])
+    return result
 
 
 def _load(checkpoint, mmap, names, model_only):

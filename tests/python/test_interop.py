@@ -207,6 +207,18 @@ def test_quantized_table_is_dequantized_as_recover_table_gives_it(pool_path):
     assert torch.equal(table, pmsnap.recover_table(pool_path, TABLE))
     assert (table - model.bag.weight).abs().max() < 0.05  # 8-bit rowwise
     assert torch.equal(sd["model"]["fc1.weight"], model.fc1.weight)
+    # PyTorch's fused 8-bit rowwise layout, as its quantized embedding_bag ops take it.
+    fused = pmsnap.load_state_dict(pool_path, embedding_layout="fused8")["model"][TABLE]
+    assert fused.dtype == torch.uint8 and fused.shape == (table.shape[0], table.shape[1] + 8)
+    unpacked = torch.ops.quantized.embedding_bag_byte_unpack(fused)
+    row_range = table.max(dim=1).values - table.min(dim=1).values
+    assert ((unpacked - table).abs().max(dim=1).values <= row_range / 255 + 1e-6).all()
+    ids, offsets = torch.tensor([3, 70, 5, 9]), torch.tensor([0, 2])
+    pooled = torch.ops.quantized.embedding_bag_byte_rowwise_offsets(fused, ids, offsets)
+    assert torch.allclose(pooled, torch.nn.functional.embedding_bag(ids, unpacked, offsets,
+                                                                   mode="sum"), atol=1e-5)
+    with pytest.raises(pmsnap.InvalidArgumentError, match="unknown embedding_layout"):
+        pmsnap.load_state_dict(pool_path, embedding_layout="int3")
 
 
 # --- export: round trips through each library ----------------------------------------------
