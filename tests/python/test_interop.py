@@ -79,7 +79,7 @@ def train(pool, kind, steps=4):
     make, step, kwargs = MODELS[kind]
     model, optimizer = make(seed=1)
     snapshots = {}
-    with pmsnap.CheckpointedOptimizer(optimizer, pool, model=model, **kwargs) as opt:
+    with pmsnap.CheckpointedOptimizer(optimizer, pool, model=model, every=1, **kwargs) as opt:
         for s in range(1, steps + 1):
             step(model, opt, s)
             opt.flush()
@@ -198,7 +198,7 @@ def test_reading_one_tensor_reads_only_that_tensor(pool_path):
 def test_quantized_table_is_dequantized_as_recover_table_gives_it(pool_path):
     model, optimizer = make_dlrm(seed=1)
     with pmsnap.CheckpointedOptimizer(optimizer, pool_path, model=model, quantize_bits=8,
-                                      embedding_policy="full") as opt:
+                                      embedding_policy="full", every=1) as opt:
         for s in range(1, 4):
             dlrm_step(model, opt, s)
     sd = pmsnap.load_state_dict(pool_path)
@@ -281,7 +281,7 @@ def getattr_path(module, name):
 
 def test_export_of_an_older_epoch_and_the_extra_state(pool_path, out_path):
     model, optimizer = make_transformer(seed=1)
-    with pmsnap.CheckpointedOptimizer(optimizer, pool_path, model=model) as opt:
+    with pmsnap.CheckpointedOptimizer(optimizer, pool_path, model=model, every=1) as opt:
         for s in range(1, 4):
             transformer_step(model, opt, s)
             opt.extra_state = {"batch": s, "name": "run"}
