@@ -680,3 +680,59 @@ def test_dcp_save_that_fails_midway_leaves_the_last_save_and_reads_check_checksu
     (error,) = [f[0] if isinstance(f, tuple) else f for f in failed.value.failures.values()]
     assert isinstance(error, pmsnap.CorruptionError), repr(error)
     assert pool_path in str(error) and "epoch 1" in str(error) and "model.head.weight" in str(error)
+
+
+_KILLED_SAVE = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    import pmsnap
+
+    pool, kill_at = sys.argv[1], int(sys.argv[2])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters())
+
+    class KillingPlanner(DefaultSavePlanner):
+        resolved = 0
+
+        def resolve_data(self, item):
+            KillingPlanner.resolved += 1
+            if KillingPlanner.resolved == kill_at:  # inside the second save's writes
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().resolve_data(item)
+
+    planner = KillingPlanner()
+    for step in (1, 2):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        sd = {"model": model.state_dict(), "optimizer": get_optimizer_state_dict(model, opt)}
+        dcp.save(sd, storage_writer=pmsnap.dcp.PoolWriter(pool), planner=planner)
+        if step == 1:
+            torch.save(model.state_dict(), pool + ".first.pt")
+            print(KillingPlanner.resolved, flush=True)
+""")
+
+
+def test_dcp_save_killed_midway_leaves_the_previous_save_bitwise(pool_path):
+    items = subprocess.run([sys.executable, "-c", _KILLED_SAVE, pool_path, "0"],
+                           capture_output=True, text=True, check=True)
+    per_save = int(items.stdout.split()[0])  # resolve_data calls of one save
+    os.remove(pool_path)
+    for kill_at in (per_save + 1, per_save + per_save // 2, 2 * per_save):
+        run = subprocess.run([sys.executable, "-c", _KILLED_SAVE, pool_path, str(kill_at)],
+                             capture_output=True, text=True)
+        assert run.returncode == -9, run.stderr  # SIGKILL
+        first = torch.load(pool_path + ".first.pt", weights_only=True)
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                    torch.nn.Linear(16, 2))
+        sd = {"model": model.state_dict()}
+        dcp.load(sd, storage_reader=pmsnap.dcp.PoolReader(pool_path))
+        for name, value in first.items():
+            assert torch.equal(sd["model"][name], value), (kill_at, name)
+        os.remove(pool_path)
+        os.remove(pool_path + ".first.pt")
