@@ -30,7 +30,7 @@ import os
 import pickle
 
 import torch
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
@@ -284,4 +284,4 @@ class PoolReader(StorageReader):
         self._bytes = None
 
 
-__all__ = ["PoolWriter", "PoolReader", "MetadataIndex"]
+__all__ = ["PoolWriter", "PoolReader"]
