@@ -9,6 +9,7 @@ message names the pool), 2 usage error. `pip install .` also installs this
 as the `pmsnap` command.
 """
 
+import os
 import sys
 
 from . import _pmsnap
@@ -18,7 +19,13 @@ from . import cli
 def main(argv=None):
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] in cli.COMMANDS:
-        return cli.main(args)
+        try:
+            return cli.main(args)
+        except BrokenPipeError:
+            # `pmsnap list POOL | head`: the reader left; say nothing more.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141  # as a shell reports SIGPIPE
+
     code, out, err = _pmsnap.run_cli(args)
     sys.stdout.write(out)
     if code == 2 and not any(a in ("-h", "--help") for a in args):
