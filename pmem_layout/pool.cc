@@ -287,7 +287,7 @@ Result<std::uint64_t> Pool::BeginEpoch(std::uint64_t iteration) {
     const int slot = impl.unverified_slot.load();
     std::vector<std::string> problems = CheckSlot(slot, /*deep=*/true);
     impl.unverified_slot.store(-1);
-    if (!problems.empty()) PMSNAP_RETURN_IF_ERROR(RejectRecovered(problems.front()));
+    if (!problems.empty()) PMSNAP_RETURN_IF_ERROR(RejectRecovered(problems.front(), kDamagedFallback));
   }
   if (!impl.orphans_swept) {
     PMSNAP_RETURN_IF_ERROR(impl.chunk_heap->FreeNewerThan(impl.last_committed.value_or(0)));

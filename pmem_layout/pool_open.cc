@@ -269,7 +269,7 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
 }
 
 Status Pool::PickRecoveredSlot(bool deep, std::optional<int> excluded,
-                               std::vector<std::string> rejected) {
+                               std::vector<std::string> rejected, std::string_view fallback) {
   Impl& impl = *impl_;
   const std::string where = "pool '" + path_ + "'";
   std::vector<int> candidates;
@@ -298,7 +298,7 @@ Status Pool::PickRecoveredSlot(bool deep, std::optional<int> excluded,
     return Status(StatusCode::kCorruption, where + ": no committed slot verifies: " + all);
   }
   for (const std::string& r : rejected) {
-    Warn(&warnings_, where + ": newest checkpoint is damaged, falling back to the older one: " + r);
+    Warn(&warnings_, where + ": " + std::string(fallback) + ": " + r);
   }
   return Status::Ok();
 }
@@ -308,12 +308,15 @@ Status Pool::RejectLatest(std::uint32_t damaged_part) {
     return Status(StatusCode::kInvalidArgument,
                   "pool '" + path_ + "': no part " + std::to_string(damaged_part));
   }
-  return RejectRecovered(PartProblem(damaged_part));
+  return RejectRecovered(PartProblem(damaged_part), kDamagedFallback);
 }
 
-Status Pool::RollBackLatest(const std::string& reason) { return RejectRecovered(reason); }
+Status Pool::RollBackLatest(const std::string& reason) {
+  return RejectRecovered(reason, "the ranks restore an older iteration, rolling back the newest "
+                                 "checkpoint");
+}
 
-Status Pool::RejectRecovered(const std::string& problem) {
+Status Pool::RejectRecovered(const std::string& problem, std::string_view fallback) {
   if (!recovered_slot_) {
     return Status(StatusCode::kFailedPrecondition,
                   "pool '" + path_ + "': no recovered checkpoint to reject");
@@ -328,7 +331,8 @@ Status Pool::RejectRecovered(const std::string& problem) {
   impl_->unverified_slot.store(-1);
   return PickRecoveredSlot(/*deep=*/true, damaged,
                            {"slot " + std::to_string(damaged) + " (epoch " +
-                            std::to_string(slot_info(damaged).epoch) + "): " + problem});
+                            std::to_string(slot_info(damaged).epoch) + "): " + problem},
+                           fallback);
 }
 
 std::vector<std::string> Pool::CheckSlot(int slot, bool deep) const {

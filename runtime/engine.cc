@@ -18,6 +18,7 @@
 #include "detail/copy_hold_budget.h"
 #include "detail/engine_restore.h"
 #include "pmsnap/common/cpu_affinity.h"
+#include "pmsnap/pmem_layout/checksum.h"
 #include "pmsnap/runtime/cuda_device.h"
 
 namespace pmsnap::runtime {
@@ -163,6 +164,9 @@ struct Engine::Impl {
   std::optional<std::uint64_t> committed_iteration;
   // Several ranks: the agreement on which steps open epochs (null alone).
   std::unique_ptr<EpochAgreement> agreement;
+  // Sharded replicated state (EngineOptions::shard_replicated_state): the
+  // front end's unit numbering; `units` then holds the units this rank writes.
+  std::optional<ShardedUnits> shards;
 
   ~Impl() = default;
 
@@ -384,13 +388,19 @@ struct Engine::Impl {
     current.reset();
   }
 
-  Status CheckUnit(std::uint32_t unit) const {
-    if (unit >= units.size()) {
+  // The index in `units` of the front end's unit `unit`; nullopt for a
+  // unit that only other ranks write (sharded).
+  Result<std::optional<std::uint32_t>> HeldUnit(std::uint32_t unit) const {
+    const std::size_t registered = shards ? shards->registered.size() : units.size();
+    if (unit >= registered) {
       return Status(StatusCode::kInvalidArgument,
                     "unit " + std::to_string(unit) + " out of range (" +
-                        std::to_string(units.size()) + " registered)");
+                        std::to_string(registered) + " registered)");
     }
-    return Status::Ok();
+    if (!shards) return std::optional<std::uint32_t>(unit);
+    const std::uint32_t held = shards->held_index[unit];
+    if (held == ShardedUnits::kNotHeld) return std::optional<std::uint32_t>();
+    return std::optional<std::uint32_t>(held);
   }
 
   Status Capture(std::uint32_t u) {
@@ -542,25 +552,11 @@ Result<std::unique_ptr<layout::Pool>> OpenOrCreatePool(const EngineOptions& opti
     layout::PoolOptions pool_options = options.pool_options;
     pool_options.group = group;
     pool = layout::Pool::Create(options.pool_path, manifest, pool_options);
-    PMSNAP_RETURN_IF_ERROR(agreement->AgreeOnStatus(pool.status()));
   }
+  // Every rank, also those that opened: a rank whose pool was lost creates
+  // it beside ranks that did not.
+  PMSNAP_RETURN_IF_ERROR(agreement->AgreeOnStatus(pool.status()));
   return pool;
-}
-
-// The iterations this pool can restore: the recovered (newest verified)
-// slot, and the other slot if it holds an older complete epoch whose record
-// verifies. A newer slot that failed verification at open is not among them.
-std::vector<std::uint64_t> IntactIterations(const layout::Pool& pool) {
-  std::vector<std::uint64_t> intact;
-  Result<layout::SnapshotView> latest = pool.Latest();
-  if (!latest.ok()) return intact;
-  intact.push_back(latest->iteration());
-  const layout::SlotInfo other = pool.slot_info(1 - latest->slot());
-  if (other.state == layout::SlotState::kComplete && other.record_valid &&
-      other.epoch < latest->epoch()) {
-    intact.push_back(other.iteration);
-  }
-  return intact;
 }
 
 }  // namespace
@@ -580,8 +576,7 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   if (!options.worker_cpus.empty()) {
     PMSNAP_RETURN_IF_ERROR(CheckCpus(options.worker_cpus, "EngineOptions::worker_cpus"));
   }
-  const layout::Manifest manifest = ManifestFor(units);
-  PMSNAP_RETURN_IF_ERROR(manifest.Validate());
+  PMSNAP_RETURN_IF_ERROR(ManifestFor(units).Validate());
   for (const UnitRegistration& unit : units) {
     for (const TensorView& t : unit.tensors) {
       if (t.data == nullptr && layout::TensorSpec{t.name, t.dtype, t.shape}.bytes() > 0) {
@@ -590,6 +585,25 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
       }
     }
   }
+  const int world_size = options.coordinator ? options.coordinator->world_size() : 1;
+  if (options.replicas != 1 && !options.shard_replicated_state) {
+    return Status(StatusCode::kInvalidArgument,
+                  "EngineOptions::replicas=" + std::to_string(options.replicas) +
+                      " needs shard_replicated_state (" + options.pool_path + ")");
+  }
+  std::optional<ShardedUnits> shards;
+  if (options.shard_replicated_state && world_size > 1) {
+    // The whole model's identity, with the replica count: a pool holds the
+    // units one placement assigned it.
+    const std::uint64_t identity[2] = {
+        options.model_fingerprint != 0 ? options.model_fingerprint : ManifestFor(units).Signature(),
+        static_cast<std::uint64_t>(options.replicas)};
+    options.model_fingerprint = layout::Checksum64(identity, sizeof(identity));
+    PMSNAP_ASSIGN_OR_RETURN(shards, ShardUnits(std::move(units), options.coordinator->rank(),
+                                               world_size, options.replicas, options.pool_path));
+    units = HeldRegistrations(*shards);
+  }
+  const layout::Manifest manifest = ManifestFor(units);
 
   std::vector<std::uint32_t> encoded_units;
   for (std::uint32_t u = 0; u < units.size(); ++u) {
@@ -611,6 +625,7 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   impl->options = options;
   impl->encoder = options.encoder;
   impl->units = std::move(units);
+  impl->shards = std::move(shards);
   if (options.device == nullptr) {
     impl->owned_device = std::make_unique<HostDevice>();
     impl->device = impl->owned_device.get();
@@ -779,15 +794,18 @@ Status Engine::BeginStep(std::uint64_t step) {
   return Status::Ok();
 }
 
-Status Engine::BeforeUpdate(std::uint32_t unit) {
+Status Engine::BeforeUpdate(std::uint32_t registered_unit) {
   Impl& impl = *impl_;
-  PMSNAP_RETURN_IF_ERROR(impl.CheckUnit(unit));
+  PMSNAP_ASSIGN_OR_RETURN(const std::optional<std::uint32_t> held,
+                          impl.HeldUnit(registered_unit));
   const auto start = Clock::now();
   if (!impl.saw_update_in_step) {
     impl.saw_update_in_step = true;
     impl.first_update_in_step = start;
   }
   Status result = impl.TakeError();
+  if (!held) return result;  // another rank writes it
+  const std::uint32_t unit = *held;
   if (result.ok() && impl.current) {
     Epoch& epoch = *impl.current;
     UnitTask* task = epoch.tasks[unit].get();
@@ -823,9 +841,12 @@ Status Engine::BeforeUpdate(std::uint32_t unit) {
   return result;
 }
 
-Status Engine::AfterUpdate(std::uint32_t unit) {
+Status Engine::AfterUpdate(std::uint32_t registered_unit) {
   Impl& impl = *impl_;
-  PMSNAP_RETURN_IF_ERROR(impl.CheckUnit(unit));
+  PMSNAP_ASSIGN_OR_RETURN(const std::optional<std::uint32_t> held,
+                          impl.HeldUnit(registered_unit));
+  if (!held) return Status::Ok();  // another rank writes it
+  const std::uint32_t unit = *held;
   const auto start = Clock::now();
   Status result = Status::Ok();
   if (impl.capturing && impl.current && impl.current->tasks[unit] == nullptr) {
@@ -932,38 +953,36 @@ Result<RestoreResult> Engine::Restore() {
     impl.committed_iteration = restored.iteration;
     return restored;
   }
+  if (impl.shards) {
+    PMSNAP_ASSIGN_OR_RETURN(RestoreResult restored,
+                            RestoreShardedEpoch(*impl.pool, *impl.device, impl.units, *impl.shards,
+                                                impl.encoder.get(), impl.options.workers,
+                                                *impl.agreement));
+    impl.committed_iteration = restored.iteration;
+    return restored;
+  }
   PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t agreed,
                           impl.agreement->AgreeOnRestore(IntactIterations(*impl.pool)));
-  // A rank one epoch ahead of the others drops its newest slot first, so
-  // that restore reads the agreed one and the next epoch overwrites the
-  // dropped one.
-  auto restore_agreed = [&]() -> Result<RestoreResult> {
-    PMSNAP_ASSIGN_OR_RETURN(const layout::SnapshotView latest, impl.pool->Latest());
-    if (latest.iteration() != agreed) {
-      PMSNAP_RETURN_IF_ERROR(impl.pool->RollBackLatest(
-          "iteration " + std::to_string(latest.iteration()) + " is newer than iteration " +
-          std::to_string(agreed) + ", the newest every rank holds"));
-    }
-    PMSNAP_ASSIGN_OR_RETURN(RestoreResult restored,
-                            RestoreNewestIntactEpoch(*impl.pool, *impl.device, impl.units,
-                                                     impl.encoder.get(), impl.options.workers));
-    if (restored.iteration != agreed) {
-      return Status(StatusCode::kCorruption,
-                    "pool '" + impl.pool->path() + "': iteration " + std::to_string(agreed) +
-                        ", the newest every rank holds, failed verification while restoring");
-    }
-    return restored;
-  };
-  Result<RestoreResult> restored = restore_agreed();
+  Result<RestoreResult> restored =
+      RestoreAgreedEpoch(*impl.pool, *impl.device, impl.units, impl.encoder.get(),
+                         impl.options.workers, agreed);
   PMSNAP_RETURN_IF_ERROR(impl.agreement->AgreeOnStatus(restored.status()));
   impl.committed_iteration = agreed;
   return restored;
 }
 
 std::optional<std::uint32_t> Engine::FindUnit(const std::string& name) const {
-  return impl_->pool ? impl_->pool->FindUnit(name) : std::nullopt;
+  if (!impl_->shards) return impl_->pool ? impl_->pool->FindUnit(name) : std::nullopt;
+  const std::vector<UnitRegistration>& registered = impl_->shards->registered;
+  for (std::uint32_t u = 0; u < registered.size(); ++u) {
+    if (registered[u].name == name) return u;
+  }
+  return std::nullopt;
 }
-std::uint32_t Engine::unit_count() const { return static_cast<std::uint32_t>(impl_->units.size()); }
+std::uint32_t Engine::unit_count() const {
+  return static_cast<std::uint32_t>(impl_->shards ? impl_->shards->registered.size()
+                                                  : impl_->units.size());
+}
 const layout::Pool& Engine::pool() const { return *impl_->pool; }
 Device& Engine::device() const { return *impl_->device; }
 const ConflictStrategy& Engine::strategy() const { return *impl_->strategy; }

@@ -5,10 +5,13 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
 
 namespace pmsnap::runtime {
 namespace {
@@ -89,6 +92,161 @@ Result<RestoreResult> RestoreNewestIntactEpoch(layout::Pool& pool, Device& devic
   result.epoch = view.epoch();
   result.extra_state.assign(view.extra_state().begin(), view.extra_state().end());
   return result;
+}
+
+std::vector<std::uint64_t> IntactIterations(const layout::Pool& pool) {
+  std::vector<std::uint64_t> intact;
+  Result<layout::SnapshotView> latest = pool.Latest();
+  if (!latest.ok()) return intact;
+  intact.push_back(latest->iteration());
+  const layout::SlotInfo other = pool.slot_info(1 - latest->slot());
+  if (other.state == layout::SlotState::kComplete && other.record_valid &&
+      other.epoch < latest->epoch()) {
+    intact.push_back(other.iteration);
+  }
+  return intact;
+}
+
+namespace {
+
+std::string AheadReason(std::uint64_t newer, std::uint64_t agreed) {
+  return "iteration " + std::to_string(newer) + " is newer than iteration " +
+         std::to_string(agreed) + ", the newest the ranks restore together";
+}
+
+// Broadcasts every tensor of `unit` from `root` into every rank's tensor, in
+// place where the CPU addresses it, else through a host buffer.
+Status BroadcastUnit(const UnitRegistration& unit, int root, int rank, Device& device,
+                     Coordinator& coordinator) {
+  std::vector<std::byte> staging;
+  for (const TensorView& t : unit.tensors) {
+    const std::size_t bytes = layout::TensorSpec{t.name, t.dtype, t.shape}.bytes();
+    if (bytes == 0) continue;
+    if (device.cpu_addressable()) {
+      PMSNAP_RETURN_IF_ERROR(
+          coordinator.Broadcast(std::span<std::byte>(static_cast<std::byte*>(t.data), bytes), root));
+      continue;
+    }
+    staging.resize(bytes);
+    if (rank == root) PMSNAP_RETURN_IF_ERROR(device.CopyToHost(staging.data(), t.data, bytes));
+    PMSNAP_RETURN_IF_ERROR(coordinator.Broadcast(staging, root));
+    if (rank != root) PMSNAP_RETURN_IF_ERROR(device.CopyFromHost(t.data, staging.data(), bytes));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ShardedUnits> ShardUnits(std::vector<UnitRegistration> units, int rank, int world_size,
+                                int replicas, const std::string& pool_path) {
+  ShardedUnits shards;
+  std::vector<std::uint64_t> unit_bytes;
+  for (std::uint32_t u = 0; u < units.size(); ++u) {
+    if (units[u].encoded) continue;
+    shards.replicated.push_back(u);
+    std::uint64_t bytes = 0;
+    for (const TensorView& t : units[u].tensors) {
+      bytes += layout::TensorSpec{t.name, t.dtype, t.shape}.bytes();
+    }
+    unit_bytes.push_back(bytes);
+  }
+  PMSNAP_ASSIGN_OR_RETURN(shards.plan, PlanShards(unit_bytes, world_size, replicas));
+  for (int r = 0; r < world_size; ++r) {
+    if (shards.plan.UnitsHeldBy(r).empty()) {
+      return Status(StatusCode::kInvalidArgument,
+                    "sharding " + std::to_string(shards.replicated.size()) + " units over " +
+                        std::to_string(world_size) + " ranks with replicas=" +
+                        std::to_string(replicas) + " leaves rank " + std::to_string(r) +
+                        " no unit to write; use replicas=" + std::to_string(world_size) +
+                        " or no sharding (" + pool_path + ")");
+    }
+  }
+  std::vector<bool> held(units.size(), false);
+  for (std::uint32_t u = 0; u < units.size(); ++u) held[u] = units[u].encoded;
+  for (const std::uint32_t k : shards.plan.UnitsHeldBy(rank)) held[shards.replicated[k]] = true;
+  std::uint32_t next = 0;
+  for (std::uint32_t u = 0; u < units.size(); ++u) {
+    shards.held_index.push_back(held[u] ? next++ : ShardedUnits::kNotHeld);
+  }
+  shards.registered = std::move(units);
+  return shards;
+}
+
+std::vector<UnitRegistration> HeldRegistrations(const ShardedUnits& shards) {
+  std::vector<UnitRegistration> held;
+  for (std::uint32_t u = 0; u < shards.registered.size(); ++u) {
+    if (shards.held_index[u] != ShardedUnits::kNotHeld) held.push_back(shards.registered[u]);
+  }
+  return held;
+}
+
+Result<RestoreResult> RestoreAgreedEpoch(layout::Pool& pool, Device& device,
+                                         const std::vector<UnitRegistration>& units,
+                                         Encoder* encoder, int workers, std::uint64_t agreed) {
+  PMSNAP_ASSIGN_OR_RETURN(const layout::SnapshotView latest, pool.Latest());
+  if (latest.iteration() != agreed) {
+    PMSNAP_RETURN_IF_ERROR(pool.RollBackLatest(AheadReason(latest.iteration(), agreed)));
+  }
+  PMSNAP_ASSIGN_OR_RETURN(RestoreResult restored,
+                          RestoreNewestIntactEpoch(pool, device, units, encoder, workers));
+  if (restored.iteration != agreed) {
+    return Status(StatusCode::kCorruption,
+                  "pool '" + pool.path() + "': iteration " + std::to_string(agreed) +
+                      ", the newest every rank holds, failed verification while restoring");
+  }
+  return restored;
+}
+
+Result<RestoreResult> RestoreShardedEpoch(layout::Pool& pool, Device& device,
+                                          const std::vector<UnitRegistration>& held_units,
+                                          const ShardedUnits& shards, Encoder* encoder,
+                                          int workers, EpochAgreement& agreement) {
+  RankHoldings mine;
+  mine.intact = IntactIterations(pool);
+  for (const UnitRegistration& unit : held_units) mine.has_unreplicated_state |= unit.encoded;
+  std::vector<std::string> names;
+  for (const std::uint32_t r : shards.replicated) names.push_back(shards.registered[r].name);
+  PMSNAP_ASSIGN_OR_RETURN(const ShardedRestoreChoice choice,
+                          agreement.AgreeOnShardedRestore(mine, shards.plan, names));
+  const int rank = agreement.rank();
+  auto restore_local = [&]() -> Result<RestoreResult> {
+    if (choice.holds_iteration[rank]) {
+      return RestoreAgreedEpoch(pool, device, held_units, encoder, workers, choice.iteration);
+    }
+    // A lost or damaged pool: its units come from the peers. A slot newer
+    // than the agreed iteration must not survive to a later recovery, where
+    // it could pose as an iteration the ranks write again.
+    for (Result<layout::SnapshotView> latest = pool.Latest();
+         latest.ok() && latest->iteration() > choice.iteration; latest = pool.Latest()) {
+      Status dropped = pool.RollBackLatest(AheadReason(latest->iteration(), choice.iteration));
+      if (dropped.code() == StatusCode::kCorruption) break;  // no older slot verifies
+      PMSNAP_RETURN_IF_ERROR(dropped);
+    }
+    RestoreResult received;
+    received.iteration = choice.iteration;
+    return received;
+  };
+  Result<RestoreResult> restored = restore_local();
+  PMSNAP_RETURN_IF_ERROR(agreement.AgreeOnStatus(restored.status()));
+  Coordinator& coordinator = agreement.coordinator();
+  for (std::size_t k = 0; k < shards.replicated.size(); ++k) {
+    PMSNAP_RETURN_IF_ERROR(BroadcastUnit(shards.registered[shards.replicated[k]],
+                                         choice.serving_rank[k], rank, device, coordinator));
+  }
+  const auto holder =
+      std::find(choice.holds_iteration.begin(), choice.holds_iteration.end(), true);
+  const bool some_rank_lacks =
+      std::find(choice.holds_iteration.begin(), choice.holds_iteration.end(), false) !=
+      choice.holds_iteration.end();
+  if (some_rank_lacks) {
+    // Under DDP every rank is at the same data position; a rank that lost
+    // its pool takes the lowest holding rank's extra state.
+    const int root = static_cast<int>(holder - choice.holds_iteration.begin());
+    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> extra,
+                            agreement.BroadcastBytes(restored->extra_state, root));
+    if (!choice.holds_iteration[rank]) restored->extra_state = std::move(extra);
+  }
+  return restored;
 }
 
 }  // namespace pmsnap::runtime

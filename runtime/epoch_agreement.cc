@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -119,10 +120,20 @@ Result<std::uint64_t> EpochAgreement::AgreeOnRestore(const std::vector<std::uint
                   "rank " + std::to_string(rank_) +
                       ": restore must be agreed before the first step boundary");
   }
+  // A rank without a checkpoint is a fresh start only if no rank has one;
+  // beside ranks that do, its pool was lost, and training must not start
+  // over silently.
+  const std::vector<std::int64_t> lacks{intact.empty() ? 1 : 0, 0};
+  PMSNAP_ASSIGN_OR_RETURN(const auto every_lacks, coordinator_->MinAllReduce(lacks));
+  if (every_lacks.empty()) return Absorb(every_lacks);
   Status holds_any = Status::Ok();
-  if (intact.empty()) {
-    holds_any = Status(StatusCode::kNotFound,
-                       "its pool holds no intact checkpoint, so no iteration is held by every rank");
+  if (intact.empty() && every_lacks[0] == 1) {
+    holds_any = Status(StatusCode::kNotFound, "no rank's pool holds an intact checkpoint");
+  } else if (intact.empty()) {
+    holds_any = Status(StatusCode::kCorruption,
+                       "its pool holds no intact checkpoint while other ranks' pools do (a lost "
+                       "or replaced pool); without replicas (sharded state with replicas >= 2) "
+                       "no iteration is held by every rank");
   }
   PMSNAP_RETURN_IF_ERROR(AgreeOnStatus(holds_any));
   const std::optional<std::uint64_t> newest = *std::max_element(intact.begin(), intact.end());
@@ -139,6 +150,62 @@ Result<std::uint64_t> EpochAgreement::AgreeOnRestore(const std::vector<std::uint
   global_committed_ = agreed;
   last_opened_ = agreed;
   return agreed;
+}
+
+Result<ShardedRestoreChoice> EpochAgreement::AgreeOnShardedRestore(
+    const RankHoldings& mine, const ShardPlan& plan, std::span<const std::string> unit_names) {
+  if (exchange_in_flight_ || last_opened_) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "rank " + std::to_string(rank_) +
+                      ": restore must be agreed before the first step boundary");
+  }
+  // An all-gather through the MIN all-reduce: each rank fills its own words
+  // and leaves the others' at the maximum. Words: two intact iterations
+  // (encoded, 0: none) and the unreplicated-state flag.
+  constexpr std::size_t kWordsPerRank = 3;
+  Status fits = Status::Ok();
+  if (mine.intact.size() > 2) {
+    fits = Status(StatusCode::kInternal, "reports " + std::to_string(mine.intact.size()) +
+                                             " intact iterations, a pool holds at most 2");
+  }
+  PMSNAP_RETURN_IF_ERROR(AgreeOnStatus(fits));
+  std::vector<std::int64_t> words(kWordsPerRank * world_size_,
+                                  std::numeric_limits<std::int64_t>::max());
+  std::int64_t* own = words.data() + kWordsPerRank * rank_;
+  for (std::size_t i = 0; i < 2; ++i) {
+    own[i] = i < mine.intact.size() ? Encode(mine.intact[i]) : 0;
+  }
+  own[2] = mine.has_unreplicated_state ? 1 : 0;
+  PMSNAP_ASSIGN_OR_RETURN(const auto gathered, coordinator_->MinAllReduce(words));
+  if (gathered.size() != words.size()) {
+    return Status(StatusCode::kInternal,
+                  "rank " + std::to_string(rank_) + ": holdings all-reduce returned " +
+                      std::to_string(gathered.size()) + " values, expected " +
+                      std::to_string(words.size()));
+  }
+  std::vector<RankHoldings> holdings(world_size_);
+  for (int r = 0; r < world_size_; ++r) {
+    const std::int64_t* theirs = gathered.data() + kWordsPerRank * r;
+    for (std::size_t i = 0; i < 2; ++i) {
+      if (const auto iteration = Decode(theirs[i])) holdings[r].intact.push_back(*iteration);
+    }
+    holdings[r].has_unreplicated_state = theirs[2] != 0;
+  }
+  PMSNAP_ASSIGN_OR_RETURN(ShardedRestoreChoice choice,
+                          ChooseShardedRestore(plan, holdings, unit_names));
+  global_committed_ = choice.iteration;
+  last_opened_ = choice.iteration;
+  return choice;
+}
+
+Result<std::vector<std::byte>> EpochAgreement::BroadcastBytes(std::vector<std::byte> bytes,
+                                                              int root) {
+  std::int64_t size = static_cast<std::int64_t>(bytes.size());
+  PMSNAP_RETURN_IF_ERROR(
+      coordinator_->Broadcast(std::as_writable_bytes(std::span<std::int64_t>(&size, 1)), root));
+  bytes.resize(static_cast<std::size_t>(size));
+  if (size > 0) PMSNAP_RETURN_IF_ERROR(coordinator_->Broadcast(bytes, root));
+  return bytes;
 }
 
 Status EpochAgreement::AgreeOnStatus(const Status& local) {

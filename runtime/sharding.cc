@@ -1,6 +1,7 @@
 #include "pmsnap/runtime/sharding.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <string>
 
@@ -43,6 +44,70 @@ Result<ShardPlan> PlanShards(const std::vector<std::uint64_t>& unit_bytes, int w
     }
   }
   return plan;
+}
+
+namespace {
+
+bool Holds(const RankHoldings& rank, std::uint64_t iteration) {
+  return std::find(rank.intact.begin(), rank.intact.end(), iteration) != rank.intact.end();
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<ShardedRestoreChoice> ChooseShardedRestore(const ShardPlan& plan,
+                                                  const std::vector<RankHoldings>& holdings,
+                                                  std::span<const std::string> unit_names) {
+  std::vector<std::uint64_t> candidates;
+  for (const RankHoldings& rank : holdings) {
+    candidates.insert(candidates.end(), rank.intact.begin(), rank.intact.end());
+  }
+  if (candidates.empty()) {
+    return Status(StatusCode::kNotFound, "no rank's pool holds an intact checkpoint");
+  }
+  std::sort(candidates.begin(), candidates.end(), std::greater<>());
+  candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+  // Why the oldest candidate failed: the newest one's reason would blame a
+  // rank that is merely ahead.
+  std::string gap;
+  for (const std::uint64_t iteration : candidates) {
+    ShardedRestoreChoice choice;
+    choice.iteration = iteration;
+    for (const RankHoldings& rank : holdings) choice.holds_iteration.push_back(Holds(rank, iteration));
+    gap.clear();
+    for (std::size_t r = 0; r < holdings.size() && gap.empty(); ++r) {
+      if (holdings[r].has_unreplicated_state && !choice.holds_iteration[r]) {
+        gap = "rank " + std::to_string(r) +
+              " does not hold it and also holds state no other rank has (its embedding tables)";
+      }
+    }
+    for (std::size_t u = 0; u < plan.holders.size() && gap.empty(); ++u) {
+      const std::vector<int>& holders = plan.holders[u];
+      const auto server = std::find_if(holders.begin(), holders.end(), [&](int r) {
+        return r < static_cast<int>(holdings.size()) && choice.holds_iteration[r];
+      });
+      if (server == holders.end()) {
+        const std::string name = u < unit_names.size() ? unit_names[u] : std::to_string(u);
+        gap = "unit '" + name + "' is written by " +
+              (holders.size() > 1 ? "ranks " + RankList(holders) + ", none of which holds it"
+                                  : "rank " + RankList(holders) + " alone, which does not hold it");
+      } else {
+        choice.serving_rank.push_back(*server);
+      }
+    }
+    if (gap.empty()) return choice;
+  }
+  return Status(StatusCode::kCorruption,
+                "no checkpoint can be restored from the ranks' pools: for iteration " +
+                    std::to_string(candidates.back()) + ", the oldest any rank holds, " + gap +
+                    " (with replicas=R the pools of any R-1 ranks may be lost)");
 }
 
 }  // namespace pmsnap::runtime

@@ -6,6 +6,9 @@
 #
 #   scripts/crash_soak.sh N [build-dir]
 #
+# PMSNAP_SOAK_ONLY="python hooks" runs only those components (still sized as
+# their share of N); the CSV keeps the other components' rows of an earlier run.
+#
 # N is split: 55% pool_crash_test (half on the PM path, half on msync),
 # 30% diff_crash_test (all five policies), 10% hooks_resume_test (engine and
 # hooks, six optimizers), 5% the Python crash-resume test (two optimizers).
@@ -20,7 +23,6 @@ build="${2:-$root/build}"
 results="$root/bench/results"
 logs="$results/crash_soak_logs"
 mkdir -p "$logs"
-rm -f "$logs"/*.log
 python="$root/.venv/bin/python"
 
 for binary in pool_crash_test diff_crash_test hooks_resume_test; do
@@ -30,8 +32,19 @@ for binary in pool_crash_test diff_crash_test hooks_resume_test; do
   fi
 done
 
+only="${PMSNAP_SOAK_ONLY:-pool diff hooks python}"
+selected() { [[ " $only " == *" $1 "* ]]; }
+for component in $only; do rm -f "$logs/$component"-*.log; done
+
 csv="$results/crash_soak.csv"
+previous_rows=""
+if [[ -f "$csv" ]]; then
+  previous_rows="$(tail -n +2 "$csv")"
+fi
 echo "component,trials,chunks,failed_chunks,seconds,commit" >"$csv"
+while IFS= read -r row; do
+  if [[ -n "$row" ]] && ! selected "${row%%,*}"; then echo "$row" >>"$csv"; fi
+done <<<"$previous_rows"
 commit="$(git -C "$root" rev-parse --short HEAD)"
 printf '%-10s %8s %7s %14s %9s\n' component trials chunks failed_chunks seconds
 
@@ -42,6 +55,7 @@ printf '%-10s %8s %7s %14s %9s\n' component trials chunks failed_chunks seconds
 run_chunks() {
   local name="$1" trials="$2" per_chunk="$3" per_unit="$4"
   shift 4
+  if ! selected "$name"; then return 0; fi
   local done_trials=0 chunks=0 failed=0 start=$SECONDS
   while ((done_trials < trials)); do
     local this=$((trials - done_trials < per_chunk ? trials - done_trials : per_chunk))

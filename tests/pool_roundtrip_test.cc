@@ -107,6 +107,10 @@ TEST(PoolTest, RollBackLatestRestoresTheOlderEpochAndTheNextEpochOverwritesTheNe
   EXPECT_EQ(latest->iteration(), 10u);
   EXPECT_EQ(CheckSeededView(manifest, *latest, 1), "");
   EXPECT_THAT((*pool)->warnings(), ::testing::Contains(::testing::HasSubstr("newer than")));
+  // A rollback is not damage: its warning must not send the user looking for one.
+  EXPECT_THAT((*pool)->warnings(),
+              ::testing::Contains(::testing::HasSubstr("rolling back the newest checkpoint")));
+  EXPECT_THAT((*pool)->warnings(), ::testing::Each(::testing::Not(::testing::HasSubstr("damaged"))));
   // The next epoch goes to the dropped slot; iteration 10 stays intact.
   ASSERT_TRUE(WriteSeededEpoch(**pool, 3, 11).ok());
   EXPECT_EQ((*pool)->Latest()->slot(), dropped_slot);

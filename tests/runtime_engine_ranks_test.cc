@@ -27,10 +27,10 @@ using pmsnap::testing::ToyModel;
 
 // One pool path and one model per rank.
 struct Ranks {
-  explicit Ranks(int world, const std::string& name) {
+  explicit Ranks(int world, const std::string& name, int units = 3) {
     for (int r = 0; r < world; ++r) {
       paths.push_back(std::make_unique<TempPoolPath>(name + "-rank" + std::to_string(r)));
-      models.push_back(std::make_unique<ToyModel>(3, 4000));
+      models.push_back(std::make_unique<ToyModel>(units, 4000));
     }
   }
   int world() const { return static_cast<int>(paths.size()); }
@@ -221,6 +221,25 @@ TEST(EngineRanksTest, AFailingRankStopsEveryRankAtTheSameStep) {
   EXPECT_LE(failed_at[0], failed_at[2] + 1);
 }
 
+TEST(EngineRanksTest, ALostPoolIsCorruptionOnEveryRankNotAFreshStart) {
+  Ranks ranks(2, "ranks-lost");
+  Train(ranks, 1, 3, [] { return std::make_shared<EveryKPolicy>(1); });
+  std::filesystem::remove(ranks.path(0));
+  std::vector<Status> seen(2);
+  OnRanks(2, [&](int r, std::shared_ptr<Coordinator> c) {
+    auto engine = Engine::Open(RankOptions(ranks.path(r), c, nullptr),
+                               ranks.models[r]->Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    seen[r] = (*engine)->Restore().status();
+  });
+  for (const Status& s : seen) {
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+    EXPECT_NE(s.message().find("rank 0: its pool holds no intact checkpoint while other ranks'"),
+              std::string::npos)
+        << s.message();
+  }
+}
+
 TEST(EngineRanksTest, CheckFreqIsRefusedWithSeveralRanks) {
   Ranks ranks(2, "ranks-checkfreq");
   std::vector<Status> seen(2);
@@ -232,6 +251,180 @@ TEST(EngineRanksTest, CheckFreqIsRefusedWithSeveralRanks) {
   for (const Status& s : seen) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("continuous or every-k"), std::string::npos) << s.message();
+  }
+}
+
+// --- sharded replicated state (EngineOptions::shard_replicated_state) ---
+
+EngineOptions ShardedOptions(const std::string& path, std::shared_ptr<Coordinator> coordinator,
+                             int replicas) {
+  EngineOptions options = RankOptions(path, std::move(coordinator), std::make_shared<EveryKPolicy>(1));
+  options.shard_replicated_state = true;
+  options.replicas = replicas;
+  return options;
+}
+
+// Steps [first, first + steps) on every rank of a sharded run, each step's
+// extra state naming the step; restores first if `restore` (checking the
+// iteration and extra state) and leaves each rank's model in `ranks`.
+void TrainSharded(Ranks& ranks, int replicas, std::uint64_t first, std::uint64_t steps,
+                  bool restore, std::vector<Stats>* stats = nullptr) {
+  if (stats) stats->assign(ranks.world(), Stats{});
+  OnRanks(ranks.world(), [&](int r, std::shared_ptr<Coordinator> c) {
+    auto engine = Engine::Open(ShardedOptions(ranks.path(r), c, replicas),
+                               ranks.models[r]->Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    EXPECT_EQ((*engine)->unit_count(), ranks.models[r]->unit_count());
+    if (restore) {
+      auto restored = (*engine)->Restore();
+      ASSERT_TRUE(restored.ok()) << "rank " << r << ": " << restored.status().ToString();
+      EXPECT_EQ(restored->iteration, first - 1);
+      const std::string extra(reinterpret_cast<const char*>(restored->extra_state.data()),
+                              restored->extra_state.size());
+      EXPECT_EQ(extra, "step " + std::to_string(first - 1)) << "rank " << r;
+    }
+    for (std::uint64_t k = first; k < first + steps; ++k) {
+      ASSERT_TRUE(ranks.models[r]->Step(**engine, k, -1, "step " + std::to_string(k)).ok())
+          << "rank " << r << " step " << k;
+    }
+    ASSERT_TRUE((*engine)->Flush().ok());
+    if (stats) (*stats)[r] = (*engine)->stats();
+    ASSERT_TRUE((*engine)->Close().ok());
+  });
+}
+
+// The unit names a pool holds.
+std::vector<std::string> PoolUnits(const std::string& path) {
+  auto pool = layout::Pool::Open(path);
+  EXPECT_TRUE(pool.ok()) << pool.status().ToString();
+  std::vector<std::string> names;
+  if (pool.ok()) {
+    for (const auto& unit : (*pool)->manifest().units) names.push_back(unit.name);
+  }
+  return names;
+}
+
+// Moves `ranks`' pools to ranks with fresh, zeroed models: after a restore
+// they hold only what came from the pools and the broadcasts.
+Ranks Restarted(Ranks& ranks, int units) {
+  Ranks restarted(ranks.world(), "unused", units);
+  for (int r = 0; r < ranks.world(); ++r) {
+    restarted.paths[r] = std::move(ranks.paths[r]);
+    restarted.models[r]->Zero();
+  }
+  return restarted;
+}
+
+TEST(EngineShardedRanksTest, EachUnitIsWrittenByItsOwnerOnly) {
+  constexpr int kUnits = 6;
+  Ranks ranks(2, "sharded-owners", kUnits);
+  std::vector<Stats> stats;
+  TrainSharded(ranks, /*replicas=*/1, 1, 5, false, &stats);
+  const auto units0 = PoolUnits(ranks.path(0));
+  const auto units1 = PoolUnits(ranks.path(1));
+  EXPECT_FALSE(units0.empty());
+  EXPECT_FALSE(units1.empty());
+  EXPECT_EQ(units0.size() + units1.size(), static_cast<std::size_t>(kUnits));
+  for (const auto& name : units0) {
+    EXPECT_EQ(std::find(units1.begin(), units1.end(), name), units1.end()) << name;
+  }
+  // Each rank wrote its share of the model per checkpoint, not all of it.
+  std::uint64_t model_bytes = 0;
+  for (std::size_t u = 0; u < kUnits; ++u) model_bytes += (4000 + u * 17) * 2 * 4 + 8;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(stats[r].epochs_committed, 5u) << r;
+    EXPECT_LT(stats[r].bytes_written, 5 * model_bytes * 2 / 3) << r;
+  }
+  EXPECT_EQ(stats[0].bytes_written + stats[1].bytes_written, 5 * model_bytes);
+}
+
+TEST(EngineShardedRanksTest, RestoreBroadcastsEveryUnitAndContinuesBitExact) {
+  constexpr int kUnits = 5;
+  Ranks ranks(3, "sharded-restore", kUnits);
+  TrainSharded(ranks, 1, 1, 6, false);
+  ToyModel reference(kUnits, 4000);
+  for (std::uint64_t k = 1; k <= 9; ++k) reference.StepPlain(k);
+  Ranks restarted = Restarted(ranks, kUnits);
+  // Restore 6 (every rank's models equal the reference's step 6), then 7-9.
+  OnRanks(3, [&](int r, std::shared_ptr<Coordinator> c) {
+    auto engine = Engine::Open(ShardedOptions(restarted.path(r), c, 1),
+                               restarted.models[r]->Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    auto restored = (*engine)->Restore();
+    ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+    EXPECT_EQ(restored->iteration, 6u);
+    EXPECT_EQ(restarted.models[r]->CompareLive(reference, 6), "") << "rank " << r;
+    for (std::uint64_t k = 7; k <= 9; ++k) {
+      ASSERT_TRUE(restarted.models[r]->Step(**engine, k).ok());
+    }
+    ASSERT_TRUE((*engine)->Close().ok());
+    EXPECT_EQ(restarted.models[r]->CompareLive(reference, 9), "") << "rank " << r;
+  });
+}
+
+TEST(EngineShardedRanksTest, WithTwoReplicasAnyDeletedPoolStillRestoresBitExact) {
+  constexpr int kUnits = 6;
+  for (int lost = 0; lost < 3; ++lost) {
+    SCOPED_TRACE("lost pool of rank " + std::to_string(lost));
+    Ranks ranks(3, "sharded-replicas", kUnits);
+    TrainSharded(ranks, /*replicas=*/2, 1, 4, false);
+    std::filesystem::remove(ranks.path(lost));
+    ToyModel reference(kUnits, 4000);
+    for (std::uint64_t k = 1; k <= 6; ++k) reference.StepPlain(k);
+    Ranks restarted = Restarted(ranks, kUnits);
+    // Restores 4 with extra state "step 4" on every rank (the lost one gets
+    // a peer's), then trains 5 and 6.
+    TrainSharded(restarted, 2, 5, 2, /*restore=*/true);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(restarted.models[r]->CompareLive(reference, 6), "") << "rank " << r;
+    }
+    // The replaced pool holds its units again: a second restore needs no peer for them.
+    EXPECT_EQ(SlotIterations(restarted.path(lost)), (std::vector<std::uint64_t>{6, 5}));
+  }
+}
+
+TEST(EngineShardedRanksTest, ALostPoolWithoutReplicasFailsEveryRankNamingAUnit) {
+  Ranks ranks(2, "sharded-lost", 4);
+  TrainSharded(ranks, 1, 1, 3, false);
+  std::filesystem::remove(ranks.path(1));
+  Ranks restarted = Restarted(ranks, 4);
+  std::vector<Status> seen(2);
+  OnRanks(2, [&](int r, std::shared_ptr<Coordinator> c) {
+    auto engine = Engine::Open(ShardedOptions(restarted.path(r), c, 1),
+                               restarted.models[r]->Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    seen[r] = (*engine)->Restore().status();
+  });
+  for (const Status& s : seen) {
+    EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+    EXPECT_NE(s.message().find("is written by rank 1 alone, which does not hold it"),
+              std::string::npos)
+        << s.message();
+  }
+}
+
+TEST(EngineShardedRanksTest, AnotherReplicaCountIsRefusedOnEveryRank) {
+  Ranks ranks(2, "sharded-replica-change", 4);
+  TrainSharded(ranks, 1, 1, 2, false);
+  std::vector<Status> seen(2);
+  OnRanks(2, [&](int r, std::shared_ptr<Coordinator> c) {
+    seen[r] = Engine::Open(ShardedOptions(ranks.path(r), c, 2), ranks.models[r]->Registrations())
+                  .status();
+  });
+  for (const Status& s : seen) EXPECT_EQ(s.code(), StatusCode::kModelMismatch) << s.ToString();
+}
+
+TEST(EngineShardedRanksTest, MoreRanksThanUnitsIsRefusedOnEveryRank) {
+  Ranks ranks(3, "sharded-few-units", 2);
+  std::vector<Status> seen(3);
+  OnRanks(3, [&](int r, std::shared_ptr<Coordinator> c) {
+    seen[r] = Engine::Open(ShardedOptions(ranks.path(r), c, 1), ranks.models[r]->Registrations())
+                  .status();
+  });
+  for (const Status& s : seen) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("leaves rank 2 no unit to write"), std::string::npos)
+        << s.message();
   }
 }
 

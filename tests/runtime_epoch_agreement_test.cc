@@ -241,14 +241,25 @@ TEST(EpochAgreementTest, RestoreNamesTheRankWithoutTheAgreedIteration) {
   }
 }
 
-TEST(EpochAgreementTest, RestoreNamesTheRankWithNoCheckpoint) {
+TEST(EpochAgreementTest, ALostPoolBesideCheckpointedRanksIsCorruptionNamingItsRank) {
+  // Not kNotFound: front ends read that as a fresh start, and the run would
+  // silently begin again while the other ranks hold iteration 6.
   const auto results = AgreeOnRestore({{4, 6}, {}, {6}});
   for (const auto& r : results) {
     ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
-    EXPECT_NE(r.status().message().find("rank 1: its pool holds no intact checkpoint"),
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+    EXPECT_NE(r.status().message().find("rank 1: its pool holds no intact checkpoint while "
+                                        "other ranks' pools do"),
               std::string::npos)
         << r.status().message();
+  }
+}
+
+TEST(EpochAgreementTest, NoCheckpointOnAnyRankIsAFreshStartOnEveryRank) {
+  const auto results = AgreeOnRestore({{}, {}, {}});
+  for (const auto& r : results) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
   }
 }
 

@@ -8,6 +8,8 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
 namespace pmsnap::runtime {
 namespace {
@@ -67,6 +69,72 @@ TEST(ShardingTest, SamePlanForSameInputs) {
 TEST(ShardingTest, RejectsMoreReplicasThanRanks) {
   EXPECT_EQ(PlanShards({1}, 2, 3).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(PlanShards({1}, 2, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Three ranks, four equal units: unit u's owner and replica come from the
+// plan, so the tests read them from it rather than assume a placement.
+struct ThreeRanks {
+  explicit ThreeRanks(int replicas) : plan(PlanShards({100, 100, 100, 100}, 3, replicas).value()) {}
+  ShardPlan plan;
+  std::vector<std::string> names{"a", "b", "c", "d"};
+};
+
+TEST(ShardedRestoreTest, EveryRankHoldingTheNewestRestoresItFromEachOwner) {
+  ThreeRanks three(1);
+  const auto choice = ChooseShardedRestore(three.plan, {{{8, 6}}, {{6, 8}}, {{8}}}, three.names);
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  EXPECT_EQ(choice->iteration, 8u);
+  EXPECT_EQ(choice->holds_iteration, (std::vector<bool>{true, true, true}));
+  for (std::size_t u = 0; u < 4; ++u) EXPECT_EQ(choice->serving_rank[u], three.plan.owner(u));
+}
+
+TEST(ShardedRestoreTest, ARankAheadDoesNotPullTheOthersForward) {
+  ThreeRanks three(1);
+  // Rank 2 alone committed 10; every unit is restorable only at 8.
+  const auto choice = ChooseShardedRestore(three.plan, {{{8, 6}}, {{8, 6}}, {{10, 8}}}, three.names);
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  EXPECT_EQ(choice->iteration, 8u);
+}
+
+TEST(ShardedRestoreTest, ALostPoolIsServedByTheReplicas) {
+  ThreeRanks three(2);
+  const auto choice = ChooseShardedRestore(three.plan, {{{8, 6}}, {}, {{8, 6}}}, three.names);
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  EXPECT_EQ(choice->iteration, 8u);
+  EXPECT_EQ(choice->holds_iteration, (std::vector<bool>{true, false, true}));
+  for (std::size_t u = 0; u < 4; ++u) {
+    const int server = choice->serving_rank[u];
+    EXPECT_NE(server, 1) << u;
+    const auto& holders = three.plan.holders[u];
+    EXPECT_NE(std::find(holders.begin(), holders.end(), server), holders.end()) << u;
+  }
+}
+
+TEST(ShardedRestoreTest, ALostPoolWithoutReplicasNamesAUnitNoRankHolds) {
+  ThreeRanks three(1);
+  const auto choice = ChooseShardedRestore(three.plan, {{{8, 6}}, {}, {{8, 6}}}, three.names);
+  ASSERT_FALSE(choice.ok());
+  EXPECT_EQ(choice.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(choice.status().message().find("is written by rank 1 alone, which does not hold it"),
+            std::string::npos)
+      << choice.status().message();
+}
+
+TEST(ShardedRestoreTest, ARankWithItsOwnTablesMustHoldTheIterationItself) {
+  ThreeRanks three(2);
+  std::vector<RankHoldings> holdings{{{8, 6}}, {{}, /*has_unreplicated_state=*/true}, {{8, 6}}};
+  const auto choice = ChooseShardedRestore(three.plan, holdings, three.names);
+  ASSERT_FALSE(choice.ok());
+  EXPECT_NE(choice.status().message().find("rank 1 does not hold it and also holds state no "
+                                           "other rank has"),
+            std::string::npos)
+      << choice.status().message();
+}
+
+TEST(ShardedRestoreTest, NoCheckpointAnywhereIsNotFound) {
+  ThreeRanks three(2);
+  const auto choice = ChooseShardedRestore(three.plan, {{}, {}, {}}, three.names);
+  EXPECT_EQ(choice.status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace

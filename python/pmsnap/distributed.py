@@ -12,6 +12,7 @@ uses it.
 """
 
 import contextlib
+import pickle
 
 import torch
 import torch.distributed as dist
@@ -99,6 +100,20 @@ def rank_pool_path(template, coordinator):
                          f"{coordinator.world_size()} ranks cannot share pool {template}: put "
                          "{rank} in the path, e.g. /mnt/pmem/run.{rank}.pool")
     return template.replace("{rank}", str(coordinator.rank()))
+
+
+def gather_objects(coordinator, obj):
+    """Every rank's picklable `obj`, in rank order, on every rank (a
+    collective: every rank calls it). Sizes travel in one MIN all-reduce
+    (each rank fills its own entry), then one broadcast per rank."""
+    data = pickle.dumps(obj)
+    world, rank = coordinator.world_size(), coordinator.rank()
+    sizes = [2**63 - 1] * world
+    sizes[rank] = len(data)
+    coordinator.start_min_all_reduce(sizes)
+    sizes = coordinator.finish_min_all_reduce()
+    return [pickle.loads(coordinator.broadcast(data if r == rank else bytes(sizes[r]), r))
+            for r in range(world)]
 
 
 @contextlib.contextmanager

@@ -52,7 +52,8 @@ from . import distributed as _distributed
 from .embedding import EmbeddingTracker
 from .embedding_tables import gradient_rows, make_embedding_options, resolve_tables
 from .errors import make_error
-from .pool_manifest import check_pool_names, check_pool_tables, create_state_from_manifest
+from .pool_manifest import (check_every_parameter_held, check_pool_names, check_pool_tables,
+                            create_state_from_manifest, merge_rank_units)
 from .stepping import ParameterStepper
 from .units import Unit, named_parameters, state_tensors
 from .update_in_backward import UpdateInBackward
@@ -137,6 +138,16 @@ class CheckpointedOptimizer(UpdateInBackward):
         iterations, and restore() brings every rank to the newest iteration
         all of them hold. Construct, restore, step and close on every rank
         alike; an error on one rank is raised on all of them.
+      sharding: with several ranks, "replicated" (DDP, where every rank holds
+        the same parameters and optimizer state) gives each parameter an
+        owner rank, balanced by bytes, and only its holders write it: each
+        rank writes about replicas/N of the model, and restore() broadcasts
+        every parameter from a rank that holds it. None (default): every
+        rank writes everything. Embedding tables stay each rank's own.
+      replicas: with sharding="replicated", each parameter is also written
+        by the replicas-1 ranks after its owner, so restore() still recovers
+        bit-exact when the pools of any replicas-1 ranks are lost (a replaced
+        node). Default 1.
       init_from: an existing checkpoint to start from (moving a run onto
         pmsnap mid-training): a .safetensors or .pt file or a DCP folder, as
         pmsnap.export writes them, or a state dict of the model's tensors
@@ -165,7 +176,8 @@ class CheckpointedOptimizer(UpdateInBackward):
                  track_embeddings=False, print_summary=False, embeddings=None,
                  embedding_policy=None, quantize_bits=None, expected_resumes=1.0, retain=None,
                  embedding_options=None, embedding_rows="auto", update_in_backward=False,
-                 copy_start=None, process_group=None, init_from=None):
+                 copy_start=None, process_group=None, sharding=None, replicas=1,
+                 init_from=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -194,6 +206,15 @@ class CheckpointedOptimizer(UpdateInBackward):
         # Fails early with InvalidArgumentError for a bad spec.
         self._device_name, self._device_note = _pmsnap.describe_device(device)
         self.optimizer = optimizer
+        if sharding not in (None, "replicated"):
+            raise make_error(_pmsnap.InvalidArgumentError,
+                             f"unknown sharding {sharding!r} (None or \"replicated\")")
+        if not isinstance(replicas, int) or replicas < 1:
+            raise make_error(_pmsnap.InvalidArgumentError,
+                             f"replicas must be an int >= 1, got {replicas!r}")
+        if replicas != 1 and sharding is None:
+            raise make_error(_pmsnap.InvalidArgumentError,
+                             "replicas= needs sharding=\"replicated\"")
         self._coordinator = _distributed.coordinator_for(process_group)
         self.pool = _distributed.rank_pool_path(os.fspath(pool), self._coordinator)
         self.model = model
@@ -212,7 +233,8 @@ class CheckpointedOptimizer(UpdateInBackward):
             strategy=strategy, workers=workers, part_bytes=part_bytes,
             extra_state_capacity=extra_state_capacity, verify_on_open=verify_on_open,
             check_free_space=check_free_space, reserve_bytes=reserve_bytes,
-            print_summary=print_summary, coordinator=self._coordinator)
+            print_summary=print_summary, coordinator=self._coordinator,
+            shard_replicated_state=sharding == "replicated", replicas=replicas)
         self._cuda = self._device_name.startswith("cuda")
         self._named = named_parameters(optimizer, model)
         self._stepper = ParameterStepper(optimizer, [p for _, p in self._named])
@@ -239,7 +261,8 @@ class CheckpointedOptimizer(UpdateInBackward):
         with _distributed.together(self._coordinator):
             if os.path.exists(self.pool):
                 info = _pmsnap.read_pool(self.pool)
-                check_pool_names(info, self._named, self.pool)
+                check_pool_names(info, self._named, self.pool,
+                                 sharded=sharding is not None and self._coordinator is not None)
                 check_pool_tables(info, self._tables, self.pool)
                 if info["latest"] is not None:
                     self._pool_latest = info["latest"]["iteration"]
@@ -327,12 +350,23 @@ class CheckpointedOptimizer(UpdateInBackward):
         if self._engine is not None or self._closed:
             raise make_error(_pmsnap.FailedPreconditionError,
                              "restore() must come before the first step() and before close()")
+        sharded = self._engine_kwargs["shard_replicated_state"] and self._coordinator is not None
+        info = None
         with _distributed.together(self._coordinator):
-            if not os.path.exists(self.pool):
+            if os.path.exists(self.pool):
+                info = _pmsnap.read_pool(self.pool)
+                check_pool_names(info, self._named, self.pool, sharded=sharded)
+                check_pool_tables(info, self._tables, self.pool)
+            elif not sharded:  # sharded: a lost pool is restored from its replicas
                 raise make_error(_pmsnap.NotFoundError, f"pool {self.pool} does not exist")
-            info = _pmsnap.read_pool(self.pool)
-            check_pool_names(info, self._named, self.pool)
-            check_pool_tables(info, self._tables, self.pool)
+        if sharded:
+            # This rank's pool holds only its share; the state of the other
+            # ranks' parameters is made from their pools' manifests.
+            info = {"units": merge_rank_units(_distributed.gather_objects(
+                self._coordinator, info["units"] if info is not None else []))}
+        with _distributed.together(self._coordinator):
+            if sharded:
+                check_every_parameter_held(info, self._named, self.pool)
             create_state_from_manifest(info, self.optimizer, self._named)
         self._open_engine()
         try:

@@ -33,14 +33,19 @@ def check_pool_tables(info, tables, pool):
                          "embedding table; use a new pool to switch it to embedding checkpoints")
 
 
-def check_pool_names(info, named, pool):
-    """ModelMismatchError naming the first parameter the pool was not made for."""
+def check_pool_names(info, named, pool, sharded=False):
+    """ModelMismatchError naming the first parameter the pool was not made for.
+
+    A sharded pool (sharding="replicated") holds only the parameters its rank
+    writes: each must still be one of ours, of the same dtype and shape."""
     units = {name: tensors for name, tensors in info["units"]}
     ours = {name for name, _ in named}
     units = {name: tensors for name, tensors in units.items()
              if _pmsnap.table_of_dense_unit(name) not in ours}
     for name, p in named:
         tensors = units.get(name)
+        if tensors is None and sharded:
+            continue
         if tensors is None:
             raise make_error(_pmsnap.ModelMismatchError,
                              f"pool {pool} has no unit for parameter '{name}' (it holds "
@@ -52,11 +57,36 @@ def check_pool_names(info, named, pool):
                              f"pool {pool}: parameter '{name}' is {dtype_name(p.dtype)} "
                              f"{shape_text(p.shape)} but the pool holds {dtype} "
                              f"{shape_text(shape)}")
-    if len(units) != len(named):
+    if len(units) != len(named) and not (sharded and units.keys() <= ours):
         extra = [name for name in units if name not in ours]
         raise make_error(_pmsnap.ModelMismatchError,
                          f"pool {pool} holds units the optimizer does not have, e.g. "
                          f"'{extra[0]}'")
+
+
+def merge_rank_units(per_rank_units):
+    """One manifest's units from every rank's sharded pool (the first rank
+    holding a unit describes it; all holders describe it alike)."""
+    merged = {}
+    for units in per_rank_units:
+        for name, tensors in units:
+            merged.setdefault(name, tensors)
+    return list(merged.items())
+
+
+def check_every_parameter_held(info, named, pool):
+    """Sharded restore: NotFoundError when no rank's pool exists, else
+    CorruptionError naming a parameter that no rank's pool holds (more pools
+    lost than replicas cover)."""
+    if not info["units"]:
+        raise make_error(_pmsnap.NotFoundError,
+                         f"no rank's pool exists (this rank's: {pool})")
+    held = {name for name, _ in info["units"]}
+    for name, _ in named:
+        if name not in held:
+            raise make_error(_pmsnap.CorruptionError,
+                             f"parameter '{name}' is in no rank's pool (this rank's: {pool}); "
+                             "more pools were lost than replicas= covers")
 
 
 def create_state_from_manifest(info, optimizer, named):

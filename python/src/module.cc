@@ -266,7 +266,7 @@ class PyEngine {
            const std::vector<std::string>& encoded_units,
            const std::optional<diff::EmbeddingOptions>& embedding_options,
            const std::string& copy_start, std::shared_ptr<runtime::Coordinator> coordinator,
-           std::uint64_t model_fingerprint) {
+           std::uint64_t model_fingerprint, bool shard_replicated_state, int replicas) {
     runtime::EngineOptions options;
     options.pool_path = pool;
     options.pool_options.part_bytes = part_bytes;
@@ -281,6 +281,8 @@ class PyEngine {
     options.copy_start = ValueOrThrow(runtime::ParseCopyStart(copy_start));
     options.coordinator = std::move(coordinator);
     options.model_fingerprint = model_fingerprint;
+    options.shard_replicated_state = shard_replicated_state;
+    options.replicas = replicas;
     std::vector<runtime::UnitRegistration> registrations = ToRegistrations(units, encoded_units);
     if (!encoded_units.empty()) {
       checkpointer_ = std::make_shared<diff::EmbeddingCheckpointer>(
@@ -975,7 +977,7 @@ PYBIND11_MODULE(_pmsnap, m) {
                     std::uint64_t, std::uint64_t, std::uint64_t, bool, bool, std::uint64_t, bool,
                     const std::vector<std::string>&,
                     const std::optional<pmsnap::diff::EmbeddingOptions>&, const std::string&,
-                    std::shared_ptr<pmsnap::runtime::Coordinator>, std::uint64_t>(),
+                    std::shared_ptr<pmsnap::runtime::Coordinator>, std::uint64_t, bool, int>(),
            py::arg("pool"), py::arg("units"), py::kw_only(), py::arg("device") = "host",
            py::arg("policy") = "continuous", py::arg("every") = 1,
            py::arg("checkfreq_overhead") = 0.035, py::arg("strategy") = "adaptive",
@@ -986,6 +988,7 @@ PYBIND11_MODULE(_pmsnap, m) {
            py::arg("print_summary") = false, py::arg("encoded_units") = std::vector<std::string>{},
            py::arg("embedding_options") = std::nullopt, py::arg("copy_start") = "auto",
            py::arg("coordinator") = nullptr, py::arg("model_fingerprint") = 0,
+           py::arg("shard_replicated_state") = false, py::arg("replicas") = 1,
            // The Python coordinator's methods must outlive the engine's calls.
            py::keep_alive<1, 20>(),
            "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])]; "

@@ -10,6 +10,7 @@ checkpoint's commit, or between steps. torchrun then restarts every rank.
 At the end every rank writes its parameters and optimizer state.
 
   --plain: the same training with the plain optimizer (the reference).
+  --sharding replicated: each rank writes only the parameters it owns.
 """
 
 import argparse
@@ -40,6 +41,7 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--kills", default="", help="rank:step:fraction per attempt, comma-separated")
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument("--sharding", default=None, help='"replicated": sharded writes')
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -54,7 +56,8 @@ def main():
     if args.plain:
         opt = optimizer
     else:
-        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1)
+        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1,
+                                           sharding=args.sharding)
         try:
             _, extra = opt.restore()
             start = extra["batch"] + 1

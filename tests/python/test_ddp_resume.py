@@ -38,8 +38,11 @@ def torchrun(out, extra, expect_kill=False):
     return result.stdout
 
 
-def test_killed_ranks_resume_bit_exact_against_uninterrupted_ddp(tmp_path, pool_path):
-    kills = int(os.environ.get("PMSNAP_DDP_KILLS") or 20)
+@pytest.mark.parametrize("sharding", [None, "replicated"])
+def test_killed_ranks_resume_bit_exact_against_uninterrupted_ddp(tmp_path, pool_path, sharding):
+    # Sharded: each rank writes half the parameters and restore broadcasts
+    # them; fewer kills, the unsharded run covers the commit timing.
+    kills = int(os.environ.get("PMSNAP_DDP_KILLS") or 20) // (4 if sharding else 1)
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     # Each attempt kills one rank 0..2 of its step times after a random step
     # (inside the next update, its commit, or between steps), at increasing
@@ -47,13 +50,14 @@ def test_killed_ranks_resume_bit_exact_against_uninterrupted_ddp(tmp_path, pool_
     plan = [f"{rng.randrange(WORLD)}:{step}:{rng.uniform(0, 2):.2f}"
             for step in sorted(rng.choices(range(2, STEPS - 4), k=kills))]
     template = pool_path.replace(".pool", ".{rank}.pool")
+    sharded = ["--sharding", sharding] if sharding else []
     reference = tmp_path / "reference"
     torchrun(reference, ["--pool", "unused", "--plain"])
     resumed = tmp_path / "resumed"
     try:
         for kill in plan:
-            torchrun(resumed, ["--pool", template, "--kills", kill], expect_kill=True)
-        log = torchrun(resumed, ["--pool", template])
+            torchrun(resumed, ["--pool", template, "--kills", kill] + sharded, expect_kill=True)
+        log = torchrun(resumed, ["--pool", template] + sharded)
     finally:
         for r in range(WORLD):
             path = template.replace("{rank}", str(r))

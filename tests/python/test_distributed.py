@@ -101,14 +101,75 @@ def _restore_without_checkpoint(rank, world):
     agreement = pmdist.EpochAgreement(pmdist.TorchDistributedCoordinator())
     try:
         agreement.agree_on_restore([] if rank == 1 else [3, 5])
-    except pmsnap.NotFoundError as e:
+    except pmsnap.CorruptionError as e:
         return str(e)
     return ""
 
 
-def test_restore_names_the_rank_whose_pool_holds_no_checkpoint():
+def test_restore_names_the_rank_whose_pool_was_lost_beside_checkpointed_ranks():
     for message in run_ranks(2, _restore_without_checkpoint):
-        assert "rank 1: its pool holds no intact checkpoint" in message
+        assert "rank 1: its pool holds no intact checkpoint while other ranks' pools do" in message
+
+
+def _sharded_run(rank, world, pool, steps, restore, lost=None):
+    """A DDP-like run: every rank holds the same model and optimizer (seeded
+    alike) and steps it with the same gradients; returns the restored
+    iteration and extra state, and the final parameters and Adam state."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = pmsnap.CheckpointedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), pool,
+                                       model=model, every=1, sharding="replicated", replicas=2,
+                                       workers=1, part_bytes=4096)
+    start, extra = 1, None
+    if restore:
+        iteration, extra = opt.restore()
+        start = iteration + 1
+    for step in range(start, start + steps):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(8, 16, generator=g)
+        model(x).square().mean().backward()
+        opt.step(extra_state={"batch": step})
+        opt.zero_grad()
+    opt.close()
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for i, p in enumerate(model.parameters()):
+        for key, value in opt.optimizer.state[p].items():
+            state[f"{i}.{key}"] = value.clone() if torch.is_tensor(value) else value
+    return (start - 1, extra and extra.get("batch")), state
+
+
+def test_sharded_ranks_with_two_replicas_restore_a_deleted_pool_bit_exact():
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        pool = os.path.join(d, "run.{rank}.pool")
+        reference = run_ranks(3, lambda r, w: _sharded_run(r, w, os.path.join(d, "ref.{rank}.pool"),
+                                                           8, False))
+        run_ranks(3, lambda r, w: _sharded_run(r, w, pool, 5, False))
+        os.remove(pool.format(rank=1))  # a replaced node
+        resumed = run_ranks(3, lambda r, w: _sharded_run(r, w, pool, 3, True))
+        for rank in range(3):
+            (iteration, batch), state = resumed[rank]
+            assert (iteration, batch) == (5, 5), rank
+            _, expected = reference[rank]
+            assert state.keys() == expected.keys()
+            for key in state:
+                if torch.is_tensor(state[key]):
+                    assert torch.equal(state[key], expected[key]), (rank, key)
+                else:
+                    assert state[key] == expected[key], (rank, key)
+        # Each pool holds its owned and replicated parameters, not all four.
+        for rank in range(3):
+            held = len(pmsnap._pmsnap.read_pool(pool.format(rank=rank))["units"])
+            assert 0 < held < 4, rank
+
+
+def test_sharding_options_are_checked():
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(pmsnap.InvalidArgumentError, match="sharding"):
+        pmsnap.CheckpointedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "/dev/shm/x",
+                                     sharding="zero")
+    with pytest.raises(pmsnap.InvalidArgumentError, match="replicas"):
+        pmsnap.CheckpointedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), "/dev/shm/x",
+                                     replicas=2)
 
 
 def test_coordinator_needs_torch_distributed():

@@ -317,7 +317,7 @@ def test_export_takes_the_intact_epoch_when_the_newest_slot_is_damaged(pool_path
     assert not os.path.exists(out_path + "3.pt")
 
 
-def _ddp_rank(rank, world, init_file, pool, results):
+def _ddp_rank(rank, world, init_file, pool, sharding, results):
     """One rank of a 2-rank DDP run checkpointing into `pool` ({rank})."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -329,7 +329,8 @@ def _ddp_rank(rank, world, init_file, pool, results):
         model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
         ddp = DistributedDataParallel(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        with pmsnap.CheckpointedOptimizer(optimizer, pool, model=model, every=1) as opt:
+        with pmsnap.CheckpointedOptimizer(optimizer, pool, model=model, every=1,
+                                          sharding=sharding) as opt:
             for step in range(1, 4):
                 g = torch.Generator().manual_seed(10 * step + rank)
                 x = torch.randn(4, 6, generator=g)
@@ -341,14 +342,16 @@ def _ddp_rank(rank, world, init_file, pool, results):
         dist.destroy_process_group()
 
 
-def test_a_multi_rank_pool_exports_as_one_consolidated_file(out_path):
+@pytest.mark.parametrize("sharding", [None, "replicated"])
+def test_a_multi_rank_pool_exports_as_one_consolidated_file(out_path, sharding):
     import tempfile
     import torch.multiprocessing as mp
     template = out_path + ".{rank}.pool"
     # Spawned, not forked: this process has run engines (worker threads) by now.
     with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
         shared = manager.dict()
-        mp.start_processes(_ddp_rank, args=(2, os.path.join(d, "init"), template, shared),
+        mp.start_processes(_ddp_rank,
+                           args=(2, os.path.join(d, "init"), template, sharding, shared),
                            nprocs=2, join=True, start_method="spawn")
         results = [shared[r] for r in range(2)]
     result = pmsnap.export(template, out_path + ".safetensors", model_only=True)
@@ -360,6 +363,10 @@ def test_a_multi_rank_pool_exports_as_one_consolidated_file(out_path):
         assert torch.equal(results[1][name], value), name  # DDP keeps the replicas equal
     sd = pmsnap.load_state_dict(template)
     assert sd["optimizer"]["param_groups"][0]["params"] == list(results[0])
+    if sharding:  # each rank's pool holds only the parameters it owns: half the model
+        units = [len(pmsnap.read_pool(template.replace("{rank}", str(r)))["units"])
+                 for r in range(2)]
+        assert sum(units) == len(results[0]) and min(units) > 0
 
 
 # --- memory ----------------------------------------------------------------------------------

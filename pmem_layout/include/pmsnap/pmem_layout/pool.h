@@ -357,9 +357,12 @@ class Pool {
   // Recovery: the newest COMPLETE slot not in `excluded` whose record (and,
   // if deep, data) verifies; `rejected` lists earlier rejections for the
   // warning or the error.
-  Status PickRecoveredSlot(bool deep, std::optional<int> excluded,
-                           std::vector<std::string> rejected);
-  Status RejectRecovered(const std::string& problem);
+  // `fallback` says why a rejected newer slot was passed over (warnings()).
+  Status PickRecoveredSlot(bool deep, std::optional<int> excluded, std::vector<std::string> rejected,
+                           std::string_view fallback = kDamagedFallback);
+  Status RejectRecovered(const std::string& problem, std::string_view fallback);
+  static constexpr std::string_view kDamagedFallback =
+      "newest checkpoint is damaged, falling back to the older one";
   std::vector<std::string> CheckSlot(int slot, bool deep) const;
   std::string PartProblem(std::uint32_t part) const;
   // ReadPart, or with dst == nullptr VerifyPart.

@@ -127,6 +127,25 @@ struct EngineOptions {
   // sharding); 0: this rank's manifest signature (right when every rank
   // registers the same units).
   std::uint64_t model_fingerprint = 0;
+  // With a coordinator of several ranks that all hold the same state (DDP):
+  // each unit gets an owner rank (PlanShards, balanced by bytes) and only
+  // its holders write it, so each rank writes about replicas/N of the model
+  // and its pool holds only those units. Every rank registers the same units
+  // in the same order and numbers them alike in the hooks; the hooks of a
+  // unit this rank does not write return at once. Encoded units (embedding
+  // tables) are each rank's own and always written by it. Restore reads each
+  // unit on one holder and broadcasts it to all ranks (RestoreResult's epoch
+  // is then 0 on a rank that received everything). Stats list the units this
+  // rank writes. Ignored for a single process.
+  bool shard_replicated_state = false;
+  // With shard_replicated_state: each unit is also written by the
+  // replicas - 1 ranks after its owner (Gemini's peer replicas), so the
+  // pools of any replicas - 1 ranks may be lost (a replaced node, a deleted
+  // file) and Restore still recovers bit-exact from the others. A rank that
+  // lost its pool takes the lowest surviving rank's extra state (the same
+  // data position under DDP). 1 <= replicas <= world size; the pools record
+  // it, and reopening with another value is kModelMismatch.
+  int replicas = 1;
 };
 
 enum class CloseMode {

@@ -38,11 +38,14 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "pmsnap/common/status.h"
 #include "pmsnap/pmem_layout/pool.h"
 #include "pmsnap/runtime/coordinator.h"
+#include "pmsnap/runtime/sharding.h"
 
 namespace pmsnap::runtime {
 
@@ -85,6 +88,16 @@ class EpochAgreement {
   // (naming it and the iteration).
   Result<std::uint64_t> AgreeOnRestore(const std::vector<std::uint64_t>& intact);
 
+  // Recovery of state sharded across ranks (sharding.h), instead of
+  // AgreeOnRestore: every rank passes what its own pool holds (at most two
+  // intact iterations), the ranks gather all holdings in one all-reduce, and
+  // each computes the same ChooseShardedRestore: the same choice, or the
+  // same error, on every rank. A rank without the chosen iteration (a lost
+  // pool) then receives its units from their serving ranks.
+  Result<ShardedRestoreChoice> AgreeOnShardedRestore(const RankHoldings& mine,
+                                                     const ShardPlan& plan,
+                                                     std::span<const std::string> unit_names);
+
   // At open, on every rank together, before any rank creates its pool:
   // agrees on the run's identity and checks every existing pool against it.
   // `existing` is the group stored in this rank's pool (nullopt: the pool is
@@ -105,6 +118,10 @@ class EpochAgreement {
   // than some of them training on.
   Status AgreeOnStatus(const Status& local);
 
+  // Broadcasts `bytes` (any size; all ranks pass `root`'s size, which they
+  // learn first) from `root`: every rank returns root's bytes.
+  Result<std::vector<std::byte>> BroadcastBytes(std::vector<std::byte> bytes, int root);
+
   // Finishes the exchange in flight, if any, so that all ranks have issued
   // the same collectives when their engines close. Idempotent.
   Status Finish();
@@ -112,6 +129,7 @@ class EpochAgreement {
   // The newest iteration every rank is known to have committed.
   std::optional<std::uint64_t> global_committed() const { return global_committed_; }
   int rank() const { return rank_; }
+  Coordinator& coordinator() const { return *coordinator_; }
   int world_size() const { return world_size_; }
 
  private:

@@ -18,6 +18,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "pmsnap/common/status.h"
@@ -41,5 +44,34 @@ struct ShardPlan {
 // kInvalidArgument unless 1 <= replicas <= world_size.
 Result<ShardPlan> PlanShards(const std::vector<std::uint64_t>& unit_bytes, int world_size,
                              int replicas = 1);
+
+// What one rank can restore, as the sharded recovery sees it.
+struct RankHoldings {
+  // Iterations of this rank's verified committed epochs (any order).
+  std::vector<std::uint64_t> intact;
+  // This rank also checkpoints state no other rank holds (its embedding
+  // tables): without one of `intact` that state is lost.
+  bool has_unreplicated_state = false;
+};
+
+// The sharded recovery every rank computes alike from every rank's holdings.
+struct ShardedRestoreChoice {
+  std::uint64_t iteration = 0;
+  // serving_rank[u]: the first of unit u's holders that holds `iteration`;
+  // after restoring, it broadcasts the unit to every other rank.
+  std::vector<int> serving_rank;
+  // holds_iteration[r]: rank r restores `iteration` from its own pool; the
+  // others (a lost or damaged pool) receive every unit from its server.
+  std::vector<bool> holds_iteration;
+};
+
+// The newest iteration from which every unit can be restored: some holder
+// of each unit holds it intact, and every rank with unreplicated state holds
+// it itself. kNotFound when no rank holds any checkpoint (a fresh start);
+// kCorruption otherwise, naming the first unit (from `unit_names`) or rank
+// that no candidate iteration covers. `holdings` has one entry per rank.
+Result<ShardedRestoreChoice> ChooseShardedRestore(const ShardPlan& plan,
+                                                  const std::vector<RankHoldings>& holdings,
+                                                  std::span<const std::string> unit_names);
 
 }  // namespace pmsnap::runtime

@@ -1,0 +1,286 @@
+"""bench/distributed: checkpointing a 2-rank DDP job (gloo, CPU) every
+iteration with pmsnap against torch.distributed.checkpoint and torch.save.
+
+Each method runs in fresh rank processes (torch.multiprocessing, fork): the
+model under DistributedDataParallel with AdamW, warm-up iterations, then
+measured ones. Every rank reports its median iteration time, the time its
+training thread spent inside the checkpoint calls (blocked), the bytes it
+wrote per iteration, and its restore time; the table shows the slowest
+rank. Overhead is against the `none` run of the same model in the same
+invocation. The machine has 2 cores: 2 ranks, each with one compute
+thread, leave pmsnap's copy workers and DCP's background writer no core of
+their own, so every overhead here is an upper bound of what a machine with
+spare cores would see.
+
+  .venv/bin/python bench/distributed/distributed.py [--iters 30] [--models mlp,transformer]
+
+Writes bench/results/distributed.csv (one row per model and method),
+distributed_allreduce.csv (latency of pmsnap's epoch-agreement all-reduce)
+and distributed.png.
+"""
+
+import argparse
+import csv
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+import pmsnap
+from pmsnap import distributed as pmdist
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
+WORLD = 2
+
+
+def make_model(name):
+    torch.manual_seed(0)
+    if name == "mlp":
+        widths = [512, 1024, 1024, 1024, 512]
+        layers = []
+        for a, b in zip(widths, widths[1:]):
+            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers[:-1]), lambda g: torch.randn(32, 512, generator=g)
+    if name == "transformer":
+        layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
+                                                 batch_first=True, dropout=0.0)
+        return (torch.nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False),
+                lambda g: torch.randn(8, 64, 256, generator=g))
+    raise ValueError(f"unknown model {name}")
+
+
+# method -> (kind, options)
+METHODS = {
+    "none": ("none", {}),
+    "pmsnap-k1": ("pmsnap", {"every": 1}),
+    "pmsnap-continuous": ("pmsnap", {}),
+    "pmsnap-sharded-k1": ("pmsnap", {"every": 1, "sharding": "replicated"}),
+    "pmsnap-sharded-r2-k1": ("pmsnap", {"every": 1, "sharding": "replicated", "replicas": 2}),
+    "dcp-save-k{k}": ("dcp", {"async": False}),
+    "dcp-async-k{k}": ("dcp", {"async": True}),
+    "torch-save-rank0-k{k}": ("torch_save", {}),
+}
+
+
+def state_dict(model, optimizer):
+    return {"model": model.state_dict(), "optim": optimizer.state_dict()}
+
+
+def dir_bytes(path, rank=None):
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            if rank is None or f.startswith(f"__{rank}_"):
+                total += os.path.getsize(os.path.join(root, f))
+    return total
+
+
+def run_rank(rank, model_name, method, kind, options, k, iters, warmup, workdir, results):
+    import torch.distributed.checkpoint as dcp
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/init", rank=rank,
+                            world_size=WORLD)
+    # DCP's collectives on a group of their own: async_save runs them on a
+    # background thread, beside DDP's all-reduces on the default group.
+    checkpoint_group = dist.new_group(backend="gloo") if kind == "dcp" else None
+    model, make_batch = make_model(model_name)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    pool = os.path.join(workdir, "pool.{rank}")
+    opt = optimizer
+    if kind == "pmsnap":
+        opt = pmsnap.CheckpointedOptimizer(optimizer, pool, model=model, workers=1,
+                                           part_bytes=1 << 20, **options)
+    times, blocked, written = [], 0.0, 0
+    pending = None
+    for step in range(1, warmup + iters + 1):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        start = time.perf_counter()
+        ddp(make_batch(g)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        t0 = time.perf_counter()
+        if kind in ("dcp", "torch_save") and step % k == 0:
+            target = os.path.join(workdir, f"ckpt-{step}")
+            if kind == "torch_save":
+                if rank == 0:
+                    torch.save(state_dict(model, optimizer), target + ".pt")
+            elif options["async"]:
+                if pending is not None:
+                    pending.result()
+                pending = dcp.async_save(state_dict(model, optimizer), checkpoint_id=target,
+                                         process_group=checkpoint_group)
+            else:
+                dcp.save(state_dict(model, optimizer), checkpoint_id=target,
+                         process_group=checkpoint_group)
+        t1 = time.perf_counter()
+        if step > warmup:
+            times.append(t1 - start)
+            if kind != "pmsnap":
+                blocked += t1 - t0  # the checkpoint call alone
+    if pending is not None:
+        pending.result()
+    restore_seconds = None
+    if kind == "pmsnap":
+        opt.flush()
+        stats = opt.stats()
+        blocked = stats["blocked_seconds"] * iters / max(1, stats["steps"])
+        written = stats["bytes_written"] / max(1, stats["steps"])
+        opt.close()
+        fresh, _ = make_model(model_name)
+        reopened = pmsnap.CheckpointedOptimizer(torch.optim.AdamW(fresh.parameters(), lr=1e-3),
+                                                pool, model=fresh, workers=1, **options)
+        t = time.perf_counter()
+        reopened.restore()
+        restore_seconds = time.perf_counter() - t
+        reopened.close(abandon=True)
+    elif kind == "dcp":
+        latest = os.path.join(workdir, f"ckpt-{(warmup + iters) // k * k}")
+        written = dir_bytes(workdir, rank) / (warmup + iters)
+        fresh, _ = make_model(model_name)
+        fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+        fresh(make_batch(torch.Generator().manual_seed(0))).sum().backward()
+        fresh_opt.step()  # DCP loads into existing optimizer state
+        target = state_dict(fresh, fresh_opt)
+        dist.barrier()
+        t = time.perf_counter()
+        dcp.load(target, checkpoint_id=latest, process_group=checkpoint_group)
+        restore_seconds = time.perf_counter() - t
+    elif kind == "torch_save":
+        written = (dir_bytes(workdir) if rank == 0 else 0) / (warmup + iters)
+        if rank == 0:
+            t = time.perf_counter()
+            torch.load(os.path.join(workdir, f"ckpt-{(warmup + iters) // k * k}.pt"),
+                       weights_only=True)
+            restore_seconds = time.perf_counter() - t
+    dist.barrier()
+    dist.destroy_process_group()
+    results[rank] = {
+        "iteration_s": statistics.median(times),
+        "blocked_s_per_it": blocked / iters,
+        "bytes_per_it": written,
+        "restore_s": restore_seconds,
+    }
+
+
+def allreduce_latency(rank, workdir, rounds, results):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/init", rank=rank,
+                            world_size=WORLD)
+    coordinator = pmdist.TorchDistributedCoordinator()
+    samples = []
+    for i in range(rounds):
+        t = time.perf_counter()
+        coordinator.start_min_all_reduce([i, rank, 0])
+        coordinator.finish_min_all_reduce()
+        samples.append(time.perf_counter() - t)
+    dist.destroy_process_group()
+    results[rank] = statistics.median(samples[rounds // 10:])
+
+
+def spawn(target, args):
+    workdir = tempfile.mkdtemp(prefix="pmsnap-bench-dist-", dir="/dev/shm")
+    try:
+        with mp.Manager() as manager:
+            results = manager.dict()
+            mp.start_processes(target, args=(*args(workdir), results), nprocs=WORLD, join=True,
+                               start_method="fork")
+            return [results[r] for r in range(WORLD)]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--k", type=int, default=5, help="interval of the DCP/torch.save baselines")
+    parser.add_argument("--models", default="mlp,transformer")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    args = parser.parse_args()
+    os.makedirs(RESULTS, exist_ok=True)
+    rows = []
+    for model_name in args.models.split(","):
+        model, _ = make_model(model_name)
+        state_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+        none_time = None
+        for method in args.methods.split(","):
+            kind, options = METHODS[method]
+            label = method.format(k=args.k)
+            per_rank = spawn(run_rank, lambda d: (model_name, label, kind, options, args.k,
+                                                  args.iters, args.warmup, d))
+            row = {
+                "model": model_name, "method": label, "ranks": WORLD,
+                "state_mb": state_bytes / 1e6,
+                "iteration_ms": 1e3 * max(r["iteration_s"] for r in per_rank),
+                "blocked_ms_per_it": 1e3 * max(r["blocked_s_per_it"] for r in per_rank),
+                "mb_per_rank_per_it": max(r["bytes_per_it"] for r in per_rank) / 1e6,
+                "restore_ms": (1e3 * max(r["restore_s"] for r in per_rank
+                                         if r["restore_s"] is not None)
+                               if any(r["restore_s"] is not None for r in per_rank) else ""),
+            }
+            if kind == "none":
+                none_time = row["iteration_ms"]
+            row["overhead_pct"] = (100 * (row["iteration_ms"] / none_time - 1)
+                                   if none_time else "")
+            rows.append(row)
+            print(f"{model_name:12s} {label:24s} {row['iteration_ms']:8.1f} ms/it "
+                  f"overhead {overhead_text(row)}", flush=True)
+    latency = spawn(allreduce_latency, lambda d: (d, 300))
+    with open(os.path.join(RESULTS, "distributed.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(os.path.join(RESULTS, "distributed_allreduce.csv"), "w", newline="") as f:
+        f.write("ranks,median_us\n")
+        f.write(f"{WORLD},{1e6 * max(latency):.1f}\n")
+    print_table(rows, latency)
+    plot(rows)
+
+
+def overhead_text(row):
+    return "" if row["overhead_pct"] == "" else f"{row['overhead_pct']:+.1f}%"
+
+
+def print_table(rows, latency):
+    print(f"\n2-rank DDP on gloo, CPU, 2 cores (see the docstring); overhead vs `none`")
+    header = ("model", "method", "ms/it", "overhead", "blocked ms/it", "MB/rank/it", "restore ms")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows:
+        overhead = overhead_text(r)
+        restore = "" if r["restore_ms"] == "" else f"{r['restore_ms']:.1f}"
+        print(f"| {r['model']} | {r['method']} | {r['iteration_ms']:.1f} | {overhead} | "
+              f"{r['blocked_ms_per_it']:.2f} | {r['mb_per_rank_per_it']:.2f} | {restore} |")
+    print(f"\nepoch-agreement all-reduce (3 int64, gloo side group): median "
+          f"{1e6 * max(latency):.0f} us")
+
+
+def plot(rows):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        mine = [r for r in rows if r["model"] == model and r["overhead_pct"] != ""
+                and r["method"] != "none"]
+        ax.barh([r["method"] for r in mine], [r["overhead_pct"] for r in mine])
+        ax.set_title(f"{model}: overhead vs no checkpoint (2-rank DDP, CPU)")
+        ax.set_xlabel("%")
+    fig.tight_layout()
+    fig.savefig(os.path.join(RESULTS, "distributed.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
