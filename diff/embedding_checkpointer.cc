@@ -680,7 +680,8 @@ Result<std::vector<CheckpointInfo>> ListCheckpoints(const layout::Pool& pool,
   PMSNAP_ASSIGN_OR_RETURN(TableIndex index, NewestIndex(pool, found.first, table));
   std::vector<CheckpointInfo> out;
   for (const RetainedCheckpoint& c : index.retained) {
-    CheckpointInfo info{c.epoch, c.iteration, c.refs.size(), 0};
+    CheckpointInfo info{c.epoch, c.iteration, c.refs.size(), 0,
+                        static_cast<Policy>(index.policy)};
     for (const ChunkRef& ref : c.refs) info.chunk_bytes += ref.length;
     out.push_back(info);
   }

@@ -432,6 +432,31 @@ Status Pool::Commit(std::span<const std::byte> extra_state) {
 
 void Pool::Abandon() { impl_->open_epoch.reset(); }
 
+Result<std::optional<std::uint64_t>> Pool::DiscardOlderEpoch() {
+  Impl& impl = *impl_;
+  if (!recovered_slot_) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "pool '" + path_ + "': no recovered checkpoint, nothing to keep");
+  }
+  if (impl.open_epoch) {
+    return Status(StatusCode::kBusy, "pool '" + path_ + "': epoch " +
+                                         std::to_string(*impl.open_epoch) +
+                                         " is open; commit or abandon it first");
+  }
+  const int older = 1 - *recovered_slot_;
+  const SlotInfo info = slot_info(older);
+  if (info.state != SlotState::kComplete || info.epoch >= slot_info(*recovered_slot_).epoch) {
+    return std::optional<std::uint64_t>();
+  }
+  // The state a slot has before its first epoch: readers and recovery skip
+  // it, and the next epoch (recovered + 1) is written there as usual.
+  SlotRecordHeader& record = impl.record(older);
+  record.commit_word.store(detail::MakeCommitWord(0, static_cast<std::uint8_t>(SlotState::kEmpty)),
+                           std::memory_order_release);
+  detail::seam::Persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
+  return std::optional<std::uint64_t>(info.epoch);
+}
+
 ChunkHeap& Pool::chunk_heap() { return *impl_->chunk_heap; }
 const ChunkHeap& Pool::chunk_heap() const { return *impl_->chunk_heap; }
 

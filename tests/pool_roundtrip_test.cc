@@ -462,5 +462,54 @@ TEST(ChunkHeapTest, UnsealedChunkIsNotReadable) {
   EXPECT_EQ((*pool)->chunk_heap().Read(chunk->id).status().code(), StatusCode::kFailedPrecondition);
 }
 
+
+// `pmsnap prune --keep 1`: the older epoch is dropped for good, the newest
+// stays bit-exact and the next epoch reuses the dropped slot.
+TEST(PoolTest, DiscardOlderEpochDropsItForEveryLaterOpenAndKeepsTheNewest) {
+  TempPoolPath path("discard");
+  const Manifest manifest = MakeManifest(3, 900);
+  {
+    auto pool = Pool::Create(path.path(), manifest);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 10).ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 2, 20).ok());
+    auto dropped = (*pool)->DiscardOlderEpoch();
+    ASSERT_TRUE(dropped.ok()) << dropped.status().ToString();
+    EXPECT_EQ(*dropped, std::optional<std::uint64_t>(1));
+    // Nothing older is left to drop.
+    auto again = (*pool)->DiscardOlderEpoch();
+    ASSERT_TRUE(again.ok());
+    EXPECT_FALSE(again->has_value());
+  }
+  auto pool = Pool::Open(path.path(), manifest);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ((*pool)->slot_info(1).state, SlotState::kEmpty);
+  EXPECT_EQ((*pool)->Slot(1).status().code(), StatusCode::kNotFound);
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->epoch(), 2u);
+  EXPECT_EQ(CheckSeededView(manifest, *latest, 2), "");
+  EXPECT_TRUE((*pool)->Verify(/*deep=*/true).ok());
+  ASSERT_TRUE(WriteSeededEpoch(**pool, 3, 30).ok());
+  EXPECT_EQ((*pool)->Latest()->slot(), 1);
+  EXPECT_EQ(CheckSeededView(manifest, *(*pool)->Slot(0), 2), "");
+}
+
+TEST(PoolTest, DiscardOlderEpochRefusesAnOpenEpochAndAPoolWithoutCheckpoint) {
+  TempPoolPath path("discard-refuse");
+  const Manifest manifest = MakeManifest(2, 300);
+  auto pool = Pool::Create(path.path(), manifest);
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->DiscardOlderEpoch().status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 10).ok());
+  ASSERT_TRUE((*pool)->BeginEpoch(20).ok());
+  EXPECT_EQ((*pool)->DiscardOlderEpoch().status().code(), StatusCode::kBusy);
+  (*pool)->Abandon();
+  auto none = (*pool)->DiscardOlderEpoch();
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());  // one epoch only: the newest is never dropped
+  EXPECT_EQ((*pool)->Latest()->epoch(), 1u);
+}
+
 }  // namespace
 }  // namespace pmsnap::layout

@@ -70,4 +70,14 @@ import sys, torch
 a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
 sys.exit(0 if all(torch.equal(x, y) for x, y in zip(a, b)) else 1)
 PY
-echo "python_package_test: installed package checkpointed, was killed, resumed bit-exact"
+listed="$("$work/venv/bin/pmsnap" list "$pool")" || fail "the installed pmsnap list failed"
+[[ "$listed" == *"2 retained checkpoint"* ]] \
+  || fail "the installed pmsnap command does not list the pool's checkpoints: $listed"
+"$work/venv/bin/pmsnap" export "$pool" --to "$work/exported.pt" --quiet >/dev/null \
+  || fail "the installed pmsnap command could not export the pool"
+"$py" - "$work/resumed.pt" "$work/exported.pt" <<'PY' || fail "the export differs from the run"
+import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2], weights_only=True)["model"]
+sys.exit(0 if all(torch.equal(x, y) for x, y in zip(a, b.values())) else 1)
+PY
+echo "python_package_test: installed package checkpointed, was killed, resumed bit-exact, exported"

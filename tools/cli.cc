@@ -238,6 +238,13 @@ int Verify(const Pool& pool, bool json, std::ostream& text) {
 }  // namespace
 
 int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (!args.empty() && (args[0] == "list" || args[0] == "export" || args[0] == "prune" ||
+                        args[0] == "diff")) {
+    err << "pmsnap: '" << args[0]
+        << "' is a command of the Python package (it needs torch): run `python -m pmsnap "
+        << args[0] << " ...` or the `pmsnap` that `pip install .` installs\n";
+    return kExitUsage;
+  }
   bool json = false;
   std::vector<std::string> positional;
   for (const std::string& arg : args) {

@@ -20,6 +20,10 @@ flight. Embedding tables can use differential / incremental checkpoints:
     for c in pmsnap.list_checkpoints(path, "emb.weight"):
         table = pmsnap.recover_table(path, "emb.weight", c["epoch"])
 
+Checkpoints leave the pool without the model: pmsnap.load_state_dict(path)
+reads any retained epoch as a state dict, pmsnap.export(path, "w.safetensors")
+writes safetensors, torch.save or DCP files (also `python -m pmsnap export`).
+
 Errors raise pmsnap.Error subclasses carrying the runtime's message.
 
 Thread-safety: see CheckpointedOptimizer; one training thread per optimizer.
@@ -52,12 +56,25 @@ from .checkpoints import (  # noqa: F401
     restore,
 )
 from .embedding import EmbeddingTracker  # noqa: F401
+from .export import export, read_export  # noqa: F401
 from .optimizer import CheckpointedOptimizer  # noqa: F401
+from .state_dict import PoolCheckpoint, load_state_dict  # noqa: F401
+
+
+
+def __getattr__(name):
+    # pmsnap.dcp imports torch.distributed.checkpoint: only when used.
+    if name == "dcp":
+        import importlib
+        return importlib.import_module(".dcp", __name__)
+    raise AttributeError(f"module 'pmsnap' has no attribute '{name}'")
+
 
 __all__ = [
     "CheckpointedOptimizer", "EmbeddingTracker", "EmbeddingOptions", "Policy", "restore",
     "has_checkpoint", "read_pool", "list_checkpoints", "recover_table",
-    "cuda_support_compiled", "Error", "AbortedError", "BusyError", "CapacityExceededError",
+    "cuda_support_compiled", "load_state_dict", "PoolCheckpoint", "export", "read_export",
+    "Error", "AbortedError", "BusyError", "CapacityExceededError",
     "CorruptionError", "FailedPreconditionError", "InternalError", "InvalidArgumentError",
     "ModelMismatchError", "NoSpaceError", "NotAPoolError", "NotFoundError", "StorageIOError",
     "UnsupportedVersionError",

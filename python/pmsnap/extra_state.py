@@ -9,6 +9,7 @@ state). The Python package fills it with one pickled dict:
              "python": tuple,            # random.getstate()
              "numpy": tuple},            # numpy.random.get_state(), if numpy imports
      "param_groups": [{...}, ...],       # hyperparameters (lr after a scheduler, ...)
+     "param_names": [[name, ...], ...],  # which parameters each group holds
      "state": {unit: {key: value}}}      # non-tensor optimizer state (RMSprop's int step)
 
 so that a restored run continues exactly where the checkpointed one was: the
@@ -54,8 +55,10 @@ def apply_rng(rng):
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def pack(user, rng, param_groups, nontensor_state):
-    """Pickles one checkpoint's extra state; raises TypeError naming what fails."""
+def pack(user, rng, param_groups, nontensor_state, param_names=None):
+    """Pickles one checkpoint's extra state; raises TypeError naming what fails.
+    `param_names` (per group, the names of its parameters) lets readers
+    without the optimizer (pmsnap.load_state_dict) rebuild the groups."""
     blob = {
         "format": FORMAT,
         "user": user,
@@ -63,6 +66,8 @@ def pack(user, rng, param_groups, nontensor_state):
         "param_groups": param_groups,
         "state": nontensor_state,
     }
+    if param_names is not None:
+        blob["param_names"] = param_names
     try:
         return pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
@@ -83,6 +88,12 @@ def unpack(data):
 def param_group_hyperparameters(optimizer):
     """[{hyperparameter: value}] per param group of `optimizer` (all but "params")."""
     return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def param_group_names(optimizer, named):
+    """[[parameter name, ...] per param group of `optimizer`]."""
+    names = {id(p): name for name, p in named}
+    return [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
 
 
 def nontensor_state(optimizer, named):

@@ -148,6 +148,20 @@ class CheckpointedOptimizer(UpdateInBackward):
         by the replicas-1 ranks after its owner, so restore() still recovers
         bit-exact when the pools of any replicas-1 ranks are lost (a replaced
         node). Default 1.
+      init_from: an existing checkpoint to start from (moving a run onto
+        pmsnap mid-training): a .safetensors or .pt file or a DCP folder, as
+        pmsnap.export writes them, or a state dict of the model's tensors
+        (.pt / .safetensors) or a DCP / .pt checkpoint with "model" and
+        "optimizer" entries keyed by parameter name. The model (model= is
+        required) and optimizer are loaded from it (strictly: every
+        parameter), iteration numbering continues from its iteration, and
+        when it holds the optimizer state the new pool is created and
+        captures it right away (a checkpoint of that iteration); a model-only
+        checkpoint is captured with the first step(). The pool must not hold
+        a checkpoint yet (FailedPreconditionError); InvalidArgumentError
+        naming the file for one that cannot be imported, ModelMismatchError
+        naming the parameter for one made for another model; the pool is
+        left untouched either way.
       Other keyword arguments tune the engine and a newly created pool:
       part_bytes, extra_state_capacity, verify_on_open,
       check_free_space, reserve_bytes, checkfreq_overhead, print_summary.
@@ -162,7 +176,8 @@ class CheckpointedOptimizer(UpdateInBackward):
                  track_embeddings=False, print_summary=False, embeddings=None,
                  embedding_policy=None, quantize_bits=None, expected_resumes=1.0, retain=None,
                  embedding_options=None, embedding_rows="auto", update_in_backward=False,
-                 copy_start=None, process_group=None, sharding=None, replicas=1):
+                 copy_start=None, process_group=None, sharding=None, replicas=1,
+                 init_from=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -261,6 +276,8 @@ class CheckpointedOptimizer(UpdateInBackward):
                 raise make_error(_pmsnap.InvalidArgumentError, "track_embeddings needs model=")
             self.embedding_tracker = EmbeddingTracker(model)
         self._init_update_in_backward(update_in_backward)
+        if init_from is not None:
+            self._init_from(init_from)
 
     # --- the torch.optim surface -------------------------------------------------
 
@@ -448,6 +465,33 @@ class CheckpointedOptimizer(UpdateInBackward):
 
     # --- internals ----------------------------------------------------------------
 
+    def _init_from(self, path):
+        """init_from=: loads `path` into the model and optimizer, then seeds the pool."""
+        if self._pool_latest is not None:
+            raise make_error(_pmsnap.FailedPreconditionError,
+                             f"pool {self.pool} already holds iteration {self._pool_latest}: "
+                             f"init_from={os.fspath(path)!r} seeds a new pool (restore() "
+                             "continues this one)")
+        if self.model is None:
+            raise make_error(_pmsnap.InvalidArgumentError,
+                             "init_from= needs model= to match the checkpoint's parameter names")
+        # Imported here: export.py imports this module's package.
+        from .export import read_export
+        from .importing import load_into
+        data = read_export(path)
+        load_into(data, self.model, self.optimizer, self._named, os.fspath(path))
+        if data["iteration"] is not None:
+            self.iteration = int(data["iteration"])
+        self.extra_state = dict(data["extra"])
+        if data["optimizer"] is None or self.iteration < 1:
+            return  # the first step() makes the optimizer state, then lays out the pool
+        self._open_engine()
+        if self._table_tracker is not None:
+            self._table_tracker.clear()
+        self._engine.begin_step(self.iteration)
+        self._engine.end_step(self._pack_extra())
+        self._engine.flush()
+
     def _stats_of(self, engine, per_step=False):
         try:
             s = engine.stats(per_step)
@@ -576,7 +620,8 @@ class CheckpointedOptimizer(UpdateInBackward):
         rng = _extra.capture_rng() if self.capture_rng else {}
         return _extra.pack(self.extra_state, rng,
                            _extra.param_group_hyperparameters(self.optimizer),
-                           _extra.nontensor_state(self.optimizer, self._named))
+                           _extra.nontensor_state(self.optimizer, self._named),
+                           _extra.param_group_names(self.optimizer, self._named))
 
     def _apply_blob(self, blob, restore_rng):
         groups = blob.get("param_groups")

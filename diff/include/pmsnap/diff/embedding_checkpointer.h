@@ -126,6 +126,7 @@ struct CheckpointInfo {
   std::uint64_t iteration = 0;
   std::uint64_t chunks = 0;       // logical chunks read to rebuild it
   std::uint64_t chunk_bytes = 0;  // their bytes
+  Policy policy = Policy::kFull;  // the policy of the index that lists it
 };
 
 // Where a recovery's time went: the baseline (a checkpoint's first chunk,

@@ -295,6 +295,15 @@ class Pool {
   // kCorruption; the next epoch overwrites the dropped slot, never the one
   // every rank holds. kFailedPrecondition without a recovered checkpoint.
   Status RollBackLatest(const std::string& reason);
+  // `pmsnap prune --keep 1`: drops the committed epoch older than Latest()
+  // by marking its slot EMPTY (one 8-byte atomic store of its commit word,
+  // persisted: a crash leaves it either retained or dropped), so that no
+  // later open, restore or reader picks it. Returns the epoch dropped, or
+  // nullopt when no older intact-record epoch exists (Latest() itself is
+  // never dropped: after a fallback to the older slot, nothing is).
+  // kFailedPrecondition without a recovered checkpoint, kBusy while an epoch
+  // is open. The slot's bytes stay allocated (slots are preallocated).
+  Result<std::optional<std::uint64_t>> DiscardOlderEpoch();
   // Whether the recovered slot's data still awaits its deferred check.
   bool data_verification_pending() const;
 

@@ -5,6 +5,8 @@
 //
 // One implementation for the C++ executable (tools/pmsnap_main.cc) and
 // `python -m pmsnap` (the binding's run_cli), so both print the same.
+// list, export, prune and diff need torch and live in the Python package
+// (python/pmsnap/cli.py); here they exit 2 with a message pointing there.
 #pragma once
 
 #include <ostream>
