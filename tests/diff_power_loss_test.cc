@@ -164,11 +164,12 @@ class TablePowerLossModel final : public PowerLossModel {
   std::map<std::uint64_t, Expected> expected_;  // by iteration (live model only)
 };
 
-// Every commit record write; every third drain and every eighth other seam
+// Every commit record write (the Engine test samples these more densely);
+// every third drain and every eighth other seam
 // call (all of them with $PMSNAP_POWER_LOSS_SCALE > 1).
 CaptureDensity Density() {
   if (PowerLossScale() > 1) return {.record_random_images = 4, .drain_stride = 1, .other_stride = 1};
-  return {.record_random_images = 2, .drain_stride = 3, .other_stride = 8};
+  return {.record_random_images = 1, .drain_stride = 3, .other_stride = 8};
 }
 
 class PolicyPowerLossTest : public ::testing::TestWithParam<PolicyCase> {};

@@ -183,13 +183,15 @@ struct EnginePowerLossOutcome {
   std::uint64_t persist_points = 0;
   std::uint64_t events = 0;
   std::uint64_t epochs_committed = 0;
+  std::uint64_t epochs_abandoned = 0;
   std::size_t images = 0;           // captured
   std::size_t distinct_images = 0;  // of which different (each checked once)
   std::vector<std::string> problems;
   std::string Summary() const {
     return "seam events " + std::to_string(events) + ", persist points " +
            std::to_string(persist_points) + ", epochs committed " +
-           std::to_string(epochs_committed) + ", images " + std::to_string(images) + " (" +
+           std::to_string(epochs_committed) + ", abandoned " + std::to_string(epochs_abandoned) +
+           ", images " + std::to_string(images) + " (" +
            std::to_string(distinct_images) + " distinct, each checked), bad " + std::to_string(problems.size());
   }
 };
@@ -336,8 +338,9 @@ inline std::string ImageKey(const PowerLossImage& image) {
 }  // namespace engine_power_loss_detail
 
 // Creates a pool through Engine::Open, trains steps 1..first_steps, closes;
-// reopens, restores and trains `more_steps` more, closes; all under the
-// simulator (armed once the first open returned). Then checks every image.
+// reopens, restores, trains `more_steps` more, begins one more epoch and
+// closes abandoning it; all under the simulator (armed once the first open
+// returned). Then checks every distinct image.
 inline EnginePowerLossOutcome RunEnginePowerLoss(PowerLossModel& live, std::uint64_t first_steps,
                                                  std::uint64_t more_steps, std::uint64_t seed,
                                                  const CaptureDensity& density = {}) {
@@ -383,8 +386,13 @@ inline EnginePowerLossOutcome RunEnginePowerLoss(PowerLossModel& live, std::uint
       if (!stepped.ok()) return outcome;
       live.AfterStep(**engine, k);
     }
-    EXPECT_TRUE((*engine)->Close().ok());
+    // One more epoch begins (its commit word says WRITING) and the trainer
+    // stops before the step ends: Close abandons it.
+    EXPECT_TRUE((*engine)->Flush().ok());
+    EXPECT_TRUE((*engine)->BeginStep(restored_iteration + more_steps + 1).ok());
+    EXPECT_TRUE((*engine)->Close(runtime::CloseMode::kAbandon).ok());
     outcome.epochs_committed += (*engine)->stats().epochs_committed;
+    outcome.epochs_abandoned += (*engine)->stats().epochs_abandoned;
   }
   simulator.Stop();
   outcome.persist_points = simulator.persist_points();
