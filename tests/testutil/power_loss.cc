@@ -44,6 +44,16 @@ std::uint64_t PowerLossSimulator::events() const {
   return events_;
 }
 
+PMEMobjpool* PowerLossSimulator::tracked_pool() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pop_;
+}
+
+const std::byte* PowerLossSimulator::tracked_base() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return base_;
+}
+
 std::uint64_t PowerLossSimulator::persist_points() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return persist_points_;

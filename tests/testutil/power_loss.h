@@ -99,6 +99,10 @@ class PowerLossSimulator final : public layout::detail::Persistence {
   void Stop();
 
   std::uint64_t events() const;
+  // The tracked pool and where its file is mapped (null before the first
+  // mapping): tests that call the Persistence methods themselves need them.
+  PMEMobjpool* tracked_pool() const;
+  const std::byte* tracked_base() const;
   std::uint64_t persist_points() const;
   const std::vector<PowerLossImage>& images() const { return images_; }
 
