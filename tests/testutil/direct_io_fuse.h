@@ -10,8 +10,8 @@
 //
 // One flat directory (the mount's root), regular files only. Needs
 // CAP_SYS_ADMIN to mount (as ScratchMount, testutil/scratch_mount.h):
-// Mount returns "skip: ..." where mount(2) is refused, and the reason where
-// /dev/fuse is missing.
+// Mount returns "skip: ..." where mount(2) is refused, /dev/fuse is missing
+// or the kernel has no FUSE.
 //
 // Thread-safety: Mount, files() and the destructor on the test's thread;
 // the server thread only answers the kernel, under `mutex_`. The test's
@@ -53,7 +53,7 @@ class DirectIoFuseMount {
     if (mounted_ && ::umount2(dir_.c_str(), 0) != 0) ::umount2(dir_.c_str(), MNT_DETACH);
     stop_ = true;
     if (server_.joinable()) server_.join();
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) ::close(fd_);  // after the join: the server may have closed it
     if (!dir_.empty()) ::rmdir(dir_.c_str());
   }
   DirectIoFuseMount(const DirectIoFuseMount&) = delete;
@@ -74,9 +74,11 @@ class DirectIoFuseMount {
                 options.c_str()) != 0) {
       const int err = errno;
       const bool refused = err == EPERM || err == EACCES;
-      return std::string(refused ? "skip: " : "") + "mount -t fuse on " + dir_ +
+      const bool no_fuse = err == ENODEV;  // a kernel (container) without FUSE
+      return std::string(refused || no_fuse ? "skip: " : "") + "mount -t fuse on " + dir_ +
              " failed: " + std::strerror(err) +
-             (refused ? " (needs root or CAP_SYS_ADMIN; the tests run as root in CI)" : "");
+             (refused ? " (needs root or CAP_SYS_ADMIN; the tests run as root in CI)"
+                      : no_fuse ? " (this kernel has no FUSE)" : "");
     }
     mounted_ = true;
     server_ = std::thread([this] { Serve(); });
@@ -110,7 +112,13 @@ class DirectIoFuseMount {
       const ssize_t n = ::read(fd_, buffer.data(), buffer.size());
       if (n < 0) {
         if (errno == EINTR || errno == EAGAIN || errno == ENOENT) continue;
-        return;  // ENODEV: unmounted
+        if (errno != ENODEV) {
+          // Anything but the unmount: closing the device aborts the
+          // connection, so the test's calls fail (ENOTCONN) instead of hanging.
+          ::close(fd_);
+          fd_ = -1;
+        }
+        return;
       }
       if (static_cast<std::size_t>(n) < sizeof(fuse_in_header)) continue;
       Handle(buffer.data(), static_cast<std::size_t>(n));
@@ -359,7 +367,7 @@ class DirectIoFuseMount {
   }
 
   std::string dir_;
-  int fd_ = -1;
+  int fd_ = -1;  // the server thread may close it (and set -1) before it ends
   bool mounted_ = false;
   std::atomic<bool> stop_{false};
   std::thread server_;
