@@ -4,7 +4,7 @@
 // EmbeddingCheckpointer (a checkpoint every step: baselines, differentials,
 // increments, IncrCP's extractions, index chunks, retention frees), close,
 // reopen, restore and train on. For every image a power loss would leave at
-// a drain, at the commit record's writes, or at a sampled seam call between:
+// the commit record's writes, at sampled drains or at sampled seam calls:
 //  - the pool recovers the newest committed epoch (or the one in flight);
 //  - every retained checkpoint, rebuilt through the policy's public
 //    recovery API (ListCheckpoints, RecoverTable), equals bit for bit the

@@ -3,8 +3,9 @@
 // through the Engine's hooks (workers copy and persist parts from their own
 // threads, the last release commits, units without a gradient are captured
 // at EndStep, extra state goes with each epoch), closes, reopens, restores
-// and trains on. Every image a power loss would leave at a drain, at the
-// commit record's writes, or at a sampled seam call between opens to the
+// and trains on, and ends with an epoch abandoned at Close. Every image a
+// power loss would leave at the commit record's writes, at sampled drains
+// or at sampled seam calls between opens to the
 // newest epoch whose commit returned (or the one in flight), and the
 // Engine's restore brings back exactly what that epoch captured. On the host
 // the parts go through the fused copy-and-hash kernel; on the simulated

@@ -3,18 +3,18 @@
 // Engine's hooks for real epochs (workers copy and persist parts, the last
 // one commits, an encoder writes chunks), the engine closes, reopens,
 // restores and trains on; meanwhile the simulator captures the pool file a
-// power loss would leave at every drain, at every seam call that writes a
-// commit record header and the drain after it, and at sampled seam calls
-// between. Each image is then checked twice:
-//  - as a pool: it opens without a warning, every slot and chunk verifies in
+// power loss would leave at every seam call that writes a commit record
+// header and the call after it (its drain), and at sampled drains and other
+// seam calls (CaptureDensity: every one at stride 1). Each distinct image is
+// then opened through Engine::Open and checked:
+//  - the pool: it opens without a warning, every slot and chunk verifies in
 //    full, and it recovers to the newest epoch whose Commit returned or, if
 //    the next one was in flight, to that one; the recovered epoch's
 //    iteration is the one that epoch captured (the model's own pool checks
 //    follow, e.g. every retained embedding checkpoint);
-//  - through the Engine's restore path: Engine::Open on the image and
-//    Restore into a fresh model, which must equal, bit for bit, what that
-//    epoch captured (the model compares), with the extra state of that
-//    iteration.
+//  - the Engine's restore path: Restore into a fresh model, which must
+//    equal, bit for bit, what that epoch captured (the model compares),
+//    with the extra state of that iteration.
 //
 // What the workload has done when an image is taken comes from two test
 // wrappers the Engine calls itself, so no image depends on timing: an
