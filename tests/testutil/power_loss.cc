@@ -216,10 +216,11 @@ void PowerLossSimulator::AfterEventLocked(SeamEvent::Kind kind, std::uint64_t of
   const std::optional<CaptureRequest> request = plan_(event);
   if (!request) return;
   const std::size_t first = images_.size();
-  images_.push_back(BuildImageLocked(Choice::kNone, "drained only"));
-  images_.push_back(BuildImageLocked(Choice::kAll, "everything"));
+  const std::vector<std::uint64_t> lines = UnsettledLinesLocked();
+  images_.push_back(BuildImageLocked(Choice::kNone, "drained only", lines));
+  images_.push_back(BuildImageLocked(Choice::kAll, "everything", lines));
   for (int k = 0; k < request->random_images; ++k) {
-    images_.push_back(BuildImageLocked(Choice::kRandom, "random " + std::to_string(k)));
+    images_.push_back(BuildImageLocked(Choice::kRandom, "random " + std::to_string(k), lines));
   }
   for (std::size_t i = first; i < images_.size(); ++i) {
     images_[i].event = event.index;
@@ -227,7 +228,31 @@ void PowerLossSimulator::AfterEventLocked(SeamEvent::Kind kind, std::uint64_t of
   }
 }
 
-PowerLossImage PowerLossSimulator::BuildImageLocked(Choice choice, const std::string& variant) {
+std::vector<std::uint64_t> PowerLossSimulator::UnsettledLinesLocked() const {
+  std::vector<std::uint64_t> lines;
+  for (std::uint64_t offset = 0; offset + kLine <= durable_.size(); offset += kLine) {
+    if (std::memcmp(durable_.data() + offset, first_mapping_.data() + offset, kLine) != 0 ||
+        std::memcmp(base_ + offset, durable_.data() + offset, kLine) != 0) {
+      lines.push_back(offset);
+    }
+  }
+  // Flushed lines whose bytes now equal the durable ones may still differ
+  // from them as flushed.
+  const std::size_t scanned = lines.size();
+  for (const auto& [thread, pending] : pending_) {
+    for (const auto& [offset, line] : pending) {
+      if (offset + kLine <= durable_.size()) lines.push_back(offset);
+    }
+  }
+  if (lines.size() != scanned) {
+    std::sort(lines.begin(), lines.end());
+    lines.erase(std::unique(lines.begin(), lines.end()), lines.end());
+  }
+  return lines;
+}
+
+PowerLossImage PowerLossSimulator::BuildImageLocked(Choice choice, const std::string& variant,
+                                                    const std::vector<std::uint64_t>& lines) {
   // Per line, per stage (flushed bytes, then later stores): none of the
   // words reached PM, all of them, or each aligned word on its own.
   auto pick = [&]() {
@@ -245,7 +270,7 @@ PowerLossImage PowerLossSimulator::BuildImageLocked(Choice choice, const std::st
   };
   PowerLossImage image;
   image.variant = variant;
-  for (std::uint64_t offset = 0; offset + kLine <= durable_.size(); offset += kLine) {
+  for (const std::uint64_t offset : lines) {
     const std::byte* durable = durable_.data() + offset;
     const std::byte* current = base_ + offset;
     const LineBytes* flushed = NewestPendingLocked(offset);

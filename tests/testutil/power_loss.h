@@ -141,7 +141,12 @@ class PowerLossSimulator final : public layout::detail::Persistence {
   // own writes), keeping lines that were already dirty then and unchanged.
   void AbsorbLibraryWritesLocked(const std::map<std::uint64_t, LineBytes>& before);
   void AfterEventLocked(SeamEvent::Kind kind, std::uint64_t offset = 0, std::uint64_t bytes = 0);
-  PowerLossImage BuildImageLocked(Choice choice, const std::string& variant);
+  // Lines an image may hold other than as first mapped: durable ones that
+  // changed, and ones stored or flushed since their last drain. Computed
+  // once per event, shared by its images.
+  std::vector<std::uint64_t> UnsettledLinesLocked() const;
+  PowerLossImage BuildImageLocked(Choice choice, const std::string& variant,
+                                  const std::vector<std::uint64_t>& lines);
 
   mutable std::mutex mutex_;
   std::mt19937_64 random_;
