@@ -6,3 +6,6 @@ target_include_directories(diff_checkpoints_test PRIVATE ${PROJECT_SOURCE_DIR}/d
 pmsnap_add_pool_test(diff_crash_test SOURCES diff_crash_test.cc LIBS pmsnap::diff)
 pmsnap_add_test(diff_chunk_format_test SOURCES diff_chunk_format_test.cc LIBS pmsnap::diff)
 target_include_directories(diff_chunk_format_test PRIVATE ${PROJECT_SOURCE_DIR}/diff)
+# Power loss at every persist point of every embedding policy's chunks.
+pmsnap_add_test(diff_power_loss_test SOURCES diff_power_loss_test.cc
+                LIBS pmsnap::diff pmsnap_power_loss ENV "PMEM_IS_PMEM_FORCE=1")

@@ -10,26 +10,30 @@
 // mount tests skip (GTEST_SKIP says why) and the permission tests run as the
 // user itself, whom mode bits already bind.
 //
-// Untested: a file system where a pool file can be created and preallocated
-// but not mapped shared (libpmemobj's mmap fails with ENODEV, reported as
-// kInvalidArgument; only the errno mapping is tested, below). None exists on
-// a stock Debian machine: FUSE with direct_io would be one, but needs a FUSE
-// server; mqueue accepts the file but fails posix_fallocate before the mmap
+// A file system where a pool file can be created, written and preallocated
+// but not mapped shared is a real FUSE file system served by the test
+// itself (testutil/direct_io_fuse.h: files opened with FOPEN_DIRECT_IO, so
+// the kernel fails mmap(MAP_SHARED) with ENODEV, as for sshfs -o direct_io);
+// no libfuse needed, but mounting needs root like the other mount tests.
+// mqueue accepts the file but fails posix_fallocate before the mmap
 // (tested, refused up front by its statfs type); proc and sysfs refuse the
 // file itself (tested).
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <iostream>
 #include <string>
 
 #include "detail/file_system.h"
 #include "pmsnap/pmem_layout/pool.h"
+#include "testutil/direct_io_fuse.h"
 #include "testutil/pool_fixtures.h"
 #include "testutil/scratch_mount.h"
 #include "testutil/temp_pool.h"
@@ -39,6 +43,7 @@ namespace {
 
 using pmsnap::testing::CheckSeededView;
 using pmsnap::testing::ChildStatus;
+using pmsnap::testing::DirectIoFuseMount;
 using pmsnap::testing::DirectoryEntries;
 using pmsnap::testing::MakeManifest;
 using pmsnap::testing::RunStatusAsNobody;
@@ -377,12 +382,82 @@ TEST(PoolUnmappableFileSystemTest, CreateUnderProcOrSysfsIsInvalidArgument) {
   }
 }
 
+// Mounts `fuse` or skips the test (not root, no /dev/fuse).
+#define FUSE_MOUNT_OR_SKIP(fuse)                                    \
+  do {                                                              \
+    const std::string why = (fuse).Mount();                         \
+    if (why.rfind("skip: ", 0) == 0) GTEST_SKIP() << why.substr(6); \
+    ASSERT_EQ(why, "");                                             \
+  } while (0)
+
+TEST(PoolUnmappableFileSystemTest, CreateWhereSharedMmapIsRefusedNamesThePathAndLeavesNothing) {
+  TempPoolPath kept("fuse-kept");
+  ASSERT_TRUE(MakeCommittedPool(kept.path()).ok());
+  DirectIoFuseMount fuse("create");
+  FUSE_MOUNT_OR_SKIP(fuse);
+  // The file system works for everything but the shared mapping.
+  const std::string probe = fuse.Path("probe");
+  const int fd = ::open(probe.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::posix_fallocate(fd, 0, 1 << 20), 0);
+  ASSERT_EQ(::pwrite(fd, "pmsnap", 6, 4096), 6);
+  void* shared = ::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int shared_errno = errno;
+  void* private_map = ::mmap(nullptr, 1 << 20, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  EXPECT_EQ(shared, MAP_FAILED);
+  EXPECT_EQ(shared_errno, ENODEV) << std::strerror(shared_errno);
+  ASSERT_NE(private_map, MAP_FAILED);
+  ::munmap(private_map, 1 << 20);
+
+  const std::string path = fuse.Path("model.pool");
+  auto pool = Pool::Create(path, TestManifest());
+  ASSERT_FALSE(pool.ok());
+  EXPECT_EQ(pool.status().code(), StatusCode::kInvalidArgument) << pool.status().ToString();
+  EXPECT_THAT(pool.status().message(), HasSubstr("'" + path + "'"));
+  EXPECT_THAT(pool.status().message(), HasSubstr("cannot map the file shared"));
+  std::cout << pool.status().ToString() << "\n";
+  EXPECT_THAT(fuse.files(), IsEmpty()) << "a failed create must leave no file behind";
+  EXPECT_EQ(CommittedPoolProblem(kept.path()), "");
+}
+
+TEST(PoolUnmappableFileSystemTest, OpenWhereSharedMmapIsRefusedNamesThePathAndChangesNoByte) {
+  TempPoolPath kept("fuse-kept");
+  ASSERT_TRUE(MakeCommittedPool(kept.path()).ok());
+  DirectIoFuseMount fuse("open");
+  FUSE_MOUNT_OR_SKIP(fuse);
+  // A committed pool copied onto the file system (a backup restored there,
+  // or a directory moved to a network mount).
+  const std::string path = fuse.Path("model.pool");
+  std::error_code ec;
+  std::filesystem::copy_file(kept.path(), path, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  const auto before = fuse.files();
+  ASSERT_EQ(before.count("model.pool"), 1u);
+
+  auto opened = Pool::Open(path, TestManifest());
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), StatusCode::kInvalidArgument) << opened.status().ToString();
+  EXPECT_THAT(opened.status().message(), HasSubstr("'" + path + "'"));
+  EXPECT_THAT(opened.status().message(), HasSubstr("cannot map the file shared"));
+  std::cout << opened.status().ToString() << "\n";
+  // Nothing lost: the refused pool keeps every byte, and copied back to a
+  // file system that maps it, it opens to its last commit.
+  EXPECT_TRUE(fuse.files() == before) << "the refused open changed the pool file";
+  TempPoolPath copy("fuse-copy");
+  std::filesystem::copy_file(path, copy.path(), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(CommittedPoolProblem(copy.path()), "");
+  EXPECT_EQ(CommittedPoolProblem(kept.path()), "");
+}
+
 TEST(PoolUnmappableFileSystemTest, FileSystemTypesAndErrnosMapToCodes) {
   EXPECT_THAT(detail::PoolFileSystemProblem(detail::kMqueueMagic), HasSubstr("mqueue"));
   EXPECT_THAT(detail::PoolFileSystemProblem(PROC_SUPER_MAGIC), HasSubstr("proc"));
   EXPECT_THAT(detail::PoolFileSystemProblem(SYSFS_MAGIC), HasSubstr("sysfs"));
   EXPECT_EQ(detail::PoolFileSystemProblem(TMPFS_MAGIC), "");
-  // No file system here fails only the shared mapping (file comment).
+  // What the FUSE tests above get from libpmemobj's mmap.
   EXPECT_EQ(detail::ClassifyPoolOsError(ENODEV).code, StatusCode::kInvalidArgument);
   EXPECT_THAT(detail::ClassifyPoolOsError(ENODEV).hint, HasSubstr("map the file shared"));
   EXPECT_EQ(detail::ClassifyPoolOsError(ENOSPC).code, StatusCode::kNoSpace);

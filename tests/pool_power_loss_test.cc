@@ -9,10 +9,14 @@
 // A test-only switch that drops the drain before the commit word must be
 // caught. Covered: pool create, epoch writes and commits, an abandoned
 // epoch, slot fallback, extra state, chunk allocate, seal, free and the
-// sweep of orphans at BeginEpoch.
+// sweep of orphans at BeginEpoch; and the simulator itself keeps drains of
+// several threads in order (the Engine persists from its workers).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <future>
+#include <thread>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -282,6 +286,57 @@ TEST(PoolPowerLossTest, ChunkAllocSealFreeAndSweepSurviveEveryImage) {
   EXPECT_GT(outcome.images, 200u);
   for (std::size_t i = 0; i < outcome.problems.size() && i < 5; ++i) {
     ADD_FAILURE() << outcome.problems[i];
+  }
+}
+
+// The Engine's workers persist from several threads: thread A flushes a
+// line, thread B stores newer bytes into it, flushes and drains, then A
+// drains. The line A flushed is older than the durable one; A's drain must
+// not make it durable again (it did before the flushes were ordered).
+TEST(PoolPowerLossTest, ADrainNeverMakesALineOlderThanAnotherThreadMadeDurable) {
+  TempPoolPath path("power-loss-threads");
+  PowerLossSimulator simulator(5);
+  auto pool = Pool::Create(path.path(), SmallManifest(), SmallOptions(0));
+  ASSERT_TRUE(pool.ok()) << pool.status().message();
+  PMEMobjpool* pop = simulator.tracked_pool();
+  ASSERT_NE(pop, nullptr);
+  std::byte* line = (*pool)->slot_mapping(0).data();
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(line) % 64, 0u);
+  const std::uint64_t offset = static_cast<std::uint64_t>(line - simulator.tracked_base());
+  bool captured = false;
+  simulator.SetPlan([&](const SeamEvent& event) -> std::optional<CaptureRequest> {
+    if (!captured || !event.persist_point()) return std::nullopt;
+    return CaptureRequest{0, 0};
+  });
+  std::promise<void> a_flushed, b_drained;
+  std::thread a([&] {
+    std::memset(line, 0xAA, 64);
+    simulator.Flush(pop, line, 64);
+    a_flushed.set_value();
+    b_drained.get_future().wait();
+    captured = true;  // ordered by the future: only A's drain below captures
+    simulator.Drain(pop);
+  });
+  a_flushed.get_future().wait();
+  std::thread b([&] {
+    std::memset(line, 0xBB, 64);
+    simulator.Flush(pop, line, 64);
+    simulator.Drain(pop);
+  });
+  b.join();
+  b_drained.set_value();
+  a.join();
+  simulator.SetPlan(nullptr);
+  pool->reset();
+  simulator.Stop();
+  ASSERT_EQ(simulator.images().size(), 2u);  // drained only, everything
+  for (const PowerLossImage& image : simulator.images()) {
+    auto at = std::find(image.line_offsets.begin(), image.line_offsets.end(), offset);
+    ASSERT_NE(at, image.line_offsets.end()) << image.Describe();
+    const std::byte* bytes = image.line_bytes.data() + (at - image.line_offsets.begin()) * 64;
+    for (int i = 0; i < 64; ++i) {
+      ASSERT_EQ(bytes[i], std::byte{0xBB}) << image.Describe() << ": byte " << i;
+    }
   }
 }
 

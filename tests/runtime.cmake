@@ -10,3 +10,7 @@ pmsnap_add_test(common_cpu_affinity_test SOURCES common_cpu_affinity_test.cc LIB
 pmsnap_add_test(runtime_copy_hold_budget_test SOURCES runtime_copy_hold_budget_test.cc
                 LIBS pmsnap::runtime)
 target_include_directories(runtime_copy_hold_budget_test PRIVATE ${PROJECT_SOURCE_DIR}/runtime)
+# Power loss at every persist point of the Engine's epoch flow (simulator:
+# testutil/power_loss.h, defined in pmem_layout.cmake).
+pmsnap_add_test(runtime_engine_power_loss_test SOURCES runtime_engine_power_loss_test.cc
+                LIBS pmsnap::runtime pmsnap_power_loss ENV "PMEM_IS_PMEM_FORCE=1")

@@ -61,7 +61,9 @@ class EmbeddingToy {
   }
 
   // One training step through the engine; the tracker sees the lookups.
-  Status Step(runtime::Engine& engine, diff::RowTracker& tracker, std::uint64_t k) {
+  // `extra` goes to EndStep (stored with the epoch this step captures).
+  Status Step(runtime::Engine& engine, diff::RowTracker& tracker, std::uint64_t k,
+              const std::string& extra = "") {
     const std::vector<std::int64_t> ids = RowsOf(k);
     PMSNAP_RETURN_IF_ERROR(tracker.Mark(ids));  // forward lookups
     PMSNAP_RETURN_IF_ERROR(engine.BeginStep(k));
@@ -74,7 +76,7 @@ class EmbeddingToy {
       }
       PMSNAP_RETURN_IF_ERROR(engine.AfterUpdate(u));
     }
-    return engine.EndStep();
+    return engine.EndStep({reinterpret_cast<const std::byte*>(extra.data()), extra.size()});
   }
 
   // The table after steps 1..k from the initial state.
@@ -93,6 +95,7 @@ class EmbeddingToy {
 
   const std::vector<float>& weights() const { return weights_; }
   const std::vector<float>& accumulator() const { return accumulator_; }
+  const std::vector<float>& dense() const { return dense_; }
   void Zero() {
     std::fill(weights_.begin(), weights_.end(), 0.0f);
     std::fill(accumulator_.begin(), accumulator_.end(), 0.0f);

@@ -44,6 +44,16 @@ std::uint64_t PowerLossSimulator::events() const {
   return events_;
 }
 
+PMEMobjpool* PowerLossSimulator::tracked_pool() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pop_;
+}
+
+const std::byte* PowerLossSimulator::tracked_base() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return base_;
+}
+
 std::uint64_t PowerLossSimulator::persist_points() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return persist_points_;
@@ -56,6 +66,7 @@ void PowerLossSimulator::Mapped(PMEMobjpool* pop, std::byte* base, std::uint64_t
     // libpmemobj made the file durable before returning it.
     first_mapping_.assign(base, base + bytes);
     durable_ = first_mapping_;
+    durable_sequence_.assign(bytes / kLine + 1, 0);
     pop_ = pop;
     base_ = base;
     mapped_ = true;
@@ -85,7 +96,8 @@ void PowerLossSimulator::Flush(PMEMobjpool* pop, const void* addr, std::size_t b
   std::lock_guard<std::mutex> lock(mutex_);
   if (!Tracks(pop)) return;
   RecordFlushLocked(addr, bytes);
-  AfterEventLocked(SeamEvent::Kind::kFlush);
+  const auto [offset, length] = RangeOf(addr, bytes);
+  AfterEventLocked(SeamEvent::Kind::kFlush, offset, length);
 }
 
 void PowerLossSimulator::Drain(PMEMobjpool* pop) {
@@ -95,7 +107,10 @@ void PowerLossSimulator::Drain(PMEMobjpool* pop) {
   auto mine = pending_.find(std::this_thread::get_id());
   if (mine != pending_.end()) {
     for (const auto& [offset, line] : mine->second) {
-      std::memcpy(durable_.data() + offset, line.data(), line.size());
+      std::uint64_t& durable_sequence = durable_sequence_[offset / kLine];
+      if (line.sequence < durable_sequence) continue;  // another thread made newer bytes durable
+      std::memcpy(durable_.data() + offset, line.bytes.data(), kLine);
+      durable_sequence = line.sequence;
     }
     pending_.erase(mine);
   }
@@ -110,7 +125,8 @@ void PowerLossSimulator::CopyNonTemporal(PMEMobjpool* pop, void* dst, const void
   // Streaming stores bypass the cache: like flushed lines, durable at the
   // next drain.
   RecordFlushLocked(dst, bytes);
-  AfterEventLocked(SeamEvent::Kind::kCopyNonTemporal);
+  const auto [offset, length] = RangeOf(dst, bytes);
+  AfterEventLocked(SeamEvent::Kind::kCopyNonTemporal, offset, length);
 }
 
 std::size_t PowerLossSimulator::StreamAndHash(void* dst, const void* src, std::size_t bytes,
@@ -120,7 +136,8 @@ std::size_t PowerLossSimulator::StreamAndHash(void* dst, const void* src, std::s
   const auto* at = static_cast<const std::byte*>(dst);
   if (!mapped_ || at < base_ || at >= base_ + durable_.size()) return streamed;
   RecordFlushLocked(dst, streamed);
-  AfterEventLocked(SeamEvent::Kind::kStreamAndHash);
+  const auto [offset, length] = RangeOf(dst, streamed);
+  AfterEventLocked(SeamEvent::Kind::kStreamAndHash, offset, length);
   return streamed;
 }
 
@@ -137,6 +154,13 @@ void PowerLossSimulator::EndLibraryWrites(PMEMobjpool* pop) {
   dirty_before_library_.clear();
 }
 
+std::pair<std::uint64_t, std::uint64_t> PowerLossSimulator::RangeOf(const void* addr,
+                                                                    std::size_t bytes) const {
+  const auto* at = static_cast<const std::byte*>(addr);
+  const std::uint64_t begin = std::min<std::uint64_t>(at - base_, durable_.size());
+  return {begin, std::min<std::uint64_t>(bytes, durable_.size() - begin)};
+}
+
 void PowerLossSimulator::RecordFlushLocked(const void* addr, std::size_t bytes) {
   if (bytes == 0) return;
   const auto* at = static_cast<const std::byte*>(addr);
@@ -144,9 +168,23 @@ void PowerLossSimulator::RecordFlushLocked(const void* addr, std::size_t bytes) 
   const std::uint64_t end =
       std::min<std::uint64_t>(static_cast<std::uint64_t>(at - base_) + bytes, durable_.size());
   auto& mine = pending_[std::this_thread::get_id()];
+  const std::uint64_t sequence = ++sequence_;
   for (std::uint64_t offset = begin; offset < end; offset += kLine) {
-    std::memcpy(mine[offset].data(), base_ + offset, kLine);
+    PendingLine& line = mine[offset];
+    line.sequence = sequence;
+    std::memcpy(line.bytes.data(), base_ + offset, kLine);
   }
+}
+
+const PowerLossSimulator::LineBytes* PowerLossSimulator::NewestPendingLocked(
+    std::uint64_t offset) const {
+  const PendingLine* newest = nullptr;
+  for (const auto& [thread, lines] : pending_) {
+    auto it = lines.find(offset);
+    if (it == lines.end() || it->second.sequence < durable_sequence_[offset / kLine]) continue;
+    if (newest == nullptr || it->second.sequence > newest->sequence) newest = &it->second;
+  }
+  return newest == nullptr ? nullptr : &newest->bytes;
 }
 
 std::map<std::uint64_t, PowerLossSimulator::LineBytes> PowerLossSimulator::DirtyLinesLocked()
@@ -166,20 +204,23 @@ void PowerLossSimulator::AbsorbLibraryWritesLocked(
     auto old = before.find(offset);
     if (old != before.end() && old->second == line) continue;
     std::memcpy(durable_.data() + offset, line.data(), kLine);
+    durable_sequence_[offset / kLine] = ++sequence_;
   }
 }
 
-void PowerLossSimulator::AfterEventLocked(SeamEvent::Kind kind) {
-  const SeamEvent event{kind, events_++};
+void PowerLossSimulator::AfterEventLocked(SeamEvent::Kind kind, std::uint64_t offset,
+                                          std::uint64_t bytes) {
+  const SeamEvent event{kind, events_++, offset, bytes};
   if (event.persist_point()) ++persist_points_;
   if (library_depth_ > 0 || !plan_) return;
   const std::optional<CaptureRequest> request = plan_(event);
   if (!request) return;
   const std::size_t first = images_.size();
-  images_.push_back(BuildImageLocked(Choice::kNone, "drained only"));
-  images_.push_back(BuildImageLocked(Choice::kAll, "everything"));
+  const std::vector<std::uint64_t> lines = UnsettledLinesLocked();
+  images_.push_back(BuildImageLocked(Choice::kNone, "drained only", lines));
+  images_.push_back(BuildImageLocked(Choice::kAll, "everything", lines));
   for (int k = 0; k < request->random_images; ++k) {
-    images_.push_back(BuildImageLocked(Choice::kRandom, "random " + std::to_string(k)));
+    images_.push_back(BuildImageLocked(Choice::kRandom, "random " + std::to_string(k), lines));
   }
   for (std::size_t i = first; i < images_.size(); ++i) {
     images_[i].event = event.index;
@@ -187,7 +228,31 @@ void PowerLossSimulator::AfterEventLocked(SeamEvent::Kind kind) {
   }
 }
 
-PowerLossImage PowerLossSimulator::BuildImageLocked(Choice choice, const std::string& variant) {
+std::vector<std::uint64_t> PowerLossSimulator::UnsettledLinesLocked() const {
+  std::vector<std::uint64_t> lines;
+  for (std::uint64_t offset = 0; offset + kLine <= durable_.size(); offset += kLine) {
+    if (std::memcmp(durable_.data() + offset, first_mapping_.data() + offset, kLine) != 0 ||
+        std::memcmp(base_ + offset, durable_.data() + offset, kLine) != 0) {
+      lines.push_back(offset);
+    }
+  }
+  // Flushed lines whose bytes now equal the durable ones may still differ
+  // from them as flushed.
+  const std::size_t scanned = lines.size();
+  for (const auto& [thread, pending] : pending_) {
+    for (const auto& [offset, line] : pending) {
+      if (offset + kLine <= durable_.size()) lines.push_back(offset);
+    }
+  }
+  if (lines.size() != scanned) {
+    std::sort(lines.begin(), lines.end());
+    lines.erase(std::unique(lines.begin(), lines.end()), lines.end());
+  }
+  return lines;
+}
+
+PowerLossImage PowerLossSimulator::BuildImageLocked(Choice choice, const std::string& variant,
+                                                    const std::vector<std::uint64_t>& lines) {
   // Per line, per stage (flushed bytes, then later stores): none of the
   // words reached PM, all of them, or each aligned word on its own.
   auto pick = [&]() {
@@ -205,14 +270,10 @@ PowerLossImage PowerLossSimulator::BuildImageLocked(Choice choice, const std::st
   };
   PowerLossImage image;
   image.variant = variant;
-  for (std::uint64_t offset = 0; offset + kLine <= durable_.size(); offset += kLine) {
+  for (const std::uint64_t offset : lines) {
     const std::byte* durable = durable_.data() + offset;
     const std::byte* current = base_ + offset;
-    const LineBytes* flushed = nullptr;
-    for (const auto& [thread, lines] : pending_) {
-      auto it = lines.find(offset);
-      if (it != lines.end()) flushed = &it->second;
-    }
+    const LineBytes* flushed = NewestPendingLocked(offset);
     LineBytes line;
     std::memcpy(line.data(), durable, kLine);
     if (flushed != nullptr) apply(line, flushed->data());

@@ -20,8 +20,15 @@
 // in memory; libpmemobj refuses a second open of the same pool in one
 // process, so they are opened after the pool under test is closed.
 //
-// Thread-safety: the seam calls may come from any threads; one mutex guards
-// the state. Construct, Stop and read images on one thread.
+// Thread-safety: the seam calls may come from any threads (the Engine's
+// workers persist parts in parallel); one mutex guards the state, and every
+// image is built inside a seam call under it, so it is one consistent cut:
+// each thread's flushed lines are as they were at its flush, ordered by a
+// global sequence number (a drain never makes a line older than another
+// thread already made durable). Only what a thread stores *outside* the seam
+// (a memcpy into a part, a chunk's payload) may be read while it is being
+// written: those lines are undrained, so any mix of their words is a state a
+// power loss may leave. Construct, Stop and read images on one thread.
 #pragma once
 
 #include <array>
@@ -46,6 +53,13 @@ struct SeamEvent {
   enum class Kind { kFlush, kDrain, kCopyNonTemporal, kStreamAndHash };
   Kind kind;
   std::uint64_t index;  // seam calls on the tracked pool before this one
+  // The file range a flush or copy wrote back (offset from the start of the
+  // pool file); 0 bytes for a drain.
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+  bool Touches(std::uint64_t begin, std::uint64_t length) const {
+    return bytes != 0 && offset < begin + length && begin < offset + bytes;
+  }
   // A drain: the point where earlier flushes became durable.
   bool persist_point() const { return kind == Kind::kDrain; }
 };
@@ -85,6 +99,10 @@ class PowerLossSimulator final : public layout::detail::Persistence {
   void Stop();
 
   std::uint64_t events() const;
+  // The tracked pool and where its file is mapped (null before the first
+  // mapping): tests that call the Persistence methods themselves need them.
+  PMEMobjpool* tracked_pool() const;
+  const std::byte* tracked_base() const;
   std::uint64_t persist_points() const;
   const std::vector<PowerLossImage>& images() const { return images_; }
 
@@ -112,13 +130,23 @@ class PowerLossSimulator final : public layout::detail::Persistence {
   // Marks the lines overlapping [addr, addr + bytes) as flushed by this
   // thread with their current contents.
   void RecordFlushLocked(const void* addr, std::size_t bytes);
+  // The newest line any thread flushed and did not drain that is newer than
+  // the durable one, or null.
+  const LineBytes* NewestPendingLocked(std::uint64_t offset) const;
+  // The file range of [addr, addr + bytes) clipped to the mapping.
+  std::pair<std::uint64_t, std::uint64_t> RangeOf(const void* addr, std::size_t bytes) const;
   // Lines whose mapped bytes differ from the durable image, with their bytes.
   std::map<std::uint64_t, LineBytes> DirtyLinesLocked() const;
   // Makes durable every line changed since `before` was taken (libpmemobj's
   // own writes), keeping lines that were already dirty then and unchanged.
   void AbsorbLibraryWritesLocked(const std::map<std::uint64_t, LineBytes>& before);
-  void AfterEventLocked(SeamEvent::Kind kind);
-  PowerLossImage BuildImageLocked(Choice choice, const std::string& variant);
+  void AfterEventLocked(SeamEvent::Kind kind, std::uint64_t offset = 0, std::uint64_t bytes = 0);
+  // Lines an image may hold other than as first mapped: durable ones that
+  // changed, and ones stored or flushed since their last drain. Computed
+  // once per event, shared by its images.
+  std::vector<std::uint64_t> UnsettledLinesLocked() const;
+  PowerLossImage BuildImageLocked(Choice choice, const std::string& variant,
+                                  const std::vector<std::uint64_t>& lines);
 
   mutable std::mutex mutex_;
   std::mt19937_64 random_;
@@ -130,8 +158,17 @@ class PowerLossSimulator final : public layout::detail::Persistence {
   std::vector<std::byte> first_mapping_;  // the file when tracking began
   std::vector<std::byte> durable_;        // what survives a power loss for sure
   // Per thread: lines flushed (or streamed) and not yet drained, with their
-  // bytes at that moment. A drain makes only its own thread's lines durable.
-  std::unordered_map<std::thread::id, std::map<std::uint64_t, LineBytes>> pending_;
+  // bytes at that moment and the flush's sequence number. A drain makes only
+  // its own thread's lines durable, and only where they are newer than what
+  // is durable already (another thread may have flushed and drained the
+  // same line since).
+  struct PendingLine {
+    std::uint64_t sequence = 0;
+    LineBytes bytes;
+  };
+  std::unordered_map<std::thread::id, std::map<std::uint64_t, PendingLine>> pending_;
+  std::vector<std::uint64_t> durable_sequence_;  // per line: of the bytes in durable_
+  std::uint64_t sequence_ = 0;
   int library_depth_ = 0;
   std::map<std::uint64_t, LineBytes> dirty_before_library_;
   std::uint64_t events_ = 0;
