@@ -15,11 +15,17 @@ UnitTask::UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device,
       parts_(std::move(parts)),
       states_(std::make_unique<std::atomic<std::uint8_t>[]>(parts_.size())),
       sources_(std::make_unique<std::atomic<const std::byte*>[]>(parts_.size())),
-      snapshot_remaining_(static_cast<std::uint32_t>(parts_.size())),
-      copy_events_(parts_.size()),
-      copy_published_(std::make_unique<std::atomic<std::uint8_t>[]>(parts_.size())) {
+      snapshot_remaining_(static_cast<std::uint32_t>(parts_.size())) {
+  // Copy events only where copies are ordered by them: the host device's
+  // captures allocate nothing more than before.
+  if (device_ != nullptr && device_->orders_by_events()) {
+    copy_events_.resize(parts_.size());
+    copy_published_ = std::make_unique<std::atomic<std::uint8_t>[]>(parts_.size());
+    for (std::size_t p = 0; p < parts_.size(); ++p) {
+      copy_published_[p].store(0, std::memory_order_relaxed);
+    }
+  }
   for (std::size_t p = 0; p < parts_.size(); ++p) {
-    copy_published_[p].store(0, std::memory_order_relaxed);
     states_[p].store(static_cast<std::uint8_t>(PartState::kPending), std::memory_order_relaxed);
     sources_[p].store(parts_[p].live_source, std::memory_order_relaxed);
     bytes_ += parts_[p].bytes;

@@ -200,7 +200,7 @@ class CheckpointedOptimizer(UpdateInBackward):
             check_free_space=check_free_space, reserve_bytes=reserve_bytes,
             print_summary=print_summary, coordinator=self._coordinator)
         self._cuda = self._device_name.startswith("cuda")
-        if self._cuda:
+        if self._cuda and torch.cuda.is_available():
             # Copies wait for the updates' events recorded on the stream the
             # optimizer runs on (docs/ARCHITECTURE.md, "GPU ordering").
             self._engine_kwargs["cuda_stream"] = torch.cuda.current_stream().cuda_stream

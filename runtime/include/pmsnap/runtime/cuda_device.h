@@ -14,7 +14,8 @@
 // (Device::RegisterHostDestination) so the DMA writes straight into the
 // pool; where registration fails, copies into the mapping go through a
 // bounded pinned staging ring (CudaDeviceOptions::staging_ring_bytes) that
-// never grows with the model. Restore copies from the mapping straight into
+// never grows with the model; such a copy is synchronous for the thread that
+// queues it (a conflict on the training thread then waits on the host). Restore copies from the mapping straight into
 // device memory. In-device copies use cudaMemcpyAsync device-to-device.
 //
 // Built only when the CUDA toolkit is found (PMSNAP_WITH_CUDA). Without a GPU,

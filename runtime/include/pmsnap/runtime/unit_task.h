@@ -170,9 +170,9 @@ class UnitTask {
   std::mutex buffers_mutex_;  // guards buffers_
   std::vector<std::pair<void*, std::size_t>> buffers_;
   std::shared_ptr<DeviceEvent> update_event_;
-  // Per part: the event of its copy out of the live tensor, valid once
-  // copy_published_[p] is 1 (release in PublishCopyEvent, acquire in
-  // OrderUpdateAfterLiveCopies).
+  // Per part (only where the device orders by events): the event of its copy
+  // out of the live tensor, valid once copy_published_[p] is 1 (release in
+  // PublishCopyEvent, acquire in OrderUpdateAfterLiveCopies).
   std::mutex copy_events_mutex_;  // guards copy_events_
   std::vector<std::shared_ptr<DeviceEvent>> copy_events_;
   std::unique_ptr<std::atomic<std::uint8_t>[]> copy_published_;
