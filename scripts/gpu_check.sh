@@ -169,7 +169,7 @@ mkdir -p "$report_dir"
 log="$report_dir/build.log"
 say "building in $build_dir (log: $log)"
 {
-  cmake -S "$root" -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  cmake -S "$root" -B "$build_dir" "${generator[@]}" \
     -DPMSNAP_WITH_CUDA=ON -DPMSNAP_WITH_TORCH=OFF -DPMSNAP_BUILD_BENCH=OFF \
     -DPMSNAP_WERROR="$werror" -DCMAKE_CUDA_COMPILER="$nvcc" \
     -DCMAKE_PREFIX_PATH="$prefix_path" -DPKG_CONFIG_EXECUTABLE="$pkg_config" \
