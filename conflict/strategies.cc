@@ -62,6 +62,25 @@ bool StrategyBase::CopyLivePartsInDevice(UnitTask& task, std::uint32_t first, st
   return true;
 }
 
+// Strategy 2's wait, for units a strategy could not give a device copy: the
+// host waits for the whole snapshot, or, on a device that orders by events,
+// the compute stream waits for the copies.
+Status StrategyBase::WaitForLiveCopies(UnitTask& task, std::uint32_t first, std::uint32_t last) {
+  if (task.device().orders_by_events()) return task.OrderUpdateAfterLiveCopies(first, last);
+  task.WaitSnapshotted();
+  return Status::Ok();
+}
+
+// On a device that orders by events: the compute stream waits for every
+// copy still reading the live tensor, in-device ones included (their events
+// were published when they were queued); an in-device copy that could not
+// even be queued is reported here, one that fails later fails the epoch.
+Status StrategyBase::OrderUpdateAfterCopies(UnitTask& task) {
+  Status ordered = task.OrderUpdateAfterLiveCopies(0, task.part_count());
+  Status queued = task.InDeviceCopyError();
+  return queued.ok() ? ordered : queued;
+}
+
 // --- strategy 1 ---
 
 Status InDeviceCopyStrategy::OnCaptured(UnitTask& task) {
@@ -78,10 +97,10 @@ Status InDeviceCopyStrategy::Resolve(UnitTask& task) {
   // Every part reads from the device copy once it exists, unless memory was
   // short; the copy was queued on the device stream at capture.
   if (choice(task.unit()) != StrategyChoice::kInDeviceCopy) {
-    task.WaitSnapshotted();
-    return Status::Ok();
+    return WaitForLiveCopies(task, 0, task.part_count());
   }
-  return task.WaitInDeviceCopies();
+  if (!task.device().orders_by_events()) return task.WaitInDeviceCopies();
+  return OrderUpdateAfterCopies(task);
 }
 
 // --- strategy 3 ---
@@ -94,15 +113,13 @@ Status PartsOnConflictStrategy::OnCaptured(UnitTask& task) {
 Status PartsOnConflictStrategy::Resolve(UnitTask& task) {
   if (!CopyLivePartsInDevice(task, 0, task.part_count())) {
     CountFallback();
-    task.WaitSnapshotted();
-    return Status::Ok();
+    return WaitForLiveCopies(task, 0, task.part_count());
   }
+  if (task.device().orders_by_events()) return OrderUpdateAfterCopies(task);
   Status status = task.WaitInDeviceCopies();
   // Parts a worker was already copying from the live tensor must finish.
-  for (std::uint32_t p = 0; p < task.part_count(); ++p) {
-    if (task.source(p) == task.part(p).live_source) task.WaitPartSnapshotted(p);
-  }
-  return status;
+  Status ordered = task.OrderUpdateAfterLiveCopies(0, task.part_count());
+  return status.ok() ? ordered : status;
 }
 
 // --- strategy 4 ---
@@ -145,8 +162,11 @@ Status SplitGroupsStrategy::Resolve(UnitTask& task) {
     std::lock_guard<std::mutex> lock(split_mutex_);
     if (task.unit() < direct_parts_.size()) direct = direct_parts_[task.unit()];
   }
-  for (std::uint32_t p = 0; p < direct; ++p) task.WaitPartSnapshotted(p);
-  return task.WaitInDeviceCopies();
+  if (!task.device().orders_by_events()) {
+    for (std::uint32_t p = 0; p < direct; ++p) task.WaitPartSnapshotted(p);
+    return task.WaitInDeviceCopies();
+  }
+  return OrderUpdateAfterCopies(task);
 }
 
 // --- adaptive ---

@@ -5,7 +5,7 @@ namespace pmsnap::runtime {
 
 bool CudaSupportCompiled() { return false; }
 
-Result<std::unique_ptr<Device>> CreateCudaDevice(int) {
+Result<std::unique_ptr<Device>> CreateCudaDevice(int, CudaDeviceOptions) {
   return Status(StatusCode::kFailedPrecondition,
                 "this pmsnap build has no CUDA support (configure with the CUDA toolkit present "
                 "or -DPMSNAP_WITH_CUDA=ON)");

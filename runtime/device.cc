@@ -1,7 +1,9 @@
 #include "pmsnap/runtime/device.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -41,7 +43,75 @@ std::string FormatBytes(std::uint64_t bytes) {
   return buf;
 }
 
+// The simulated device's event: a flag the stream that records it sets.
+class SimulatedEvent final : public DeviceEvent {
+ public:
+  void Complete() {
+    done_.store(true, std::memory_order_release);
+    done_.notify_all();
+  }
+  bool complete() const { return done_.load(std::memory_order_acquire); }
+  void Wait() const {
+    while (!done_.load(std::memory_order_acquire)) done_.wait(false, std::memory_order_acquire);
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+};
+
+const SimulatedEvent* AsSimulated(const DeviceEvent* event) {
+  return static_cast<const SimulatedEvent*>(event);
+}
+
 }  // namespace
+
+// One simulated stream: a thread that runs its jobs in the order they were
+// queued. The destructor runs what is queued, then joins.
+class SimulatedDevice::Queue {
+ public:
+  Queue() : thread_([this] { Run(); }) {}
+  ~Queue() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    thread_.join();
+  }
+  void Push(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(std::move(job));
+    }
+    ready_.notify_one();
+  }
+  // Blocks until everything queued before the call ran.
+  void Drain() {
+    auto drained = std::make_shared<SimulatedEvent>();
+    Push([drained] { drained->Complete(); });
+    drained->Wait();
+  }
+
+ private:
+  void Run() {
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mutex_;  // guards jobs_, stopping_
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
 
 Result<void*> HostMemoryDevice::Allocate(std::size_t bytes) {
   // Reserve first so concurrent allocations never exceed the capacity.
@@ -101,14 +171,131 @@ double HostDevice::EstimateInDeviceCopySeconds(std::uint64_t bytes) const {
 }
 
 SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options)
-    : HostMemoryDevice(options.memory_bytes), options_(options) {}
+    : HostMemoryDevice(options.memory_bytes), options_(options) {
+  if (options_.asynchronous) compute_ = std::make_unique<Queue>();
+}
+
+SimulatedDevice::~SimulatedDevice() {
+  // Copies may wait for compute events and compute for copy events: both
+  // kinds of stream drain while the other still runs.
+  if (compute_) compute_->Drain();
+  {
+    std::lock_guard<std::mutex> lock(copy_streams_mutex_);
+    for (auto& [thread, stream] : copy_streams_) stream->Drain();
+  }
+  copy_streams_.clear();
+  compute_.reset();
+}
 
 std::string SimulatedDevice::name() const {
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "simulated(%.1f GB/s link, %.0f us, %s device memory)",
+  char buf[192];
+  std::snprintf(buf, sizeof(buf), "simulated(%.1f GB/s link, %.0f us, %s device memory%s)",
                 options_.copy_bandwidth_gbps, options_.latency_us,
-                FormatBytes(options_.memory_bytes).c_str());
+                FormatBytes(options_.memory_bytes).c_str(),
+                options_.asynchronous ? ", asynchronous queues" : "");
   return buf;
+}
+
+bool SimulatedDevice::EventComplete(const DeviceEvent* event) {
+  return event == nullptr || AsSimulated(event)->complete();
+}
+
+bool SimulatedDevice::CopyWaitsFor(const DeviceEvent* event) {
+  if (options_.testing_copies_ignore_events || EventComplete(event)) return false;
+  copies_settled_.fetch_add(1);
+  AsSimulated(event)->Wait();
+  return true;
+}
+
+SimulatedDevice::Queue& SimulatedDevice::CopyStreamForThisThread() {
+  std::lock_guard<std::mutex> lock(copy_streams_mutex_);
+  std::unique_ptr<Queue>& stream = copy_streams_[std::this_thread::get_id()];
+  if (!stream) stream = std::make_unique<Queue>();
+  return *stream;
+}
+
+Result<DeviceEventPtr> SimulatedDevice::RecordComputeEvent() {
+  if (!compute_) return DeviceEventPtr();
+  auto event = std::make_shared<SimulatedEvent>();
+  compute_->Push([event] { event->Complete(); });
+  return DeviceEventPtr(event);
+}
+
+Result<DeviceEventPtr> SimulatedDevice::QueueCopy(void* dst, const void* src, std::size_t bytes,
+                                                  DeviceEventPtr after, bool uses_link) {
+  auto done = std::make_shared<SimulatedEvent>();
+  const double gbps = uses_link ? options_.copy_bandwidth_gbps : options_.in_device_bandwidth_gbps;
+  CopyStreamForThisThread().Push([this, dst, src, bytes, after = std::move(after), done, gbps,
+                                  uses_link] {
+    const bool waited = CopyWaitsFor(after.get());
+    (void)TimedCopy(dst, src, bytes, gbps, uses_link);  // host memory: cannot fail
+    if (!waited) copies_settled_.fetch_add(1);
+    done->Complete();
+  });
+  return DeviceEventPtr(done);
+}
+
+Result<DeviceEventPtr> SimulatedDevice::CopyToHostAsync(void* dst, const void* src,
+                                                        std::size_t bytes, DeviceEventPtr after) {
+  if (!compute_) {
+    PMSNAP_RETURN_IF_ERROR(CopyToHost(dst, src, bytes));
+    return DeviceEventPtr();
+  }
+  return QueueCopy(dst, src, bytes, std::move(after), /*uses_link=*/true);
+}
+
+Result<DeviceEventPtr> SimulatedDevice::CopyInDeviceAsync(void* dst, const void* src,
+                                                          std::size_t bytes, DeviceEventPtr after) {
+  if (!compute_) {
+    PMSNAP_RETURN_IF_ERROR(CopyInDevice(dst, src, bytes));
+    return DeviceEventPtr();
+  }
+  return QueueCopy(dst, src, bytes, std::move(after), /*uses_link=*/false);
+}
+
+Status SimulatedDevice::StreamWaitEvent(const DeviceEvent& event) {
+  // The calling thread's copies are synchronous: it is its own stream.
+  if (compute_) CopyWaitsFor(&event);
+  return Status::Ok();
+}
+
+Status SimulatedDevice::Synchronize(const DeviceEvent& event) {
+  AsSimulated(&event)->Wait();
+  return Status::Ok();
+}
+
+Status SimulatedDevice::ComputeWaitFor(DeviceEventPtr event) {
+  if (!compute_ || event == nullptr) return Status::Ok();
+  compute_waits_.fetch_add(1);
+  compute_->Push([this, event = std::move(event)] {
+    if (EventComplete(event.get())) return;
+    compute_stalls_.fetch_add(1);
+    const auto start = Clock::now();
+    AsSimulated(event.get())->Wait();
+    compute_stall_ns_.fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+  });
+  return Status::Ok();
+}
+
+DeviceQueueStats SimulatedDevice::queue_stats() const {
+  DeviceQueueStats stats;
+  stats.compute_waits_on_copies = compute_waits_.load();
+  stats.compute_stalls = compute_stalls_.load();
+  stats.compute_stall_seconds = compute_stall_ns_.load() * 1e-9;
+  return stats;
+}
+
+void SimulatedDevice::LaunchKernel(std::function<void()> kernel) {
+  if (compute_) {
+    compute_->Push(std::move(kernel));
+  } else {
+    kernel();
+  }
+}
+
+void SimulatedDevice::SynchronizeCompute() {
+  if (compute_) compute_->Drain();
 }
 
 Status SimulatedDevice::TimedCopy(void* dst, const void* src, std::size_t bytes,

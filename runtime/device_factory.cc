@@ -6,7 +6,8 @@
 
 namespace pmsnap::runtime {
 
-Result<std::unique_ptr<Device>> MakeDevice(const std::string& spec, std::string* note) {
+Result<std::unique_ptr<Device>> MakeDevice(const std::string& spec, std::string* note,
+                                           const CudaDeviceOptions& cuda_options) {
   auto fields = [&spec]() {
     std::vector<std::string> out;
     std::size_t start = 0;
@@ -44,7 +45,7 @@ Result<std::unique_ptr<Device>> MakeDevice(const std::string& spec, std::string*
   }
   if (kind == "cuda" && fields.size() <= 2) {
     PMSNAP_ASSIGN_OR_RETURN(const double ordinal, number(1, 0));
-    auto cuda = CreateCudaDevice(static_cast<int>(ordinal));
+    auto cuda = CreateCudaDevice(static_cast<int>(ordinal), cuda_options);
     if (cuda.ok()) return cuda;
     if (note != nullptr) {
       *note = "no usable CUDA device (" + cuda.status().message() + "); using the host device";

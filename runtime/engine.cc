@@ -19,7 +19,6 @@
 #include "detail/engine_restore.h"
 #include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/pmem_layout/checksum.h"
-#include "pmsnap/runtime/cuda_device.h"
 
 namespace pmsnap::runtime {
 namespace {
@@ -112,6 +111,10 @@ struct Engine::Impl {
   std::unique_ptr<layout::Pool> pool;
   std::unique_ptr<Device> owned_device;
   Device* device = nullptr;
+  // Updates are queued on the device and ordered by events (Device::
+  // orders_by_events): copies wait for each unit's update event, conflicts
+  // make the compute stream wait for copies.
+  bool ordered_by_events = false;
   std::shared_ptr<IntervalPolicy> policy;
   std::shared_ptr<ConflictStrategy> strategy;
   std::shared_ptr<Encoder> encoder;
@@ -181,6 +184,13 @@ struct Engine::Impl {
     void RunOnDeviceStream(std::function<void()> job) override {
       engine_.RunOnDeviceStream(std::move(job));
     }
+    Result<DeviceEventPtr> IssueCopy(UnitTask& task, std::uint32_t part) override {
+      return engine_.IssueCopy(epoch_, task, part);
+    }
+    void FailEpoch(const Status& status) override {
+      engine_.RecordError(status);
+      epoch_.failed.store(true, std::memory_order_relaxed);
+    }
 
    private:
     Impl& engine_;
@@ -229,32 +239,89 @@ struct Engine::Impl {
     });
   }
 
-  void RunPart(Epoch& epoch, UnitTask& task, std::uint32_t p) {
-    if (!task.TryClaim(p)) return;  // a strategy took it; it requeues when redirected
-    const auto start = Clock::now();
+  void NoteFirstClaim(Epoch& epoch, const UnitTask& task, Clock::time_point start) {
     std::int64_t none = -1;
     epoch.first_claim_ns[task.unit()].compare_exchange_strong(
         none, std::chrono::duration_cast<std::chrono::nanoseconds>(start - epoch.started).count(),
         std::memory_order_relaxed);
+  }
+
+  // Queues part p's copy into its slot after the unit's update event.
+  Result<DeviceEventPtr> CopyPartAsync(UnitTask& task, std::uint32_t p) {
+    const UnitTask::Part& part = task.part(p);
+    PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> dst, pool->PartDestination(*part.pool_part));
+    return device->CopyToHostAsync(dst.data(), task.source(p), part.bytes, task.update_event());
+  }
+
+  // UnitTaskExecutor::IssueCopy: the training thread queued the copy of a
+  // part it claimed; a worker learns from the copy's event that it is done,
+  // then persists.
+  Result<DeviceEventPtr> IssueCopy(Epoch& epoch, UnitTask& task, std::uint32_t p) {
+    const auto start = Clock::now();
+    NoteFirstClaim(epoch, task, start);
+    Result<DeviceEventPtr> issued = epoch.failed.load(std::memory_order_relaxed)
+                                        ? Result<DeviceEventPtr>(DeviceEventPtr())
+                                        : CopyPartAsync(task, p);
+    DeviceEventPtr copy_done = issued.ok() ? *issued : nullptr;
+    task.PublishCopyEvent(p, copy_done);
+    Status copy_status = issued.status();
+    outstanding_jobs.fetch_add(1, std::memory_order_relaxed);
+    arena->enqueue([this, &epoch, &task, p, start, copy_done, copy_status] {
+      Status status = copy_status;
+      if (status.ok() && copy_done) status = device->Synchronize(*copy_done);
+      FinishPart(epoch, task, p, status, SecondsSince(start));
+      if (outstanding_jobs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        outstanding_jobs.notify_all();
+      }
+    });
+    return issued;
+  }
+
+  void RunPart(Epoch& epoch, UnitTask& task, std::uint32_t p) {
+    if (!task.TryClaim(p)) return;  // a strategy took it; it requeues when redirected
+    const auto start = Clock::now();
+    NoteFirstClaim(epoch, task, start);
     const UnitTask::Part& part = task.part(p);
     Status status;
-    double copy = 0, persist = 0;
+    double copy = 0;
     const bool encoded = !part.pool_part.has_value();
-    if (!epoch.failed.load(std::memory_order_relaxed)) {
+    const bool failed = epoch.failed.load(std::memory_order_relaxed);
+    if (!failed) {
       if (encoded) {
-        status = encoder->Encode(task.unit(), epoch.epoch);
-        copy = SecondsSince(start);
+        // The encoder reads the live tensor itself: after its update.
+        if (ordered_by_events && task.update_event()) {
+          status = device->Synchronize(*task.update_event());
+        }
+        if (status.ok()) status = encoder->Encode(task.unit(), epoch.epoch);
+      } else if (ordered_by_events) {
+        // The copy waits for the update's event on this worker's copy
+        // stream; the worker learns from the copy's event that it is done.
+        const bool from_live = task.source(p) == part.live_source;
+        Result<DeviceEventPtr> issued = CopyPartAsync(task, p);
+        if (from_live) task.PublishCopyEvent(p, issued.ok() ? *issued : nullptr);
+        status = issued.status();
+        if (status.ok() && *issued) status = device->Synchronize(**issued);
       } else if (device->cpu_addressable()) {
         // One fused pass copies into PM, checksums and drains.
         status = pool->WritePart(*part.pool_part, task.source(p));
-        copy = SecondsSince(start);
       } else {
         auto dst = pool->PartDestination(*part.pool_part);
         status =
             dst.ok() ? device->CopyToHost(dst->data(), task.source(p), part.bytes) : dst.status();
-        copy = SecondsSince(start);
       }
+      copy = SecondsSince(start);
+    } else if (ordered_by_events && !encoded && task.source(p) == part.live_source) {
+      task.PublishCopyEvent(p, nullptr);  // a conflict waits for no copy
     }
+    FinishPart(epoch, task, p, status, copy);
+  }
+
+  // The part's bytes are out of its source (`status`: how the copy went):
+  // persist it, and commit the epoch after its last part.
+  void FinishPart(Epoch& epoch, UnitTask& task, std::uint32_t p, Status status, double copy) {
+    const UnitTask::Part& part = task.part(p);
+    const bool encoded = !part.pool_part.has_value();
+    double persist = 0;
     task.MarkSnapshotted(p);
     const auto snapshotted = Clock::now();
     std::int64_t ns =
@@ -408,6 +475,20 @@ struct Engine::Impl {
     const layout::SlotLayout& layout = pool->layout();
     const layout::UnitLayout& unit_layout = layout.units[u];
     std::vector<UnitTask::Part> parts;
+    // Recorded before anything reads the unit: every copy of it waits for
+    // the update queued before this hook (and the encoder too).
+    DeviceEventPtr update_event;
+    if (ordered_by_events) {
+      Result<DeviceEventPtr> recorded = device->RecordComputeEvent();
+      if (recorded.ok()) {
+        update_event = std::move(*recorded);
+      } else {
+        epoch.failed.store(true, std::memory_order_relaxed);
+        RecordError(Status(recorded.status().code(),
+                           "recording the update event of unit '" + units[u].name +
+                               "': " + recorded.status().message()));
+      }
+    }
     if (units[u].encoded) {
       Status captured = encoder->OnCaptured(u, epoch.epoch, epoch.iteration);
       if (!captured.ok()) {
@@ -429,6 +510,7 @@ struct Engine::Impl {
     auto task =
         std::make_unique<UnitTask>(u, epoch.epoch, device, epoch.executor.get(), std::move(parts));
     UnitTask* raw = task.get();
+    raw->SetUpdateEvent(std::move(update_event));
     epoch.persist_remaining[u].store(raw->part_count(), std::memory_order_relaxed);
     epoch.captured_at[u] = Clock::now();
     epoch.tasks[u] = std::move(task);
@@ -632,6 +714,9 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   } else {
     impl->device = options.device;
   }
+  // A device the CPU addresses has its updates done by the time the hooks
+  // see them.
+  impl->ordered_by_events = impl->device->orders_by_events() && !impl->device->cpu_addressable();
   impl->policy = options.policy ? options.policy : std::make_shared<ContinuousPolicy>();
   if (options.coordinator && options.coordinator->world_size() > 1) {
     if (impl->policy->adapts_to_measurements()) {
@@ -658,15 +743,15 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   for (const auto& unit : impl->pool->layout().units) impl->model_bytes += unit.bytes;
   impl->hold_budget.emplace(options.copy_start, impl->device->cpu_addressable(), impl->model_bytes,
                             options.workers);
-  if (impl->device->kind() == DeviceKind::kCuda) {
-    // DMA straight into the PM slots; without registration the driver
-    // stages through its own pinned buffers (slower, still correct).
+  if (!impl->device->cpu_addressable()) {
+    // DMA straight into the PM slots; where the device cannot register them
+    // it stages through its bounded pinned ring (slower, still correct).
     for (int slot = 0; slot < 2; ++slot) {
       std::span<std::byte> mapping = impl->pool->slot_mapping(slot);
-      Status registered = RegisterHostMemoryForDevice(mapping.data(), mapping.size());
+      Status registered = impl->device->RegisterHostDestination(mapping.data(), mapping.size());
       if (!registered.ok()) {
-        std::cerr << "pmsnap: warning: " << registered.message()
-                  << "; GPU copies will stage through pinned memory\n";
+        std::cerr << "pmsnap: warning: pool '" << options.pool_path << "' slot " << slot << ": "
+                  << registered.message() << "\n";
       }
     }
   }
@@ -998,6 +1083,7 @@ Stats Engine::stats() const {
   out.held_bytes = impl.held_bytes.load(std::memory_order_relaxed);
   if (impl.encoder) out.encoded_bytes_written = impl.encoder->bytes_written();
   out.peak_device_extra_bytes = impl.device->peak_allocated_bytes();
+  out.device_queues = impl.device->queue_stats();
   out.in_device_fallbacks = impl.strategy->fallbacks();
   out.wall_seconds = SecondsSince(impl.opened_at);
   out.blocked_per_step.assign(impl.blocked_history.begin(), impl.blocked_history.end());

@@ -5,21 +5,30 @@
 namespace pmsnap::runtime {
 
 std::string Stats::Summary() const {
-  char buf[512];
+  char buf[768];
   const double blocked_ms_per_step = steps ? blocked_seconds * 1e3 / steps : 0;
   char held[64] = "";
   if (held_bytes > 0) {
     std::snprintf(held, sizeof(held), ", %.1f MB copied after their step", held_bytes / 1e6);
   }
+  char queues[160] = "";
+  if (device_queues.compute_waits_on_copies > 0 || device_queues.staging_peak_bytes > 0) {
+    std::snprintf(queues, sizeof(queues),
+                  ", compute stream waited for %llu copies (stalled %llu times, %.3f s)%s",
+                  static_cast<unsigned long long>(device_queues.compute_waits_on_copies),
+                  static_cast<unsigned long long>(device_queues.compute_stalls),
+                  device_queues.compute_stall_seconds,
+                  device_queues.staging_peak_bytes > 0 ? ", staged through pinned memory" : "");
+  }
   std::snprintf(buf, sizeof(buf),
                 "pmsnap: %llu steps, %llu checkpoints committed (%.1f/min, last iteration %llu), "
-                "%.1f MB written (+%.1f MB embedding chunks%s), %llu conflicts, training thread "
+                "%.1f MB written (+%.1f MB embedding chunks%s), %llu conflicts%s, training thread "
                 "blocked %.3f ms/step "
                 "(conflicts %.3f s, boundaries %.3f s) [%s, %s, %s]",
                 static_cast<unsigned long long>(steps),
                 static_cast<unsigned long long>(epochs_committed), checkpoints_per_minute(),
                 static_cast<unsigned long long>(last_committed_iteration), bytes_written / 1e6,
-                encoded_bytes_written / 1e6, held, static_cast<unsigned long long>(conflicts),
+                encoded_bytes_written / 1e6, held, static_cast<unsigned long long>(conflicts), queues,
                 blocked_ms_per_step, conflict_wait_seconds, boundary_wait_seconds, device.c_str(),
                 strategy.c_str(), policy.c_str());
   return buf;

@@ -34,3 +34,13 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/python_package_test.sh ${Python_EXECUTABLE})
   set_tests_properties(python_package_test PROPERTIES TIMEOUT 900)
 endif()
+
+# scripts/gpu_check.sh's own logic without a GPU, and the GPU stall
+# benchmark's code on the CPU at a tiny size.
+if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
+  add_test(NAME gpu_check_script_test
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/gpu_check_script_test.sh ${Python_EXECUTABLE}
+                   ${PMSNAP_PYTHON_BUILD_DIR})
+  set_tests_properties(gpu_check_script_test PROPERTIES ENVIRONMENT "PMEM_IS_PMEM_FORCE=1"
+                       TIMEOUT 600)
+endif()

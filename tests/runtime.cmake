@@ -14,3 +14,13 @@ target_include_directories(runtime_copy_hold_budget_test PRIVATE ${PROJECT_SOURC
 # testutil/power_loss.h, defined in pmem_layout.cmake).
 pmsnap_add_test(runtime_engine_power_loss_test SOURCES runtime_engine_power_loss_test.cc
                 LIBS pmsnap::runtime pmsnap_power_loss ENV "PMEM_IS_PMEM_FORCE=1")
+pmsnap_add_test(runtime_async_device_test SOURCES runtime_async_device_test.cc
+                LIBS pmsnap::runtime)
+pmsnap_add_test(runtime_staging_ring_test SOURCES runtime_staging_ring_test.cc LIBS pmsnap::runtime)
+target_include_directories(runtime_staging_ring_test PRIVATE ${PROJECT_SOURCE_DIR}/runtime)
+# On a GPU machine (scripts/gpu_check.sh); skips, saying so, without a GPU.
+if(PMSNAP_WITH_CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  pmsnap_add_test(runtime_cuda_test SOURCES runtime_cuda_test.cc
+                  LIBS pmsnap::conflict CUDA::cudart ENV "PMEM_IS_PMEM_FORCE=1")
+endif()

@@ -236,6 +236,10 @@ class CheckpointedOptimizer(UpdateInBackward):
             print_summary=print_summary, coordinator=self._coordinator,
             shard_replicated_state=sharding == "replicated", replicas=replicas)
         self._cuda = self._device_name.startswith("cuda")
+        if self._cuda and torch.cuda.is_available():
+            # Copies wait for the updates' events recorded on the stream the
+            # optimizer runs on (docs/ARCHITECTURE.md, "GPU ordering").
+            self._engine_kwargs["cuda_stream"] = torch.cuda.current_stream().cuda_stream
         self._named = named_parameters(optimizer, model)
         self._stepper = ParameterStepper(optimizer, [p for _, p in self._named])
         self._engine = None

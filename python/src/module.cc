@@ -217,6 +217,10 @@ py::dict StatsToDict(const runtime::Stats& stats, bool per_step) {
   d["last_epoch_seconds"] = stats.last_epoch_seconds;
   d["last_committed_iteration"] = stats.last_committed_iteration;
   d["peak_device_extra_bytes"] = stats.peak_device_extra_bytes;
+  d["compute_waits_on_copies"] = stats.device_queues.compute_waits_on_copies;
+  d["compute_stalls"] = stats.device_queues.compute_stalls;
+  d["compute_stall_seconds"] = stats.device_queues.compute_stall_seconds;
+  d["staging_peak_bytes"] = stats.device_queues.staging_peak_bytes;
   d["wall_seconds"] = stats.wall_seconds;
   d["checkpoints_per_minute"] = stats.checkpoints_per_minute();
   d["summary"] = stats.Summary();
@@ -266,7 +270,8 @@ class PyEngine {
            const std::vector<std::string>& encoded_units,
            const std::optional<diff::EmbeddingOptions>& embedding_options,
            const std::string& copy_start, std::shared_ptr<runtime::Coordinator> coordinator,
-           std::uint64_t model_fingerprint, bool shard_replicated_state, int replicas) {
+           std::uint64_t model_fingerprint, bool shard_replicated_state, int replicas,
+           std::uintptr_t cuda_stream) {
     runtime::EngineOptions options;
     options.pool_path = pool;
     options.pool_options.part_bytes = part_bytes;
@@ -290,7 +295,9 @@ class PyEngine {
       options.encoder = checkpointer_;
     }
     py::gil_scoped_release release;
-    device_ = ValueOrThrow(runtime::MakeDevice(device, &device_note_));
+    runtime::CudaDeviceOptions cuda;
+    cuda.compute_stream = cuda_stream;
+    device_ = ValueOrThrow(runtime::MakeDevice(device, &device_note_, cuda));
     options.device = device_.get();
     engine_ = ValueOrThrow(runtime::Engine::Open(std::move(options), std::move(registrations)));
   }
@@ -977,7 +984,8 @@ PYBIND11_MODULE(_pmsnap, m) {
                     std::uint64_t, std::uint64_t, std::uint64_t, bool, bool, std::uint64_t, bool,
                     const std::vector<std::string>&,
                     const std::optional<pmsnap::diff::EmbeddingOptions>&, const std::string&,
-                    std::shared_ptr<pmsnap::runtime::Coordinator>, std::uint64_t, bool, int>(),
+                    std::shared_ptr<pmsnap::runtime::Coordinator>, std::uint64_t, bool, int,
+                    std::uintptr_t>(),
            py::arg("pool"), py::arg("units"), py::kw_only(), py::arg("device") = "host",
            py::arg("policy") = "continuous", py::arg("every") = 1,
            py::arg("checkfreq_overhead") = 0.035, py::arg("strategy") = "adaptive",
@@ -989,10 +997,14 @@ PYBIND11_MODULE(_pmsnap, m) {
            py::arg("embedding_options") = std::nullopt, py::arg("copy_start") = "auto",
            py::arg("coordinator") = nullptr, py::arg("model_fingerprint") = 0,
            py::arg("shard_replicated_state") = false, py::arg("replicas") = 1,
+           py::arg("cuda_stream") = 0,
            // The Python coordinator's methods must outlive the engine's calls.
            py::keep_alive<1, 20>(),
            "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])]; "
-           "`encoded_units` (embedding tables) go through a diff::EmbeddingCheckpointer.")
+           "`encoded_units` (embedding tables) go through a diff::EmbeddingCheckpointer. "
+           "`cuda_stream`: the stream the optimizer's kernels run on, "
+           "torch.cuda.current_stream().cuda_stream (0: the legacy default stream); copies "
+           "are ordered after its updates by events.")
       .def("begin_step", &PyEngine::BeginStep, py::arg("step"))
       .def("before_update", &PyEngine::BeforeUpdate, py::arg("unit"))
       .def("after_update", &PyEngine::AfterUpdate, py::arg("unit"))

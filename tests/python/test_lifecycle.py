@@ -131,4 +131,8 @@ def test_cuda_spec_falls_back_to_host_with_a_note(pool_path):
     with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, device="cuda") as copt:
         assert "using the host device" in copt.device_note
         train_step(model, copt, 0)
-    assert copt.stats()["device"] == "host"
+    stats = copt.stats()
+    assert stats["device"] == "host"
+    # The host device has no queues: nothing ordered by events, nothing staged.
+    assert stats["compute_waits_on_copies"] == 0
+    assert stats["staging_peak_bytes"] == 0

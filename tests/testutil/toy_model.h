@@ -76,6 +76,25 @@ class ToyModel {
     return s;
   }
 
+  // As Step, for updates queued on a device (a simulated GPU queue):
+  // `launch(u, update)` queues `update`, which performs unit u's update of
+  // step k, instead of running it here. Remembers no history (the values are
+  // not there yet): compare against a reference model stepped with
+  // StepPlain.
+  Status StepLaunched(runtime::Engine& engine, std::uint64_t k,
+                      const std::function<void(std::size_t, std::function<void()>)>& launch) {
+    Status s = engine.BeginStep(k);
+    if (!s.ok()) return s;
+    for (std::size_t i = params_.size(); i-- > 0;) {
+      s = engine.BeforeUpdate(static_cast<std::uint32_t>(i));
+      if (!s.ok()) return s;
+      launch(i, [this, i, k] { Update(i, k); });
+      s = engine.AfterUpdate(static_cast<std::uint32_t>(i));
+      if (!s.ok()) return s;
+    }
+    return engine.EndStep();
+  }
+
   // Same updates without any engine.
   void StepPlain(std::uint64_t k, int skip_unit = -1) {
     for (std::size_t i = params_.size(); i-- > 0;) {

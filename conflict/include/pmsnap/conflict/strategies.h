@@ -70,6 +70,12 @@ class StrategyBase : public runtime::ConflictStrategy {
   // through the task's runtime::UnitTaskExecutor). False if device memory
   // was short (nothing changed then).
   bool CopyLivePartsInDevice(UnitTask& task, std::uint32_t first, std::uint32_t last);
+  // Strategy 2's wait for parts [first, last) reading the live tensor (all of
+  // the unit's on a host-ordered device).
+  static Status WaitForLiveCopies(UnitTask& task, std::uint32_t first, std::uint32_t last);
+  // A conflict's resolution on a device that orders by events (strategies
+  // 1, 3 and 4 after their in-device copies were queued): no host wait.
+  static Status OrderUpdateAfterCopies(UnitTask& task);
   void SetChoice(std::uint32_t unit, StrategyChoice choice);
   void CountFallback() { fallbacks_.fetch_add(1); }
   const UnitProfile* LastProfile(std::uint32_t unit) const;  // training thread

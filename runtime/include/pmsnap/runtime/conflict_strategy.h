@@ -22,6 +22,7 @@
 #include <string>
 
 #include "pmsnap/common/status.h"
+#include "pmsnap/runtime/device.h"
 #include "pmsnap/runtime/unit_task.h"
 
 namespace pmsnap::runtime {
@@ -70,11 +71,16 @@ class ConflictStrategy {
 };
 
 // Strategy 2: copy device -> PM directly; on conflict wait until the unit's
-// snapshot (not its persist) is done. No extra device memory.
+// snapshot (not its persist) is done. No extra device memory. On a device
+// that orders by events the wait is the compute stream's, not the host's
+// (UnitTask::OrderUpdateAfterLiveCopies).
 class WaitForSnapshotStrategy final : public ConflictStrategy {
  public:
   std::string name() const override { return "wait-snapshot (2)"; }
   Status Resolve(UnitTask& task) override {
+    if (task.device().orders_by_events()) {
+      return task.OrderUpdateAfterLiveCopies(0, task.part_count());
+    }
     task.WaitSnapshotted();
     return Status::Ok();
   }

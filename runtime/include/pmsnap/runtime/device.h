@@ -13,24 +13,60 @@
 //                    labelled "simulated" in names and output.
 //   CudaDevice       (cuda_device.h) CUDA streams and events.
 //
+// Ordering (docs/ARCHITECTURE.md, "GPU ordering"): on a device whose updates
+// are queued (orders_by_events: CUDA, the simulated device's asynchronous
+// mode) an update has not necessarily run when AfterUpdate is called. The
+// engine then records an event on the compute stream after each captured
+// update, every copy of the unit waits for that event on its own copy stream,
+// and a conflict makes the compute stream wait for the copy's event instead
+// of blocking the host. Devices whose updates are done when the hooks see
+// them (host, synchronous simulated) never get these calls.
+//
 // Thread-safety: every method may be called from any thread concurrently.
 // Copies are blocking for the calling thread (a worker), which models a copy
-// on its own stream followed by an event wait.
+// on its own stream followed by an event wait; CopyToHostAsync returns once
+// the copy is queued.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
 
 #include "pmsnap/common/status.h"
 
 namespace pmsnap::runtime {
 
 enum class DeviceKind { kHost, kSimulated, kCuda };
+
+// A point in one of a device's queues (the compute stream or a copy stream):
+// complete once everything queued before it ran. Made by the device that
+// recorded it and only meaningful to that device; shared by whoever waits.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+};
+using DeviceEventPtr = std::shared_ptr<DeviceEvent>;
+
+// What the device's queues did (all zero on devices without queues).
+struct DeviceQueueStats {
+  // ComputeWaitFor calls: a conflict made the compute stream wait for a copy.
+  std::uint64_t compute_waits_on_copies = 0;
+  // Of those, the waits the compute stream reached before the copy was done
+  // (it stood still), and for how long, measured on the device.
+  std::uint64_t compute_stalls = 0;
+  double compute_stall_seconds = 0;
+  // Pinned staging ring (CUDA, where the PM mapping cannot be registered):
+  // its configured size and the most of it ever allocated.
+  std::uint64_t staging_capacity_bytes = 0;
+  std::uint64_t staging_peak_bytes = 0;
+};
 
 class Device {
  public:
@@ -68,6 +104,61 @@ class Device {
   // (for the adaptive selector and CheckFreq's frequency policy).
   virtual double EstimateCopyToHostSeconds(std::uint64_t bytes) const = 0;
   virtual double EstimateInDeviceCopySeconds(std::uint64_t bytes) const = 0;
+
+  // Makes the host range [ptr, ptr + bytes) (a pool slot's mapping) a
+  // direct target of CopyToHost / CopyToHostAsync. Not fatal when it fails:
+  // the returned error says how copies into the range go instead (CUDA: a
+  // bounded pinned staging ring). Default: nothing to do.
+  virtual Status RegisterHostDestination(void* ptr, std::size_t bytes) {
+    (void)ptr;
+    (void)bytes;
+    return Status::Ok();
+  }
+
+  // --- ordering by events (see the file comment) ---
+  // True when updates run on a queue after the hooks return, so the engine
+  // must order copies and updates with the events below. The defaults are
+  // for devices where it is false, and are never called by the engine there.
+  virtual bool orders_by_events() const { return false; }
+  // Records an event on the compute stream after the work queued so far (the
+  // update just launched). nullptr (already complete) by default.
+  virtual Result<DeviceEventPtr> RecordComputeEvent() { return DeviceEventPtr(); }
+  // Queues a device -> host copy on the calling thread's copy stream, to
+  // start once `after` (if not null) completed, and returns the copy's
+  // completion event without waiting for it. `src` and `dst` must stay valid
+  // until then. Default: copies now (CopyToHost) and returns nullptr.
+  virtual Result<DeviceEventPtr> CopyToHostAsync(void* dst, const void* src, std::size_t bytes,
+                                                 DeviceEventPtr after) {
+    (void)after;
+    PMSNAP_RETURN_IF_ERROR(CopyToHost(dst, src, bytes));
+    return DeviceEventPtr();
+  }
+  // As CopyToHostAsync, inside device memory (CopyInDevice).
+  virtual Result<DeviceEventPtr> CopyInDeviceAsync(void* dst, const void* src, std::size_t bytes,
+                                                   DeviceEventPtr after) {
+    (void)after;
+    PMSNAP_RETURN_IF_ERROR(CopyInDevice(dst, src, bytes));
+    return DeviceEventPtr();
+  }
+  // The calling thread's next copies (CopyToHost, CopyInDevice) start only
+  // after `event` completed.
+  virtual Status StreamWaitEvent(const DeviceEvent& event) {
+    (void)event;
+    return Status::Ok();
+  }
+  // Blocks the calling thread until `event` completed; the copy's error, if
+  // it failed.
+  virtual Status Synchronize(const DeviceEvent& event) {
+    (void)event;
+    return Status::Ok();
+  }
+  // Makes work launched on the compute stream from now on wait (on the
+  // device, not the host) until `event` completed. Returns at once.
+  virtual Status ComputeWaitFor(DeviceEventPtr event) {
+    (void)event;
+    return Status::Ok();
+  }
+  virtual DeviceQueueStats queue_stats() const { return {}; }
 };
 
 // Host memory accounting shared by HostDevice and SimulatedDevice.
@@ -107,15 +198,34 @@ struct SimulatedDeviceOptions {
   double in_device_bandwidth_gbps = 200.0;  // device-internal copies
   double latency_us = 5.0;                  // per copy
   std::uint64_t memory_bytes = 1ull << 30;  // free device memory for in-device copies
+  // A GPU queue's model (orders_by_events): kernels launched with
+  // LaunchKernel run in order on a compute-stream thread after the caller
+  // returned, events mark points in that stream and in one copy stream per
+  // calling thread, and copies run on their stream after the events they
+  // wait for. Off: LaunchKernel runs the kernel at once and the device
+  // behaves as before (updates are done when the hooks see them).
+  bool asynchronous = false;
+  // Tests only, asynchronous mode: copies ignore the events they are told to
+  // wait for, so they may read a tensor before its queued update ran (the
+  // ordering bug that a test must catch).
+  bool testing_copies_ignore_events = false;
 };
 
 // Host memory behind a modelled link. Copies to/from host share one link:
 // each reserves link time bytes / bandwidth after the previous reservation,
 // and returns when its reservation (plus latency) has elapsed, so concurrent
 // copies see the link's bandwidth, not the sum of threads.
+//
+// Asynchronous mode (SimulatedDeviceOptions::asynchronous) models a GPU's
+// queues with threads: one compute stream, and one copy stream per thread
+// that calls CopyToHostAsync. Kernels queued after a copy do not wait for it;
+// the compute stream waits for a copy only where ComputeWaitFor says so.
+// Events of any SimulatedDevice may be passed to another.
 class SimulatedDevice final : public HostMemoryDevice {
  public:
   explicit SimulatedDevice(SimulatedDeviceOptions options);
+  // Waits for every queued kernel and copy, then stops the stream threads.
+  ~SimulatedDevice() override;
   DeviceKind kind() const override { return DeviceKind::kSimulated; }
   std::string name() const override;
   // Host memory, but modelled as device memory: every byte crosses the link.
@@ -127,14 +237,54 @@ class SimulatedDevice final : public HostMemoryDevice {
   double EstimateInDeviceCopySeconds(std::uint64_t bytes) const override;
   const SimulatedDeviceOptions& options() const { return options_; }
 
+  bool orders_by_events() const override { return options_.asynchronous; }
+  Result<DeviceEventPtr> RecordComputeEvent() override;
+  Result<DeviceEventPtr> CopyToHostAsync(void* dst, const void* src, std::size_t bytes,
+                                         DeviceEventPtr after) override;
+  Result<DeviceEventPtr> CopyInDeviceAsync(void* dst, const void* src, std::size_t bytes,
+                                           DeviceEventPtr after) override;
+  Status StreamWaitEvent(const DeviceEvent& event) override;
+  Status Synchronize(const DeviceEvent& event) override;
+  Status ComputeWaitFor(DeviceEventPtr event) override;
+  DeviceQueueStats queue_stats() const override;
+
+  // Launches `kernel` (e.g. an optimizer update of simulated device memory)
+  // on the compute stream: in asynchronous mode it runs later on the stream's
+  // thread, after everything launched before it; otherwise it runs now.
+  void LaunchKernel(std::function<void()> kernel);
+  // Blocks until every kernel, event and wait launched on the compute stream
+  // so far has run (torch.cuda.synchronize's model).
+  void SynchronizeCompute();
+  // Whether `event` (from a SimulatedDevice) has completed; nullptr has.
+  static bool EventComplete(const DeviceEvent* event);
+  // Asynchronous mode, for tests that must order a kernel against a copy
+  // without timing: copies that reached the head of their stream and either
+  // began waiting for an event not yet complete, or finished.
+  std::uint64_t copies_settled() const { return copies_settled_.load(); }
+
  private:
   using Clock = std::chrono::steady_clock;
+  class Queue;  // one simulated stream: a thread running jobs in order
   Status TimedCopy(void* dst, const void* src, std::size_t bytes, double bandwidth_gbps,
                    bool uses_link);
+  // Queues a copy on the calling thread's copy stream after `after`.
+  Result<DeviceEventPtr> QueueCopy(void* dst, const void* src, std::size_t bytes,
+                                   DeviceEventPtr after, bool uses_link);
+  // A copy's wait for `event` (unless the testing switch drops it); counts
+  // the copy as settled and returns true when it blocked.
+  bool CopyWaitsFor(const DeviceEvent* event);
+  Queue& CopyStreamForThisThread();
   SimulatedDeviceOptions options_;
   std::mutex link_mutex_;  // guards link_free_at_ and engine_free_at_
   Clock::time_point link_free_at_{};
   Clock::time_point engine_free_at_{};  // the in-device copy engine
+  std::atomic<std::uint64_t> copies_settled_{0};
+  std::atomic<std::uint64_t> compute_waits_{0};
+  std::atomic<std::uint64_t> compute_stalls_{0};
+  std::atomic<std::int64_t> compute_stall_ns_{0};
+  std::unique_ptr<Queue> compute_;  // asynchronous mode only
+  std::mutex copy_streams_mutex_;   // guards copy_streams_
+  std::unordered_map<std::thread::id, std::unique_ptr<Queue>> copy_streams_;
 };
 
 }  // namespace pmsnap::runtime

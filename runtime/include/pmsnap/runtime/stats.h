@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "pmsnap/runtime/device.h"
+
 namespace pmsnap::runtime {
 
 struct UnitStats {
@@ -43,6 +45,9 @@ struct Stats {
   double last_epoch_seconds = 0;      // capture start -> commit
   std::uint64_t last_committed_iteration = 0;
   std::uint64_t peak_device_extra_bytes = 0;
+  // The device's queues (Device::queue_stats): compute-stream waits for
+  // copies that conflicts asked for, GPU-side stalls, and the staging ring.
+  DeviceQueueStats device_queues;
   double wall_seconds = 0;  // engine open -> now
   // Training-thread blocked time per step (last 65536 steps).
   std::vector<double> blocked_per_step;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -25,6 +26,7 @@
 namespace pmsnap::runtime {
 
 class Device;
+class DeviceEvent;
 class UnitTask;
 
 // Where a UnitTask's work runs, provided by whoever runs the epoch (the
@@ -42,6 +44,17 @@ class UnitTaskExecutor {
   // Queues `job` for the device-stream thread and returns at once. The
   // epoch is not over (reaped, its tasks freed) until `job` has run.
   virtual void RunOnDeviceStream(std::function<void()> job) = 0;
+  // Devices that order by events (Device::orders_by_events): for part `part`
+  // of `task`, which the caller claimed, queues its device -> host copy after
+  // the unit's update event, publishes the copy's event on the task
+  // (PublishCopyEvent) and has a worker persist the part once that event
+  // completed. Returns the copy's event (nullptr: nothing was copied because
+  // the epoch already failed). Returns without waiting for the copy.
+  virtual Result<std::shared_ptr<DeviceEvent>> IssueCopy(UnitTask& task, std::uint32_t part) = 0;
+  // A copy of `task` failed after the live tensor may have changed: the
+  // epoch cannot commit (the engine records `status` for the training
+  // thread).
+  virtual void FailEpoch(const Status& status) = 0;
 };
 
 enum class PartState : std::uint8_t { kPending = 0, kCopying = 1, kSnapshotted = 2 };
@@ -97,14 +110,39 @@ class UnitTask {
   // For parts the caller claimed: copies each inside the device into
   // `buffer` (consecutively) on the executor's device stream, then redirects
   // and releases it. Returns at once; WaitInDeviceCopies waits for
-  // completion.
+  // completion. On a device that orders by events the copies are queued on
+  // the caller's copy stream at once, after the update event, and each
+  // part's copy event is published (PublishCopyEvent): a conflict then makes
+  // the compute stream wait for them instead of the host.
   void CopyInDeviceAsync(std::vector<std::uint32_t> parts, std::byte* buffer);
+  // The first error of this task's in-device copies so far, without
+  // waiting for those still running.
+  Status InDeviceCopyError() const;
   // Blocks until every CopyInDeviceAsync of this task finished; returns the
   // first copy error.
   Status WaitInDeviceCopies() const;
 
   // A device buffer the task frees once every part is snapshotted.
   void AdoptDeviceBuffer(void* ptr, std::size_t bytes);
+
+  // --- ordering by events (Device::orders_by_events) ---
+  // The event recorded on the compute stream after the captured update; set
+  // once by the engine before any copy of the task is queued. Every copy out
+  // of the live tensor waits for it.
+  void SetUpdateEvent(std::shared_ptr<DeviceEvent> event) { update_event_ = std::move(event); }
+  const std::shared_ptr<DeviceEvent>& update_event() const { return update_event_; }
+  // Whoever claimed part p and queued (or skipped) a copy of it out of the
+  // live tensor publishes that copy's event (nullptr if it copied nothing),
+  // once: later copies from a device buffer do not read the live tensor.
+  void PublishCopyEvent(std::uint32_t p, std::shared_ptr<DeviceEvent> event);
+  // Makes the next update of the live tensor safe for the parts in
+  // [first, last) that still read it (not redirected to a device copy). On a
+  // device that orders by events the compute stream waits for their copies'
+  // events (Device::ComputeWaitFor; a pending part's copy is queued now
+  // through UnitTaskExecutor::IssueCopy) and the host waits only until a
+  // claimed part's copy was queued; elsewhere the host blocks until each is
+  // snapshotted. Training thread.
+  Status OrderUpdateAfterLiveCopies(std::uint32_t first, std::uint32_t last);
 
   // Profile of this snapshot (seconds), filled by the workers and the
   // device stream.
@@ -115,6 +153,8 @@ class UnitTask {
 
  private:
   void ReleaseBuffersLocked();
+  void CopyInDeviceOrdered(std::vector<std::uint32_t> parts, std::byte* buffer);
+  void FinishInDeviceCopies(std::chrono::steady_clock::time_point start, std::uint64_t bytes);
   std::uint32_t unit_;
   std::uint64_t epoch_;
   Device* device_;
@@ -129,6 +169,13 @@ class UnitTask {
   std::atomic<std::uint32_t> snapshot_remaining_;
   std::mutex buffers_mutex_;  // guards buffers_
   std::vector<std::pair<void*, std::size_t>> buffers_;
+  std::shared_ptr<DeviceEvent> update_event_;
+  // Per part (only where the device orders by events): the event of its copy
+  // out of the live tensor, valid once copy_published_[p] is 1 (release in
+  // PublishCopyEvent, acquire in OrderUpdateAfterLiveCopies).
+  std::mutex copy_events_mutex_;  // guards copy_events_
+  std::vector<std::shared_ptr<DeviceEvent>> copy_events_;
+  std::unique_ptr<std::atomic<std::uint8_t>[]> copy_published_;
 };
 
 }  // namespace pmsnap::runtime
