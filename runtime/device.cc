@@ -101,7 +101,10 @@ double HostDevice::EstimateInDeviceCopySeconds(std::uint64_t bytes) const {
 }
 
 SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options)
-    : HostMemoryDevice(options.memory_bytes), options_(options) {}
+    : HostMemoryDevice(options.memory_bytes),
+      options_(options),
+      link_(options.copy_bandwidth_gbps),
+      copy_engine_(options.in_device_bandwidth_gbps) {}
 
 std::string SimulatedDevice::name() const {
   char buf[160];
@@ -112,41 +115,28 @@ std::string SimulatedDevice::name() const {
 }
 
 Status SimulatedDevice::TimedCopy(void* dst, const void* src, std::size_t bytes,
-                                  double bandwidth_gbps, bool uses_link) {
+                                  BandwidthPacer& channel) {
   const auto start = Clock::now();
-  const auto transfer = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(bytes / (bandwidth_gbps * 1e9)));
   const auto latency = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.latency_us * 1e-6));
-  Clock::time_point done;
-  {
-    // Reserve the link (or the device's copy engine): transfers queue behind
-    // each other like on PCIe.
-    std::lock_guard<std::mutex> lock(link_mutex_);
-    Clock::time_point& free_at = uses_link ? link_free_at_ : engine_free_at_;
-    const Clock::time_point begin = std::max(start, free_at);
-    free_at = begin + transfer;
-    done = free_at + latency;
-  }
+  // Reserve the link (or the device's copy engine): transfers queue behind
+  // each other like on PCIe.
+  const Clock::time_point done = channel.Reserve(bytes, start) + latency;
   std::memcpy(dst, src, bytes);
-  // A sleep overshoots by the timer slack (~50 us), which would make short
-  // copies many times slower than modelled. Ahead of the reserved timeline
-  // by less than that, return: the reservations keep the rate exact.
-  constexpr auto kSleepGranularity = std::chrono::microseconds(100);
-  if (done - Clock::now() > kSleepGranularity) std::this_thread::sleep_until(done);
+  BandwidthPacer::WaitUntil(done);
   return Status::Ok();
 }
 
 Status SimulatedDevice::CopyToHost(void* dst, const void* src, std::size_t bytes) {
-  return TimedCopy(dst, src, bytes, options_.copy_bandwidth_gbps, /*uses_link=*/true);
+  return TimedCopy(dst, src, bytes, link_);
 }
 
 Status SimulatedDevice::CopyFromHost(void* dst, const void* src, std::size_t bytes) {
-  return TimedCopy(dst, src, bytes, options_.copy_bandwidth_gbps, /*uses_link=*/true);
+  return TimedCopy(dst, src, bytes, link_);
 }
 
 Status SimulatedDevice::CopyInDevice(void* dst, const void* src, std::size_t bytes) {
-  return TimedCopy(dst, src, bytes, options_.in_device_bandwidth_gbps, /*uses_link=*/false);
+  return TimedCopy(dst, src, bytes, copy_engine_);
 }
 
 // The simulation moves real bytes with memcpy: a modelled bandwidth above the

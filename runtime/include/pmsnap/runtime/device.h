@@ -26,6 +26,7 @@
 #include <mutex>
 #include <string>
 
+#include "pmsnap/common/bandwidth_pacer.h"
 #include "pmsnap/common/status.h"
 
 namespace pmsnap::runtime {
@@ -129,12 +130,10 @@ class SimulatedDevice final : public HostMemoryDevice {
 
  private:
   using Clock = std::chrono::steady_clock;
-  Status TimedCopy(void* dst, const void* src, std::size_t bytes, double bandwidth_gbps,
-                   bool uses_link);
+  Status TimedCopy(void* dst, const void* src, std::size_t bytes, BandwidthPacer& channel);
   SimulatedDeviceOptions options_;
-  std::mutex link_mutex_;  // guards link_free_at_ and engine_free_at_
-  Clock::time_point link_free_at_{};
-  Clock::time_point engine_free_at_{};  // the in-device copy engine
+  BandwidthPacer link_;         // device <-> host copies
+  BandwidthPacer copy_engine_;  // in-device copies
 };
 
 }  // namespace pmsnap::runtime
