@@ -119,6 +119,10 @@ class CheckpointedOptimizer(UpdateInBackward):
       embedding_rows: "auto" (lookups of the table's module if `model` has
         one, else gradients), "lookups" or "gradients".
       workers: copy/persist worker threads (default 2, 1 on a 2-core machine).
+      worker_cpus: CPUs the workers run on (e.g. [1] with the training thread
+        pinned to CPU 0 by os.sched_setaffinity): on a machine with few cores
+        the copies then never take the training thread's core. None: where
+        the OS puts them. A CPU the machine lacks raises InvalidArgumentError.
       update_in_backward: update each parameter inside backward, the moment
         its gradient is accumulated (Tensor.register_post_accumulate_grad_hook),
         so its checkpoint copy starts while backward still runs on earlier
@@ -151,7 +155,7 @@ class CheckpointedOptimizer(UpdateInBackward):
                  track_embeddings=False, print_summary=False, embeddings=None,
                  embedding_policy=None, quantize_bits=None, expected_resumes=1.0, retain=None,
                  embedding_options=None, embedding_rows="auto", update_in_backward=False,
-                 copy_start=None, process_group=None):
+                 copy_start=None, process_group=None, worker_cpus=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -198,7 +202,8 @@ class CheckpointedOptimizer(UpdateInBackward):
             strategy=strategy, workers=workers, part_bytes=part_bytes,
             extra_state_capacity=extra_state_capacity, verify_on_open=verify_on_open,
             check_free_space=check_free_space, reserve_bytes=reserve_bytes,
-            print_summary=print_summary, coordinator=self._coordinator)
+            print_summary=print_summary, coordinator=self._coordinator,
+            worker_cpus=list(worker_cpus or []))
         self._cuda = self._device_name.startswith("cuda")
         self._named = named_parameters(optimizer, model)
         self._stepper = ParameterStepper(optimizer, [p for _, p in self._named])

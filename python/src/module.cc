@@ -193,6 +193,7 @@ std::shared_ptr<runtime::ConflictStrategy> MakeStrategy(const std::string& name,
 py::dict StatsToDict(const runtime::Stats& stats, bool per_step) {
   py::dict d;
   d["device"] = stats.device;
+  d["pm"] = stats.pm;  // "" or "simulated PM (...)"
   d["strategy"] = stats.strategy;
   d["policy"] = stats.policy;
   d["steps"] = stats.steps;
@@ -259,7 +260,7 @@ class PyEngine {
            const std::vector<std::string>& encoded_units,
            const std::optional<diff::EmbeddingOptions>& embedding_options,
            const std::string& copy_start, std::shared_ptr<runtime::Coordinator> coordinator,
-           std::uint64_t model_fingerprint) {
+           std::uint64_t model_fingerprint, const std::vector<int>& worker_cpus) {
     runtime::EngineOptions options;
     options.pool_path = pool;
     options.pool_options.part_bytes = part_bytes;
@@ -268,6 +269,7 @@ class PyEngine {
     options.pool_options.check_free_space = check_free_space;
     options.verify_on_open = verify_on_open;
     options.workers = workers;
+    options.worker_cpus = worker_cpus;
     options.policy = MakePolicy(policy, every, checkfreq_overhead);
     options.strategy = MakeStrategy(strategy, reserve_bytes);
     options.print_summary = print_summary;
@@ -660,7 +662,8 @@ PYBIND11_MODULE(_pmsnap, m) {
                     std::uint64_t, std::uint64_t, std::uint64_t, bool, bool, std::uint64_t, bool,
                     const std::vector<std::string>&,
                     const std::optional<pmsnap::diff::EmbeddingOptions>&, const std::string&,
-                    std::shared_ptr<pmsnap::runtime::Coordinator>, std::uint64_t>(),
+                    std::shared_ptr<pmsnap::runtime::Coordinator>, std::uint64_t,
+                    const std::vector<int>&>(),
            py::arg("pool"), py::arg("units"), py::kw_only(), py::arg("device") = "host",
            py::arg("policy") = "continuous", py::arg("every") = 1,
            py::arg("checkfreq_overhead") = 0.035, py::arg("strategy") = "adaptive",
@@ -671,6 +674,7 @@ PYBIND11_MODULE(_pmsnap, m) {
            py::arg("print_summary") = false, py::arg("encoded_units") = std::vector<std::string>{},
            py::arg("embedding_options") = std::nullopt, py::arg("copy_start") = "auto",
            py::arg("coordinator") = nullptr, py::arg("model_fingerprint") = 0,
+           py::arg("worker_cpus") = std::vector<int>{},
            // The Python coordinator's methods must outlive the engine's calls.
            py::keep_alive<1, 20>(),
            "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])]; "
