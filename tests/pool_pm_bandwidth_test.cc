@@ -6,8 +6,11 @@
 // The rate checks are rate tests by nature (issue [perf]: "a throttled pool's
 // measured write rate is within 10% of the configured one"). They stay
 // independent of this machine's speed by configuring a rate well below what
-// the same test just measured without the model (a quarter of it, at most
-// 1 GB/s): the model can then only be met, never outrun by a slow machine.
+// the same test just measured without the model (an eighth of the lower of
+// two measurements, at most 1 GB/s): the model can then only be met, never
+// outrun by a slow machine. (A quarter was not enough margin: on this 2-vCPU
+// VM at a load of ~20 from parallel builds the machine's own rate moved by
+// 4x within seconds and the throttled rate came out 15-20% low.)
 // The other checks are lower bounds the model guarantees whatever the
 // machine's speed (the channel's reservations run back to back).
 #include <gtest/gtest.h>
@@ -81,55 +84,71 @@ std::vector<std::vector<std::vector<std::byte>>> SeededModel(const Manifest& man
   return model;
 }
 
+// Runs `work(thread)` on kThreads threads and returns the span from the
+// first thread's start of work to the last one's end: the time the pool was
+// being written or read, without the threads' start and join (on a loaded
+// machine a new thread can wait milliseconds for a CPU before it runs).
+template <typename Work>
+double TimedOnThreads(const Work& work) {
+  std::vector<Clock::time_point> starts(kThreads), ends(kThreads);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kThreads; ++w) {
+    threads.emplace_back([&, w] {
+      starts[w] = Clock::now();
+      work(w);
+      ends[w] = Clock::now();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return Seconds(*std::max_element(ends.begin(), ends.end()) -
+                 *std::min_element(starts.begin(), starts.end()));
+}
+
 // Writes `epochs` epochs of `model` with kThreads writers (units dealt out
-// round-robin, as the engine's workers would) and returns the seconds taken.
+// round-robin, as the engine's workers would) and returns the seconds the
+// writers took (TimedOnThreads), summed over the epochs.
 double WriteEpochs(Pool& pool, const std::vector<std::vector<std::vector<std::byte>>>& model,
                    int epochs) {
-  const auto start = Clock::now();
+  double seconds = 0;
   for (int e = 0; e < epochs; ++e) {
     EXPECT_TRUE(pool.BeginEpoch(static_cast<std::uint64_t>(e)).ok());
-    std::vector<std::thread> writers;
-    for (int w = 0; w < kThreads; ++w) {
-      writers.emplace_back([&, w] {
-        for (std::uint32_t u = w; u < model.size(); u += kThreads) {
-          for (std::uint32_t t = 0; t < model[u].size(); ++t) {
-            const Status s = pool.WriteTensor(u, t, model[u][t].data());
-            EXPECT_TRUE(s.ok()) << s.ToString();
-          }
+    seconds += TimedOnThreads([&](int w) {
+      for (std::uint32_t u = w; u < model.size(); u += kThreads) {
+        for (std::uint32_t t = 0; t < model[u].size(); ++t) {
+          const Status s = pool.WriteTensor(u, t, model[u][t].data());
+          EXPECT_TRUE(s.ok()) << s.ToString();
         }
-      });
-    }
-    for (auto& writer : writers) writer.join();
+      }
+    });
     const Status commit = pool.Commit();
     EXPECT_TRUE(commit.ok()) << commit.ToString();
   }
-  return Seconds(Clock::now() - start);
+  return seconds;
 }
 
 // Reads every part of the latest slot `passes` times with kThreads readers
-// (ReadPart: the verified restore copy) and returns the seconds taken.
+// (ReadPart: the verified restore copy) and returns the readers' seconds.
 double ReadAll(const Pool& pool, int passes, std::vector<std::byte>& into) {
   auto view = pool.Latest();
   EXPECT_TRUE(view.ok()) << view.status().ToString();
   const auto& parts = pool.layout().parts;
-  const auto start = Clock::now();
+  double seconds = 0;
   for (int pass = 0; pass < passes; ++pass) {
-    std::vector<std::thread> readers;
-    for (int r = 0; r < kThreads; ++r) {
-      readers.emplace_back([&, r] {
-        for (std::uint32_t p = r; p < parts.size(); p += kThreads) {
-          const Status s = pool.ReadPart(*view, p, into.data() + parts[p].slot_offset);
-          EXPECT_TRUE(s.ok()) << s.ToString();
-        }
-      });
-    }
-    for (auto& reader : readers) reader.join();
+    seconds += TimedOnThreads([&](int r) {
+      for (std::uint32_t p = r; p < parts.size(); p += kThreads) {
+        const Status s = pool.ReadPart(*view, p, into.data() + parts[p].slot_offset);
+        EXPECT_TRUE(s.ok()) << s.ToString();
+      }
+    });
   }
-  return Seconds(Clock::now() - start);
+  return seconds;
 }
 
-// A quarter of what the machine just did, at most 1 GB/s.
-double ModestRate(double measured_gbps) { return std::min(1.0, measured_gbps / 4); }
+// An eighth of what the machine just did (the lower of two measurements), at
+// most 1 GB/s.
+double ModestRate(double first_gbps, double second_gbps) {
+  return std::min(1.0, std::min(first_gbps, second_gbps) / 8);
+}
 
 TEST(PoolPmBandwidthTest, ThrottledPoolWritesAndReadsWithinTenPercentOfTheConfiguredRates) {
   ScopedEnv no_write_env("PMSNAP_PM_WRITE_GBPS", std::nullopt);
@@ -148,10 +167,12 @@ TEST(PoolPmBandwidthTest, ThrottledPoolWritesAndReadsWithinTenPercentOfTheConfig
     EXPECT_EQ((*pool)->pm_bandwidth().Label(), "");
     const std::uint64_t bytes = DataBytes(**pool);
     WriteEpochs(**pool, model, 2);
-    write_gbps = ModestRate(2 * bytes / WriteEpochs(**pool, model, 2) / 1e9);
+    write_gbps = ModestRate(bytes / WriteEpochs(**pool, model, 1) / 1e9,
+                            bytes / WriteEpochs(**pool, model, 1) / 1e9);
     std::vector<std::byte> into((*pool)->layout().slot_bytes);
     ReadAll(**pool, 1, into);
-    read_gbps = ModestRate(2 * bytes / ReadAll(**pool, 2, into) / 1e9);
+    read_gbps = ModestRate(bytes / ReadAll(**pool, 1, into) / 1e9,
+                           bytes / ReadAll(**pool, 1, into) / 1e9);
   }
   OpenOptions options;
   options.pm_bandwidth = {.write_gbps = write_gbps, .read_gbps = read_gbps};
@@ -163,7 +184,7 @@ TEST(PoolPmBandwidthTest, ThrottledPoolWritesAndReadsWithinTenPercentOfTheConfig
 
   constexpr int kEpochs = 4;
   const double written_gbps = kEpochs * bytes / WriteEpochs(**pool, model, kEpochs) / 1e9;
-  std::printf("write: configured %.3f GB/s (a quarter of the machine's, at most 1), measured %.3f\n",
+  std::printf("write: configured %.3f GB/s (an eighth of the machine's, at most 1), measured %.3f\n",
               write_gbps, written_gbps);
   EXPECT_NEAR(written_gbps, write_gbps, 0.1 * write_gbps)
       << "configured " << write_gbps << " GB/s write";
