@@ -174,7 +174,11 @@ Result<std::span<std::byte>> ChunkHeap::Payload(std::uint64_t chunk_id) {
 Status ChunkHeap::Seal(std::uint64_t chunk_id) {
   PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, Payload(chunk_id));
   State& s = *state_;
+  // The encoder wrote the payload before Seal: its PM time is charged from
+  // here (a modelled rate, not the DRAM copy, is what it would have waited).
+  const auto started = detail::seam::PaceStart(s.pm->write);
   detail::seam::Persist(s.pop, payload.data(), payload.size());
+  detail::seam::PaceWrite(*s.pm, payload.size(), started);
   auto& chunk = *s.At<ChunkHeader>(chunk_id);
   chunk.payload_checksum = Checksum64(payload.data(), payload.size());
   detail::seam::Persist(s.pop, &chunk.payload_checksum, sizeof(chunk.payload_checksum));
@@ -206,7 +210,12 @@ Result<std::span<const std::byte>> ChunkHeap::Read(std::uint64_t chunk_id) const
     return Status(StatusCode::kCorruption, where + ": chunk header checksum mismatch");
   }
   std::span<const std::byte> payload(s.At(chunk_id + sizeof(ChunkHeader)), chunk.bytes);
-  if (Checksum64(payload.data(), payload.size()) != chunk.payload_checksum) {
+  // The checksum reads the whole payload from PM; the caller reads it again
+  // (from the cache, for chunks this size), so one read is charged.
+  const auto started = detail::seam::PaceStart(s.pm->read);
+  const std::uint64_t payload_checksum = Checksum64(payload.data(), payload.size());
+  detail::seam::PaceRead(*s.pm, payload.size(), started);
+  if (payload_checksum != chunk.payload_checksum) {
     return Status(StatusCode::kCorruption, where + ": payload checksum mismatch");
   }
   return payload;

@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <iostream>
@@ -105,6 +108,44 @@ std::span<const std::byte> SnapshotView::tensor(std::uint32_t unit, std::uint32_
 Pool::Pool() : impl_(std::make_unique<Impl>()) {}
 Pool::~Pool() = default;
 
+const PmBandwidth& Pool::pm_bandwidth() const { return impl_->pm_bandwidth; }
+
+std::string PmBandwidth::Label() const {
+  if (!simulated()) return "";
+  const auto rate = [](double gbps) {
+    if (gbps <= 0) return std::string("machine speed");
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.3g GB/s", gbps);
+    return std::string(buf);
+  };
+  return "simulated PM (" + rate(write_gbps) + " write, " + rate(read_gbps) + " read)";
+}
+
+Result<PmBandwidth> ResolvePmBandwidth(const PmBandwidth& requested) {
+  PmBandwidth resolved = requested;
+  const auto fill = [](double* gbps, const char* option, const char* variable) -> Status {
+    if (*gbps < 0 || !std::isfinite(*gbps)) {
+      return Status(StatusCode::kInvalidArgument,
+                    std::string("PmBandwidth::") + option + " is " + std::to_string(*gbps) +
+                        ", expected a rate in GB/s > 0, or 0 for the machine's speed");
+    }
+    const char* text = std::getenv(variable);
+    if (*gbps > 0 || text == nullptr || *text == '\0') return Status::Ok();
+    char* end = nullptr;
+    const double value = std::strtod(text, &end);
+    if (end == text || *end != '\0' || !(value > 0) || !std::isfinite(value)) {
+      return Status(StatusCode::kInvalidArgument,
+                    std::string(variable) + "='" + text +
+                        "': expected a PM bandwidth in GB/s greater than 0 (e.g. 2.3)");
+    }
+    *gbps = value;
+    return Status::Ok();
+  };
+  PMSNAP_RETURN_IF_ERROR(fill(&resolved.write_gbps, "write_gbps", "PMSNAP_PM_WRITE_GBPS"));
+  PMSNAP_RETURN_IF_ERROR(fill(&resolved.read_gbps, "read_gbps", "PMSNAP_PM_READ_GBPS"));
+  return resolved;
+}
+
 PrefaultProgress Pool::prefault_progress() const {
   if (impl_->prefault == nullptr) {
     PrefaultProgress off;
@@ -181,8 +222,10 @@ Status Pool::CopyPart(const SnapshotView& view, std::uint32_t part, void* dst) c
   PMSNAP_ASSIGN_OR_RETURN(const std::byte* src, PartSource(view, part));
   const PrefaultPause pause(impl_->prefault.get());
   PrefaultPart(view, part);
+  const auto started = detail::seam::PaceStart(impl_->pm.read);
   // Not PMEM_F_MEM_NODRAIN: the streaming stores are fenced before return.
   pmem_memcpy(dst, src, layout_.parts[part].bytes, PMEM_F_MEM_NONTEMPORAL);
+  detail::seam::PaceRead(impl_->pm, layout_.parts[part].bytes, started);
   return Status::Ok();
 }
 
@@ -217,6 +260,7 @@ Status Pool::CopyAndVerifyPart(const SnapshotView& view, std::uint32_t part, std
   const PartLayout& p = layout_.parts[part];
   const PrefaultPause pause(impl_->prefault.get());
   PrefaultPart(view, part);
+  const auto started = detail::seam::PaceStart(impl_->pm.read);
   std::uint64_t digest = 0;
   std::size_t streamed = 0;
   if (dst != nullptr && reinterpret_cast<std::uintptr_t>(dst) % 64 == 0) {
@@ -228,6 +272,7 @@ Status Pool::CopyAndVerifyPart(const SnapshotView& view, std::uint32_t part, std
     std::memcpy(dst + streamed, src + streamed, p.bytes - streamed);
   }
   if (streamed == 0) digest = Checksum64(src, p.bytes);
+  detail::seam::PaceRead(impl_->pm, p.bytes, started);
   if (digest != impl_->part_checksums(view.slot())[part]) {
     return Status(StatusCode::kCorruption,
                   "pool '" + path_ + "' slot " + std::to_string(view.slot()) + " (epoch " +
@@ -311,6 +356,7 @@ Result<std::uint64_t> Pool::BeginEpoch(std::uint64_t iteration) {
 Status Pool::WritePart(std::uint32_t part, const void* src) {
   PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> dst, PartDestination(part));
   Impl& impl = *impl_;
+  const auto started = detail::seam::PaceStart(impl.pm.write);
   const auto* in = static_cast<const std::byte*>(src);
   std::uint64_t digest = 0;
   std::size_t streamed = 0;
@@ -330,6 +376,7 @@ Status Pool::WritePart(std::uint32_t part, const void* src) {
     detail::seam::Persist(impl.pop, dst.data(), streamed);
   }
   detail::seam::Drain(impl.pop);
+  detail::seam::PaceWrite(impl.pm, dst.size(), started);
   const int slot = static_cast<int>(*impl.open_epoch % 2);
   std::uint64_t* stored = &impl.part_checksums(slot)[part];
   *stored = digest;
@@ -371,7 +418,11 @@ Result<std::span<std::byte>> Pool::PartDestination(std::uint32_t part) {
 Status Pool::SealPart(std::uint32_t part) {
   PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> dst, PartDestination(part));
   Impl& impl = *impl_;
+  // The caller (a device's copy) wrote the part before SealPart: its PM
+  // time is charged from here.
+  const auto started = detail::seam::PaceStart(impl.pm.write);
   detail::seam::Persist(impl.pop, dst.data(), dst.size());
+  detail::seam::PaceWrite(impl.pm, dst.size(), started);
   const int slot = static_cast<int>(*impl.open_epoch % 2);
   std::uint64_t* stored = &impl.part_checksums(slot)[part];
   *stored = Checksum64(dst.data(), dst.size());
@@ -406,8 +457,10 @@ Status Pool::Commit(std::span<const std::byte> extra_state) {
   const int slot = static_cast<int>(epoch % 2);
   SlotRecordHeader& record = impl.record(slot);
   if (!extra_state.empty()) {
+    const auto started = detail::seam::PaceStart(impl.pm.write);
     detail::seam::CopyPersist(impl.pop, impl.extra_state(slot), extra_state.data(),
                               extra_state.size());
+    detail::seam::PaceWrite(impl.pm, extra_state.size(), started);
   }
   record.commit_time_unix_ns = detail::NowUnixNs();
   record.extra_bytes = extra_state.size();

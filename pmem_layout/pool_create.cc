@@ -89,6 +89,8 @@ Result<std::uint64_t> Pool::RequiredBytes(const Manifest& manifest, const PoolOp
 
 Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manifest& manifest,
                                            const PoolOptions& options) {
+  // A malformed PM bandwidth is refused before the file is made.
+  PMSNAP_RETURN_IF_ERROR(ResolvePmBandwidth(options.pm_bandwidth).status());
   PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t required, RequiredBytes(manifest, options));
   std::error_code ec;
   if (std::filesystem::exists(path, ec)) {
@@ -244,6 +246,7 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   open_options.verify_data = false;  // nothing committed yet
   open_options.prefault_mapping = options.prefault_mapping;
   open_options.prefault_method = options.prefault_method;
+  open_options.pm_bandwidth = options.pm_bandwidth;
   return OpenImpl(path, &manifest, open_options);
 }
 

@@ -82,10 +82,19 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
                       " bytes, a pool has at least " + std::to_string(kPmemobjMinPool));
   }
 
+  PMSNAP_ASSIGN_OR_RETURN(const PmBandwidth pm_bandwidth, ResolvePmBandwidth(options.pm_bandwidth));
+
   std::unique_ptr<Pool> pool(new Pool());
   pool->path_ = path;
   pool->file_bytes_ = static_cast<std::uint64_t>(st.st_size);
   Impl& impl = *pool->impl_;
+  impl.pm_bandwidth = pm_bandwidth;
+  if (pm_bandwidth.write_gbps > 0) {
+    impl.pm.write = std::make_unique<BandwidthPacer>(pm_bandwidth.write_gbps);
+  }
+  if (pm_bandwidth.read_gbps > 0) {
+    impl.pm.read = std::make_unique<BandwidthPacer>(pm_bandwidth.read_gbps);
+  }
   impl.pop = pmemobj_open(path.c_str(), kPoolLayoutName);
   if (impl.pop == nullptr) {
     const int err = errno;
@@ -259,6 +268,7 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   chunk_heap->root = &impl.root->chunks;
   chunk_heap->capacity = header.chunk_heap_bytes;
   chunk_heap->path = path_;
+  chunk_heap->pm = &impl.pm;
   PMSNAP_ASSIGN_OR_RETURN(impl.chunk_heap, ChunkHeap::Load(std::move(chunk_heap)));
   // A damaged chunk list costs only the chunks past the damage: the slots
   // still open.
@@ -362,7 +372,9 @@ std::vector<std::string> Pool::CheckSlot(int slot, bool deep) const {
     const PrefaultPause pause(impl.prefault.get());
     for (std::uint32_t p = 0; p < layout_.parts.size(); ++p) {
       const PartLayout& part = layout_.parts[p];
+      const auto started = detail::seam::PaceStart(impl.pm.read);
       const std::uint64_t actual = Checksum64(impl.slot_data(slot) + part.slot_offset, part.bytes);
+      detail::seam::PaceRead(impl.pm, part.bytes, started);
       if (actual != impl.part_checksums(slot)[p]) problems.push_back(PartProblem(p));
     }
   }

@@ -171,7 +171,10 @@ double HostDevice::EstimateInDeviceCopySeconds(std::uint64_t bytes) const {
 }
 
 SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options)
-    : HostMemoryDevice(options.memory_bytes), options_(options) {
+    : HostMemoryDevice(options.memory_bytes),
+      options_(options),
+      link_(options.copy_bandwidth_gbps),
+      copy_engine_(options.in_device_bandwidth_gbps) {
   if (options_.asynchronous) compute_ = std::make_unique<Queue>();
 }
 
@@ -224,11 +227,11 @@ Result<DeviceEventPtr> SimulatedDevice::RecordComputeEvent() {
 Result<DeviceEventPtr> SimulatedDevice::QueueCopy(void* dst, const void* src, std::size_t bytes,
                                                   DeviceEventPtr after, bool uses_link) {
   auto done = std::make_shared<SimulatedEvent>();
-  const double gbps = uses_link ? options_.copy_bandwidth_gbps : options_.in_device_bandwidth_gbps;
-  CopyStreamForThisThread().Push([this, dst, src, bytes, after = std::move(after), done, gbps,
-                                  uses_link] {
+  BandwidthPacer& channel = uses_link ? link_ : copy_engine_;
+  CopyStreamForThisThread().Push([this, dst, src, bytes, after = std::move(after), done,
+                                  &channel] {
     const bool waited = CopyWaitsFor(after.get());
-    (void)TimedCopy(dst, src, bytes, gbps, uses_link);  // host memory: cannot fail
+    (void)TimedCopy(dst, src, bytes, channel);  // host memory: cannot fail
     if (!waited) copies_settled_.fetch_add(1);
     done->Complete();
   });
@@ -299,41 +302,28 @@ void SimulatedDevice::SynchronizeCompute() {
 }
 
 Status SimulatedDevice::TimedCopy(void* dst, const void* src, std::size_t bytes,
-                                  double bandwidth_gbps, bool uses_link) {
+                                  BandwidthPacer& channel) {
   const auto start = Clock::now();
-  const auto transfer = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(bytes / (bandwidth_gbps * 1e9)));
   const auto latency = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.latency_us * 1e-6));
-  Clock::time_point done;
-  {
-    // Reserve the link (or the device's copy engine): transfers queue behind
-    // each other like on PCIe.
-    std::lock_guard<std::mutex> lock(link_mutex_);
-    Clock::time_point& free_at = uses_link ? link_free_at_ : engine_free_at_;
-    const Clock::time_point begin = std::max(start, free_at);
-    free_at = begin + transfer;
-    done = free_at + latency;
-  }
+  // Reserve the link (or the device's copy engine): transfers queue behind
+  // each other like on PCIe.
+  const Clock::time_point done = channel.Reserve(bytes, start) + latency;
   std::memcpy(dst, src, bytes);
-  // A sleep overshoots by the timer slack (~50 us), which would make short
-  // copies many times slower than modelled. Ahead of the reserved timeline
-  // by less than that, return: the reservations keep the rate exact.
-  constexpr auto kSleepGranularity = std::chrono::microseconds(100);
-  if (done - Clock::now() > kSleepGranularity) std::this_thread::sleep_until(done);
+  BandwidthPacer::WaitUntil(done);
   return Status::Ok();
 }
 
 Status SimulatedDevice::CopyToHost(void* dst, const void* src, std::size_t bytes) {
-  return TimedCopy(dst, src, bytes, options_.copy_bandwidth_gbps, /*uses_link=*/true);
+  return TimedCopy(dst, src, bytes, link_);
 }
 
 Status SimulatedDevice::CopyFromHost(void* dst, const void* src, std::size_t bytes) {
-  return TimedCopy(dst, src, bytes, options_.copy_bandwidth_gbps, /*uses_link=*/true);
+  return TimedCopy(dst, src, bytes, link_);
 }
 
 Status SimulatedDevice::CopyInDevice(void* dst, const void* src, std::size_t bytes) {
-  return TimedCopy(dst, src, bytes, options_.in_device_bandwidth_gbps, /*uses_link=*/false);
+  return TimedCopy(dst, src, bytes, copy_engine_);
 }
 
 // The simulation moves real bytes with memcpy: a modelled bandwidth above the

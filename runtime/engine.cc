@@ -738,6 +738,7 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   open_options.defer_data_verification = encoded_units.empty() && !impl->agreement;
   open_options.prefault_mapping = options.pool_options.prefault_mapping;
   open_options.prefault_method = options.pool_options.prefault_method;
+  open_options.pm_bandwidth = options.pool_options.pm_bandwidth;
   PMSNAP_ASSIGN_OR_RETURN(
       impl->pool, OpenOrCreatePool(options, manifest, open_options, impl->agreement.get()));
   for (const auto& unit : impl->pool->layout().units) impl->model_bytes += unit.bytes;
@@ -781,6 +782,7 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
     }
   }
   impl->stats.device = impl->device->name();
+  impl->stats.pm = impl->pool->pm_bandwidth().Label();
   impl->stats.strategy = impl->strategy->name();
   impl->stats.policy = impl->policy->name();
   for (std::size_t u = 0; u < impl->units.size(); ++u) {

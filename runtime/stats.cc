@@ -5,7 +5,7 @@
 namespace pmsnap::runtime {
 
 std::string Stats::Summary() const {
-  char buf[768];
+  char buf[1024];
   const double blocked_ms_per_step = steps ? blocked_seconds * 1e3 / steps : 0;
   char held[64] = "";
   if (held_bytes > 0) {
@@ -24,12 +24,13 @@ std::string Stats::Summary() const {
                 "pmsnap: %llu steps, %llu checkpoints committed (%.1f/min, last iteration %llu), "
                 "%.1f MB written (+%.1f MB embedding chunks%s), %llu conflicts%s, training thread "
                 "blocked %.3f ms/step "
-                "(conflicts %.3f s, boundaries %.3f s) [%s, %s, %s]",
+                "(conflicts %.3f s, boundaries %.3f s) [%s%s%s, %s, %s]",
                 static_cast<unsigned long long>(steps),
                 static_cast<unsigned long long>(epochs_committed), checkpoints_per_minute(),
                 static_cast<unsigned long long>(last_committed_iteration), bytes_written / 1e6,
                 encoded_bytes_written / 1e6, held, static_cast<unsigned long long>(conflicts), queues,
                 blocked_ms_per_step, conflict_wait_seconds, boundary_wait_seconds, device.c_str(),
+                pm.empty() ? "" : ", ", pm.c_str(),
                 strategy.c_str(), policy.c_str());
   return buf;
 }

@@ -15,14 +15,16 @@ namespace pmsnap {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct CommandResult {
   int exit_code = -1;
   std::string output;
 };
 
-CommandResult RunCli(const std::string& args) {
-  const std::string command = std::string(PMSNAP_CLI_PATH) + " " + args + " 2>&1";
+// `env`: "NAME=value " assignments for the command, or "".
+CommandResult RunCliWithEnv(const std::string& env, const std::string& args) {
+  const std::string command = env + std::string(PMSNAP_CLI_PATH) + " " + args + " 2>&1";
   FILE* pipe = ::popen(command.c_str(), "r");
   CommandResult result;
   if (pipe == nullptr) return result;
@@ -31,6 +33,8 @@ CommandResult RunCli(const std::string& args) {
   result.exit_code = WEXITSTATUS(::pclose(pipe));
   return result;
 }
+
+CommandResult RunCli(const std::string& args) { return RunCliWithEnv("", args); }
 
 class CliTest : public ::testing::Test {
  protected:
@@ -65,6 +69,24 @@ TEST_F(CliTest, InfoJsonHasTheSameFacts) {
   EXPECT_THAT(r.output, HasSubstr("\"name\": \"layer0.weight\""));
   EXPECT_THAT(r.output, HasSubstr("\"shape\": [16, 31]"));
   EXPECT_THAT(r.output, HasSubstr("\"latest\": {\"slot\": 0, \"epoch\": 2, \"iteration\": 20}"));
+}
+
+TEST_F(CliTest, InfoLabelsSimulatedPmOnlyWhenTheModelIsOn) {
+  // The test's own environment carries no model (ctest sets none).
+  CommandResult plain = RunCliWithEnv("env -u PMSNAP_PM_WRITE_GBPS -u PMSNAP_PM_READ_GBPS ",
+                                      "info " + path_.path());
+  EXPECT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_THAT(plain.output, Not(HasSubstr("simulated PM")));
+  CommandResult plain_json = RunCliWithEnv(
+      "env -u PMSNAP_PM_WRITE_GBPS -u PMSNAP_PM_READ_GBPS ", "info --json " + path_.path());
+  EXPECT_THAT(plain_json.output, Not(HasSubstr("\"pm\"")));
+  // The environment reaches the CLI's open (PmBandwidth).
+  const std::string env = "PMSNAP_PM_WRITE_GBPS=2.3 PMSNAP_PM_READ_GBPS=6.6 ";
+  CommandResult labelled = RunCliWithEnv(env, "info " + path_.path());
+  EXPECT_EQ(labelled.exit_code, 0) << labelled.output;
+  EXPECT_THAT(labelled.output, HasSubstr("simulated PM (2.3 GB/s write, 6.6 GB/s read)"));
+  CommandResult json = RunCliWithEnv(env, "info --json " + path_.path());
+  EXPECT_THAT(json.output, HasSubstr("\"pm\": \"simulated PM (2.3 GB/s write, 6.6 GB/s read)\""));
 }
 
 TEST_F(CliTest, VerifyExitsZeroOnAConsistentPool) {

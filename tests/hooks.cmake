@@ -53,4 +53,12 @@ endif()
 if(TARGET pmsnap-demo)
   add_test(NAME hooks_demo_smoke COMMAND pmsnap-demo --iterations=60 --seed=3)
   set_tests_properties(hooks_demo_smoke PROPERTIES ENVIRONMENT "PMEM_IS_PMEM_FORCE=1" TIMEOUT 120)
+  # The previous configuration (tables written in full like the dense
+  # weights, strategy 2, not pinned; the default above is intermittent
+  # differential, adaptive, pinned): still bit-exact after the kill.
+  add_test(NAME hooks_demo_smoke_full_tables
+           COMMAND pmsnap-demo --iterations=60 --seed=5 --table-checkpoints=full --strategy=2
+                   --pin=off)
+  set_tests_properties(hooks_demo_smoke_full_tables PROPERTIES
+                       ENVIRONMENT "PMEM_IS_PMEM_FORCE=1" TIMEOUT 120)
 endif()

@@ -24,3 +24,5 @@ target_include_directories(pmsnap_power_loss PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}
 target_link_libraries(pmsnap_power_loss PUBLIC pmsnap::layout PkgConfig::PMEMOBJ)
 pmsnap_add_test(pool_power_loss_test SOURCES pool_power_loss_test.cc
                 LIBS pmsnap_power_loss ENV "PMEM_IS_PMEM_FORCE=1")
+# Simulated PM bandwidth (PmBandwidth): rates, the environment, refusals.
+pmsnap_add_pool_test(pool_pm_bandwidth_test SOURCES pool_pm_bandwidth_test.cc LIBS pmsnap::layout)

@@ -164,6 +164,11 @@ int Info(const Pool& pool, bool json, std::ostream& text) {
     } else {
       out << "null";
     }
+    // Only under the PM bandwidth model (PMSNAP_PM_*_GBPS): this command's
+    // reads were throttled to it.
+    if (pool.pm_bandwidth().simulated()) {
+      out << ", \"pm\": " << JsonString(pool.pm_bandwidth().Label());
+    }
     out << ", \"warnings\": [";
     for (std::size_t i = 0; i < pool.warnings().size(); ++i) {
       out << (i ? ", " : "") << JsonString(pool.warnings()[i]);
@@ -184,6 +189,10 @@ int Info(const Pool& pool, bool json, std::ostream& text) {
        << " chunks\n"
        << "units           " << manifest.units.size() << " (" << HumanBytes(layout.slot_bytes)
        << " per slot)\n";
+  if (pool.pm_bandwidth().simulated()) {
+    text << "pm              " << pool.pm_bandwidth().Label()
+         << " (PMSNAP_PM_WRITE_GBPS / PMSNAP_PM_READ_GBPS): this command's reads are throttled\n";
+  }
   for (std::size_t u = 0; u < manifest.units.size(); ++u) {
     const auto& unit = manifest.units[u];
     text << "  " << unit.name << "  " << HumanBytes(layout.units[u].bytes) << "  "

@@ -146,8 +146,10 @@ int main(int argc, char** argv) {
     exact = std::memcmp(latest->tensor(u, 0).data(), expected.data(), expected.size() * 8) == 0;
   }
   const double bytes = static_cast<double>(latest->epoch()) * (*pool)->layout().slot_bytes;
-  std::printf("killed after %llu committed checkpoints (%.2f GB/s into the pool)\n",
-              static_cast<unsigned long long>(last_reported), bytes / kill_after / 1e9);
+  const std::string pm = (*pool)->pm_bandwidth().Label();
+  std::printf("killed after %llu committed checkpoints (%.2f GB/s into the pool%s%s)\n",
+              static_cast<unsigned long long>(last_reported), bytes / kill_after / 1e9,
+              pm.empty() ? "" : ", ", pm.c_str());
   std::printf("recovered epoch %llu in %.3f s (open + verify of every checksum): %s\n",
               static_cast<unsigned long long>(latest->epoch()), open_seconds,
               exact ? "bit-exact" : "MISMATCH");

@@ -78,6 +78,7 @@
 #include "pmsnap/common/command_line.h"
 #include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/common/pool_directory.h"
+#include "pmsnap/pmem_layout/pool.h"
 #include "pmsnap/runtime/cuda_device.h"
 #include "stall/counters.h"
 #include "stall/options.h"
@@ -282,6 +283,21 @@ int main(int argc, char** argv) {
       set_blas_threads != nullptr ? "capped alike" : "not found", o.workers, pinning.c_str(),
       static_cast<unsigned long long>(o.part_mib), static_cast<unsigned long long>(o.block_kib),
       o.dir.c_str());
+  // Simulated PM (PmBandwidth): pmsnap's pools, and the restores read from
+  // them, run at the modelled rates; the file baselines write at the
+  // machine's speed.
+  auto pm = layout::ResolvePmBandwidth({});
+  if (!pm.ok()) {
+    std::fprintf(stderr, "pmsnap_bench_stall: %s\n", pm.status().ToString().c_str());
+    return 1;
+  }
+  o.pm_label = pm->Label();
+  if (!o.pm_label.empty()) {
+    std::printf(
+        "PM: %s for pmsnap's pools (PMSNAP_PM_WRITE_GBPS / PMSNAP_PM_READ_GBPS); the file "
+        "baselines write to %s at this machine's speed\n",
+        o.pm_label.c_str(), o.dir.c_str());
+  }
   Results results;
   try {
     for (const auto& name : o.workloads) {

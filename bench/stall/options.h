@@ -58,6 +58,9 @@ struct Options {
   std::string tag = "stall";  // output file prefix
   std::string dir;            // pools and files; default $PMSNAP_POOL_DIR or /dev/shm
   bool plot = true;
+  // "" on the machine's PM; "simulated PM (...)" when PMSNAP_PM_WRITE_GBPS /
+  // PMSNAP_PM_READ_GBPS throttle the pools (set in main, written to the CSVs).
+  std::string pm_label;
   // Internal: a child process that times one restore (see RunRestoreChild).
   std::string restore_child;              // kRestore* method name
   std::string restore_path;               // pool or torch-save file

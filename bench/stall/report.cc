@@ -21,7 +21,7 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
          "conflicts,cost_per_checkpoint_ms,k_under_3.5pct,rounds,note,overhead_min_pct,"
          "overhead_max_pct,overhead_ci95_low_pct,overhead_ci95_high_pct,cycles_overhead_pct,"
          "training_ipc,step_ms,extra_step_ms,extra_forward_backward_ms,cold_ms,cold_overhead_pct,"
-         "cold_faults_per_iter,faults_per_iter,training_faults_per_iter\n";
+         "cold_faults_per_iter,faults_per_iter,training_faults_per_iter,pm\n";
   for (const auto& r : rows) {
     const double n = 1e3;
     csv << r.workload << "," << r.device << "," << r.method << "," << r.family << "," << r.median_ms
@@ -37,15 +37,17 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
         << "," << r.cycles_overhead_pct << "," << r.ipc << "," << r.step_ms << ","
         << r.extra_step_ms << "," << r.extra_forward_backward_ms << "," << r.cold_ms << ","
         << r.cold_overhead_pct << "," << r.cold_faults_per_iter << "," << r.faults_per_iter << ","
-        << r.training_faults_per_iter << "\n";
+        << r.training_faults_per_iter << ",\"" << (o.pm_label.empty() ? "machine" : o.pm_label)
+        << "\"\n";
   }
   std::ofstream rcsv(o.out + "/" + o.tag + "_restore.csv");
   rcsv << "workload,device,method,open_ms,restore_ms,total_ms,bytes,speedup_vs_torch_load,"
-          "speedup_min,speedup_max\n";
+          "speedup_min,speedup_max,pm\n";
   for (const auto& r : restores)
     rcsv << r.workload << "," << r.device << "," << r.method << "," << r.open_ms << ","
          << r.restore_ms << "," << r.total_ms << "," << r.bytes << "," << r.speedup << ","
-         << r.speedup_min << "," << r.speedup_max << "\n";
+         << r.speedup_min << "," << r.speedup_max << ",\""
+         << (o.pm_label.empty() ? "machine" : o.pm_label) << "\"\n";
   std::ofstream tcsv(o.out + "/" + o.tag + "_trials.csv");
   tcsv << "workload,device,method,round,iteration,seconds,step_seconds\n";
   for (const auto& line : trial_lines) tcsv << line << "\n";

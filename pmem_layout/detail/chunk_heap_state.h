@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "detail/format.h"
+#include "detail/persistence.h"
 #include "pmsnap/pmem_layout/chunk_heap.h"
 
 namespace pmsnap::layout {
@@ -27,6 +28,7 @@ struct ChunkHeap::State {
   std::string path;                       // for errors
   std::uint32_t small_chunk_class = 0;    // custom allocation class id (Load)
   std::string list_problem;               // set by Load if the list walk stopped early
+  const detail::PmPacers* pm = nullptr;   // the pool's PM bandwidth model (Pool::Impl::pm)
 
   mutable std::mutex mutex;  // guards `chunks` and the list in PM
   std::unordered_map<std::uint64_t, ChunkInfo> chunks;  // id -> info

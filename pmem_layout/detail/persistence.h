@@ -9,6 +9,10 @@
 // to watch every durability step; tests/testutil/power_loss.h builds the
 // images a power loss would leave from them.
 //
+// The simulated PM bandwidth (PmBandwidth) lives here too: a pool's data
+// stores and bulk reads call seam::PaceWrite / PaceRead with that pool's
+// PmPacers after the bytes moved, which hold the thread to the modelled rate.
+//
 // Outside the seam: libpmemobj's own metadata writes (pmemobj_create/open/
 // close, its allocator, undo logs and transaction commits); the seam only
 // brackets them (LibraryWrites, Mapped, Unmapping). Internal to pmem_layout;
@@ -20,8 +24,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "detail/xxh3_kernels.h"
+#include "pmsnap/common/bandwidth_pacer.h"
 
 namespace pmsnap::layout::detail {
 
@@ -90,7 +96,37 @@ Persistence* InstallPersistenceForTesting(Persistence* persistence);
 void DropCommitRecordDrainForTesting(bool drop);
 bool CommitRecordDrainDropped();
 
+// One pool's PM bandwidth model: a channel for its writes and one for its
+// reads, each null where that direction runs at the machine's speed. Fixed
+// at open; the pacers synchronize themselves.
+struct PmPacers {
+  std::unique_ptr<BandwidthPacer> write;
+  std::unique_ptr<BandwidthPacer> read;
+};
+
 namespace seam {
+
+using PaceClock = BandwidthPacer::Clock;
+
+// When a paced transfer starts: a clock reading only where `pacer` models
+// a rate (the unthrottled path reads no clock).
+inline PaceClock::time_point PaceStart(const std::unique_ptr<BandwidthPacer>& pacer) {
+  if (pacer != nullptr) [[unlikely]]
+    return PaceClock::now();
+  return {};
+}
+// After `bytes` of pool data were made durable (begun at `started`, from
+// PaceStart): holds the thread until the pool's write channel has carried
+// them.
+inline void PaceWrite(const PmPacers& pm, std::uint64_t bytes, PaceClock::time_point started) {
+  if (pm.write != nullptr) [[unlikely]]
+    pm.write->Pace(bytes, started);
+}
+// The same for `bytes` read from the pool in bulk.
+inline void PaceRead(const PmPacers& pm, std::uint64_t bytes, PaceClock::time_point started) {
+  if (pm.read != nullptr) [[unlikely]]
+    pm.read->Pace(bytes, started);
+}
 
 // Constant-initialized: no guard on the hot path; calls through it are
 // direct (the class is final) and inlined.

@@ -44,6 +44,11 @@ struct Pool::Impl {
   std::unique_ptr<std::atomic<std::uint8_t>[]> part_verified;
   std::atomic<std::uint32_t> parts_verified{0};
 
+  // Simulated PM bandwidth (PmBandwidth), fixed at open before anything is
+  // read or written; the chunk heap points at `pm`.
+  PmBandwidth pm_bandwidth;
+  detail::PmPacers pm;
+
   // Loaded at open; thread-safe on its own (chunk_heap.h).
   std::unique_ptr<ChunkHeap> chunk_heap;
 

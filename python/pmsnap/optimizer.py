@@ -120,6 +120,10 @@ class CheckpointedOptimizer(UpdateInBackward):
       embedding_rows: "auto" (lookups of the table's module if `model` has
         one, else gradients), "lookups" or "gradients".
       workers: copy/persist worker threads (default 2, 1 on a 2-core machine).
+      worker_cpus: CPUs the workers run on (e.g. [1] with the training thread
+        pinned to CPU 0 by os.sched_setaffinity): on a machine with few cores
+        the copies then never take the training thread's core. None: where
+        the OS puts them. A CPU the machine lacks raises InvalidArgumentError.
       update_in_backward: update each parameter inside backward, the moment
         its gradient is accumulated (Tensor.register_post_accumulate_grad_hook),
         so its checkpoint copy starts while backward still runs on earlier
@@ -177,7 +181,7 @@ class CheckpointedOptimizer(UpdateInBackward):
                  embedding_policy=None, quantize_bits=None, expected_resumes=1.0, retain=None,
                  embedding_options=None, embedding_rows="auto", update_in_backward=False,
                  copy_start=None, process_group=None, sharding=None, replicas=1,
-                 init_from=None):
+                 init_from=None, worker_cpus=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -234,7 +238,8 @@ class CheckpointedOptimizer(UpdateInBackward):
             extra_state_capacity=extra_state_capacity, verify_on_open=verify_on_open,
             check_free_space=check_free_space, reserve_bytes=reserve_bytes,
             print_summary=print_summary, coordinator=self._coordinator,
-            shard_replicated_state=sharding == "replicated", replicas=replicas)
+            shard_replicated_state=sharding == "replicated", replicas=replicas,
+            worker_cpus=list(worker_cpus or []))
         self._cuda = self._device_name.startswith("cuda")
         if self._cuda and torch.cuda.is_available():
             # Copies wait for the updates' events recorded on the stream the

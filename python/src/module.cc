@@ -200,6 +200,7 @@ std::shared_ptr<runtime::ConflictStrategy> MakeStrategy(const std::string& name,
 py::dict StatsToDict(const runtime::Stats& stats, bool per_step) {
   py::dict d;
   d["device"] = stats.device;
+  d["pm"] = stats.pm;  // "" or "simulated PM (...)"
   d["strategy"] = stats.strategy;
   d["policy"] = stats.policy;
   d["steps"] = stats.steps;
@@ -271,7 +272,7 @@ class PyEngine {
            const std::optional<diff::EmbeddingOptions>& embedding_options,
            const std::string& copy_start, std::shared_ptr<runtime::Coordinator> coordinator,
            std::uint64_t model_fingerprint, bool shard_replicated_state, int replicas,
-           std::uintptr_t cuda_stream) {
+           std::uintptr_t cuda_stream, const std::vector<int>& worker_cpus) {
     runtime::EngineOptions options;
     options.pool_path = pool;
     options.pool_options.part_bytes = part_bytes;
@@ -280,6 +281,7 @@ class PyEngine {
     options.pool_options.check_free_space = check_free_space;
     options.verify_on_open = verify_on_open;
     options.workers = workers;
+    options.worker_cpus = worker_cpus;
     options.policy = MakePolicy(policy, every, checkfreq_overhead);
     options.strategy = MakeStrategy(strategy, reserve_bytes);
     options.print_summary = print_summary;
@@ -985,7 +987,7 @@ PYBIND11_MODULE(_pmsnap, m) {
                     const std::vector<std::string>&,
                     const std::optional<pmsnap::diff::EmbeddingOptions>&, const std::string&,
                     std::shared_ptr<pmsnap::runtime::Coordinator>, std::uint64_t, bool, int,
-                    std::uintptr_t>(),
+                    std::uintptr_t, const std::vector<int>&>(),
            py::arg("pool"), py::arg("units"), py::kw_only(), py::arg("device") = "host",
            py::arg("policy") = "continuous", py::arg("every") = 1,
            py::arg("checkfreq_overhead") = 0.035, py::arg("strategy") = "adaptive",
@@ -998,6 +1000,7 @@ PYBIND11_MODULE(_pmsnap, m) {
            py::arg("coordinator") = nullptr, py::arg("model_fingerprint") = 0,
            py::arg("shard_replicated_state") = false, py::arg("replicas") = 1,
            py::arg("cuda_stream") = 0,
+           py::arg("worker_cpus") = std::vector<int>{},
            // The Python coordinator's methods must outlive the engine's calls.
            py::keep_alive<1, 20>(),
            "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])]; "

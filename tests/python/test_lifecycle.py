@@ -1,5 +1,7 @@
 """Context manager, flush/close, stats, modes and restore flows of CheckpointedOptimizer."""
 
+import os
+
 import pytest
 import torch
 
@@ -136,3 +138,36 @@ def test_cuda_spec_falls_back_to_host_with_a_note(pool_path):
     # The host device has no queues: nothing ordered by events, nothing staged.
     assert stats["compute_waits_on_copies"] == 0
     assert stats["staging_peak_bytes"] == 0
+
+
+def test_worker_cpus_reach_the_engine_and_a_missing_cpu_is_refused(pool_path):
+    # The machine's own CPU works (and the run checkpoints); a CPU number the
+    # machine cannot have is refused at open, naming it.
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters())
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1,
+                                      worker_cpus=[cpu]) as copt:
+        for step in range(3):
+            train_step(model, copt, step)
+    assert copt.stats()["epochs_committed"] == 3
+    opt = torch.optim.Adam(model.parameters())
+    copt = pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1,
+                                        worker_cpus=[100000])
+    with pytest.raises(pmsnap.InvalidArgumentError, match="100000"):
+        copt.restore()
+
+
+def test_simulated_pm_is_labelled_in_the_stats(pool_path, monkeypatch):
+    # PMSNAP_PM_WRITE_GBPS / _READ_GBPS throttle the pool (PmBandwidth) and
+    # every stats output says the PM is simulated.
+    monkeypatch.setenv("PMSNAP_PM_WRITE_GBPS", "50")
+    monkeypatch.setenv("PMSNAP_PM_READ_GBPS", "60")
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1) as copt:
+        for step in range(2):
+            train_step(model, copt, step)
+    s = copt.stats()
+    assert s["pm"] == "simulated PM (50 GB/s write, 60 GB/s read)"
+    assert "simulated PM" in s["summary"]

@@ -14,6 +14,17 @@
 //                are compared byte for byte with the baseline's; the stall
 //                profile comes from Engine::stats() of the recovered run.
 //
+// It runs pmsnap's recommended configuration for this model and says why
+// (--table-checkpoints, --strategy, --pin choose otherwise):
+//   * the embedding tables through a differential policy (Check-N-Run's
+//     intermittent differential): Adagrad changes only the rows a batch
+//     looked up, so a checkpoint writes those rows, not the whole tables;
+//   * the adaptive conflict strategy, which picks per unit from the last
+//     epoch's profile;
+//   * on a machine with two or more CPUs, the training thread pinned to one
+//     CPU and the checkpoint workers to the others (the baseline's training
+//     thread is pinned alike, so both runs compare on equal terms).
+//
 // Children are this executable re-executed (posix_spawn of /proc/self/exe
 // with --role=...), so no libtorch thread pool is ever forked.
 //
@@ -32,21 +43,25 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "pmsnap/common/child_process.h"
+#include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/common/command_line.h"
 #include "pmsnap/common/pool_directory.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/hooks/extra_state.h"
+#include "pmsnap/conflict/strategies.h"
 #include "pmsnap/runtime/cuda_device.h"
 #include "pmsnap/workloads/models.h"
 #include "pmsnap/workloads/state_dump.h"
@@ -77,7 +92,10 @@ struct Options {
   std::string pool;  // default: $PMSNAP_POOL_DIR (or /dev/shm)/pmsnap-demo-<pid>.pool
   std::string device = "host";
   std::string policy = "every1";
-  int workers = 2;
+  std::string tables_policy = "differential";  // differential | full
+  std::string strategy = "adaptive";           // adaptive | 1..4
+  std::string pin = "auto";                    // auto | off
+  int workers = 0;                             // 0: from the CPUs (ResolveWorkers)
   int threads = 1;            // torch intra-op threads per child
   std::uint64_t kill_at = 0;  // 0: random in the middle half
   std::uint64_t seed = 0;     // 0: from the clock
@@ -95,7 +113,12 @@ const char* kUsage =
     "  --pool=PATH         pool file (default $PMSNAP_POOL_DIR or /dev/shm)\n"
     "  --device=host|simulated[:GBPS[:MEM_MIB]]        where tensors live (default host)\n"
     "  --policy=every1|continuous   checkpoint every iteration, or as often as possible\n"
-    "  --workers=N         checkpoint worker threads (default 2)\n"
+    "  --table-checkpoints=differential|full   embedding tables: only the rows a step\n"
+    "                      changed (Check-N-Run intermittent differential; default), or in full\n"
+    "  --strategy=adaptive|1|2|3|4  conflict strategy (default adaptive)\n"
+    "  --pin=auto|off      pin the training thread and the checkpoint workers to CPUs of\n"
+    "                      their own where the machine has 2+ CPUs (default auto)\n"
+    "  --workers=N         checkpoint worker threads (default: the CPUs left to them, 1-2)\n"
     "  --threads=N         torch threads per training process (default 1)\n"
     "  --kill-at=K         iteration at which the training child is killed (default random)\n"
     "  --seed=S            data and kill-point seed (default: clock)\n"
@@ -107,8 +130,14 @@ bool ParseFlag(const std::string& key, const std::string& value, Options* o) {
     o->role = value;
   else if (key == "--iterations")
     o->iterations = num();
+  else if (key == "--table-checkpoints" && (value == "differential" || value == "full"))
+    o->tables_policy = value;
   else if (key == "--tables")
     o->tables = static_cast<int>(num());
+  else if (key == "--strategy")
+    o->strategy = value;
+  else if (key == "--pin" && (value == "auto" || value == "off"))
+    o->pin = value;
   else if (key == "--rows")
     o->rows = static_cast<std::int64_t>(num());
   else if (key == "--dim")
@@ -173,6 +202,9 @@ std::vector<std::string> ChildFlags(const Options& o) {
           "--pool=" + o.pool,
           "--device=" + o.device,
           "--policy=" + o.policy,
+          "--table-checkpoints=" + o.tables_policy,
+          "--strategy=" + o.strategy,
+          "--pin=" + o.pin,
           "--workers=" + s(o.workers),
           "--threads=" + s(o.threads),
           "--seed=" + s(o.seed)};
@@ -258,6 +290,41 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const Options& o,
   return nullptr;
 }
 
+// ---------------------------------------------------------------- CPUs
+
+// Where the training thread and the checkpoint workers run. With --pin=auto
+// and 2+ CPUs: training on the first allowed CPU, workers on the others
+// (bench/RESULTS.md, "Pinning the checkpoint threads": otherwise the
+// scheduler tends to run a worker on the training thread's core right after
+// the training thread woke it).
+struct CpuPlan {
+  std::vector<int> training;  // empty: not pinned
+  std::vector<int> workers;
+  int worker_count = 2;
+  std::string why;
+};
+
+CpuPlan PlanCpus(const Options& o) {
+  CpuPlan plan;
+  const std::vector<int> allowed = pmsnap::AllowedCpus();
+  if (o.pin == "auto" && allowed.size() >= 2) {
+    plan.training = {allowed.front()};
+    plan.workers.assign(allowed.begin() + 1, allowed.end());
+    plan.worker_count = o.workers > 0 ? o.workers : std::min<int>(2, plan.workers.size());
+    plan.why = "training thread on CPU " + pmsnap::CpuList(plan.training) + ", " +
+               std::to_string(plan.worker_count) + " checkpoint worker(s) on CPU(s) " +
+               pmsnap::CpuList(plan.workers) +
+               ": the copies never take the training thread's core";
+  } else {
+    plan.worker_count = o.workers > 0 ? o.workers : 2;
+    plan.why = o.pin == "off" ? "not pinned (--pin=off)"
+                              : "not pinned: this process may use only " +
+                                    std::to_string(allowed.size()) +
+                                    " CPU, so training and copies share it";
+  }
+  return plan;
+}
+
 // ---------------------------------------------------------------- children
 
 int ChildFail(const std::string& message) {
@@ -286,18 +353,31 @@ double Percentile(std::vector<double> values, double q) {
 }
 
 int RunChild(const Options& o) {
+  const CpuPlan cpus = PlanCpus(o);
+  if (!cpus.training.empty()) {
+    // Before libtorch starts any thread: they inherit the training CPU.
+    const pmsnap::Status pinned = pmsnap::PinCurrentThread(cpus.training, "training thread");
+    if (!pinned.ok()) return ChildFail(pinned.ToString());
+  }
   torch::set_num_threads(o.threads);
   torch::manual_seed(o.seed);
   pmsnap::workloads::Dlrm model(ModelShape(o));
   auto optimizer = MakeOptimizer(o, model->parameters());
   if (!optimizer) return ChildFail("unknown optimizer " + o.optimizer);
   ZipfData data(o);
+  // Marks the rows each table's lookups read (what Adagrad then changes);
+  // set by the checkpointed run.
+  std::function<pmsnap::Status(const ZipfData::Batch&)> mark_rows;
   auto train_one = [&](std::uint64_t step) {
     optimizer->zero_grad();
     ZipfData::Batch b = data.Get(step);
     torch::Tensor loss = torch::binary_cross_entropy_with_logits(
         model->forward(b.dense, b.ids, b.offsets), b.labels);
     loss.backward();
+    if (mark_rows) {
+      const pmsnap::Status marked = mark_rows(b);
+      if (!marked.ok()) throw std::runtime_error(marked.ToString());
+    }
     return loss.item<double>();
   };
   std::ofstream stats(o.stats, std::ios::trunc);
@@ -320,17 +400,37 @@ int RunChild(const Options& o) {
   if (!device.ok()) return ChildFail(device.status().ToString());
   pmsnap::runtime::EngineOptions engine;
   engine.pool_path = o.pool;
-  engine.workers = o.workers;
+  engine.workers = cpus.worker_count;
+  engine.worker_cpus = cpus.workers;
   engine.device = device->get();
   engine.print_summary = false;  // the demo prints its own stall profile
+  engine.strategy = pmsnap::conflict::MakeStrategy(o.strategy);
+  if (!engine.strategy) return ChildFail("unknown strategy " + o.strategy);
+  // Embedding tables: differential checkpoints of the rows a step changed.
+  // The demo's tables are plain EmbeddingBags, so it marks each batch's ids
+  // itself (RowSource::kLookups through the checkpointer's trackers).
+  pmsnap::hooks::EmbeddingTables tables;
+  if (o.tables_policy == "differential") {
+    for (int t = 0; t < o.tables; ++t) tables.names.push_back("emb" + std::to_string(t) + ".weight");
+    tables.options.policy = pmsnap::diff::Policy::kIntermittentDifferential;
+    tables.rows = pmsnap::hooks::RowSource::kLookups;
+  }
   if (o.policy == "every1") {
     engine.policy = std::make_shared<pmsnap::runtime::EveryKPolicy>(1);
   } else if (o.policy != "continuous") {
     return ChildFail("unknown policy " + o.policy);
   }
   const auto open_start = Clock::now();
-  auto checkpointed = pmsnap::hooks::CheckpointedOptimizer::Create(*model, *optimizer, engine);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+  auto checkpointed =
+      pmsnap::hooks::CheckpointedOptimizer::Create(named, *optimizer, engine, tables);
   if (!checkpointed.ok()) return ChildFail(checkpointed.status().ToString());
+  std::vector<pmsnap::diff::RowTracker*> trackers;
+  for (const std::string& name : tables.names) {
+    trackers.push_back((*checkpointed)->embedding_checkpointer()->tracker(name));
+    if (trackers.back() == nullptr) return ChildFail("no row tracker for table " + name);
+  }
   const double open_seconds = SecondsSince(open_start);
   const auto restore_start = Clock::now();
   auto restored = (*checkpointed)->Restore();
@@ -349,6 +449,14 @@ int RunChild(const Options& o) {
               restore_seconds);
   std::fflush(stdout);
 
+  mark_rows = [&trackers](const ZipfData::Batch& b) {
+    for (std::size_t t = 0; t < trackers.size(); ++t) {
+      const torch::Tensor& ids = b.ids[t];
+      PMSNAP_RETURN_IF_ERROR(trackers[t]->Mark(
+          {ids.data_ptr<std::int64_t>(), static_cast<std::size_t>(ids.numel())}));
+    }
+    return pmsnap::Status::Ok();
+  };
   const auto start = Clock::now();
   double loss = 0;
   for (std::uint64_t step = done + 1; step <= o.iterations; ++step) {
@@ -385,6 +493,7 @@ int RunChild(const Options& o) {
         << "checkpoints_per_minute "
         << (train_seconds > 0 ? s.epochs_committed * 60.0 / train_seconds : 0) << "\n"
         << "bytes_written " << s.bytes_written << "\n"
+        << "encoded_bytes_written " << s.encoded_bytes_written << "\n"
         << "last_epoch_seconds " << s.last_epoch_seconds << "\n"
         << "final_loss " << loss << "\n"
         << "device " << s.device << (device_note.empty() ? "" : " [" + device_note + "]") << "\n"
@@ -538,9 +647,36 @@ int RunParent(Options o) {
               static_cast<long long>(o.batch),
               o.policy == "every1" ? "every iteration" : "continuously", o.device.c_str(),
               simulated ? " (SIMULATED device: modelled bandwidth and memory)" : "");
-  std::printf("  ~%s of parameters + optimizer state per checkpoint; pool %s; seed %llu\n\n",
+  std::printf("  ~%s of parameters + optimizer state in the model; pool %s; seed %llu\n",
               Bytes(embedding_params * 4 * state_factor).c_str(), o.pool.c_str(),
               static_cast<unsigned long long>(o.seed));
+  // What the demo chose, and why (the recommended configuration unless a
+  // flag said otherwise).
+  const CpuPlan cpus = PlanCpus(o);
+  std::printf("configuration:\n");
+  if (o.tables_policy == "differential") {
+    std::printf(
+        "  embedding tables  differential (Check-N-Run intermittent differential): %s changes\n"
+        "                    only the rows a batch looked up, so each checkpoint writes those\n"
+        "                    rows and a full table only when the changed rows add up to one\n",
+        o.optimizer.c_str());
+    if (o.optimizer != "adagrad" && o.optimizer != "sgd") {
+      std::printf(
+          "                    (note: %s moves every row each step, so every row is written)\n",
+          o.optimizer.c_str());
+    }
+  } else {
+    std::printf("  embedding tables  written in full every checkpoint (--table-checkpoints=full)\n");
+  }
+  std::printf("  conflict strategy %s%s\n", o.strategy.c_str(),
+              o.strategy == "adaptive"
+                  ? ": picks per unit from the last epoch's profile (wait, copy in the "
+                    "device, or split)"
+                  : " (--strategy)");
+  std::printf("  CPUs              %s\n", cpus.why.c_str());
+  std::printf("  checkpoint        %s\n\n",
+              o.policy == "every1" ? "every iteration (the strictest: a crash loses at most one)"
+                                   : "continuously (as often as the copies allow)");
 
   const std::string reference = work + "/baseline.state";
   const std::string baseline_stats = work + "/baseline.stats";
@@ -613,6 +749,12 @@ int RunParent(Options o) {
               Num(stats, "epochs_committed"), Num(stats, "checkpoints_per_minute"));
   std::printf("  written to the pool                   %s, last epoch %.2f ms capture->commit\n",
               Bytes(Num(stats, "bytes_written")).c_str(), Num(stats, "last_epoch_seconds") * 1e3);
+  if (Num(stats, "encoded_bytes_written") > 0) {
+    std::printf("    + embedding-table chunks            %s (%.1f KB per checkpoint)\n",
+                Bytes(Num(stats, "encoded_bytes_written")).c_str(),
+                Num(stats, "encoded_bytes_written") /
+                    std::max(1.0, Num(stats, "epochs_committed")) / 1e3);
+  }
   if (stats.count("summary")) std::printf("  %s\n", stats.at("summary").c_str());
 
   std::filesystem::remove_all(work);

@@ -79,6 +79,35 @@ struct RankGroup {
   bool operator==(const RankGroup&) const = default;
 };
 
+// A persistent-memory bandwidth model ("simulated PM"). Pools are emulated in
+// DRAM (/dev/shm) at 10-20 GB/s; real PM is slower (Optane PMem: ~2.3 GB/s
+// write and ~6.6 GB/s read per DIMM, ~13.9 / 39.4 GB/s for six interleaved
+// DIMMs; a CXL Gen5 x8 expander ~32 GB/s). With a rate set, the pool's data
+// path is held to it like the simulated device's link
+// (pmsnap/common/bandwidth_pacer.h): every durable store of part or chunk
+// data, and of the extra state, reserves bytes / write rate on one channel
+// per pool, and every bulk read (ReadPart, VerifyPart, CopyPart, deep
+// checks, ChunkHeap::Read) bytes / read rate on another; callers return
+// when their reservation has elapsed, so concurrent workers share the rate.
+// Small metadata stores (checksums, commit words, chunk headers) are not
+// charged. 0 leaves that direction at the machine's speed; where a value is
+// 0 the environment variables PMSNAP_PM_WRITE_GBPS / PMSNAP_PM_READ_GBPS
+// (GB/s, 1e9 B/s) supply it. Unset, the data path pays one well-predicted
+// null test per part. Not stored in the pool: it applies at every open.
+struct PmBandwidth {
+  double write_gbps = 0;
+  double read_gbps = 0;
+  bool simulated() const { return write_gbps > 0 || read_gbps > 0; }
+  // "" when nothing is modelled, else e.g.
+  // "simulated PM (2.3 GB/s write, 6.6 GB/s read)".
+  std::string Label() const;
+};
+
+// `requested` with every 0 filled from PMSNAP_PM_WRITE_GBPS /
+// PMSNAP_PM_READ_GBPS where those are set. kInvalidArgument naming the
+// variable when one is not a positive number; negative option values too.
+Result<PmBandwidth> ResolvePmBandwidth(const PmBandwidth& requested);
+
 struct PoolOptions {
   // Largest piece of a tensor copied, persisted and checksummed as one part.
   std::uint64_t part_bytes = 4ull << 20;
@@ -96,6 +125,8 @@ struct PoolOptions {
   PrefaultMethod prefault_method = PrefaultMethod::kAuto;
   // The rank group this pool belongs to (stored; read back by Open).
   RankGroup group;
+  // Simulated PM bandwidth (PmBandwidth). Not stored in the pool.
+  PmBandwidth pm_bandwidth;
 };
 
 struct OpenOptions {
@@ -137,6 +168,8 @@ struct OpenOptions {
   // Off: nothing is faulted in or advised ahead of the writers.
   bool prefault_mapping = true;
   PrefaultMethod prefault_method = PrefaultMethod::kAuto;
+  // Simulated PM bandwidth (PmBandwidth), for this open only.
+  PmBandwidth pm_bandwidth;
 };
 
 enum class SlotState : std::uint8_t { kEmpty = 0, kWriting = 1, kComplete = 2 };
@@ -255,6 +288,10 @@ class Pool {
   // prefault thread's page faults. With the option off: state kDone, no
   // bytes, method "off". Any thread.
   PrefaultProgress prefault_progress() const;
+  // The PM bandwidth this pool is held to (PmBandwidth, after the
+  // environment filled it in); simulated() is false at the machine's speed.
+  // Any thread.
+  const PmBandwidth& pm_bandwidth() const;
   // Waits up to `timeout` for the prefault to settle (done, stopped or
   // failed); true if it has. Any thread.
   bool WaitForPrefault(std::chrono::nanoseconds timeout) const;

@@ -39,6 +39,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "pmsnap/common/bandwidth_pacer.h"
 #include "pmsnap/common/status.h"
 
 namespace pmsnap::runtime {
@@ -265,8 +266,7 @@ class SimulatedDevice final : public HostMemoryDevice {
  private:
   using Clock = std::chrono::steady_clock;
   class Queue;  // one simulated stream: a thread running jobs in order
-  Status TimedCopy(void* dst, const void* src, std::size_t bytes, double bandwidth_gbps,
-                   bool uses_link);
+  Status TimedCopy(void* dst, const void* src, std::size_t bytes, BandwidthPacer& channel);
   // Queues a copy on the calling thread's copy stream after `after`.
   Result<DeviceEventPtr> QueueCopy(void* dst, const void* src, std::size_t bytes,
                                    DeviceEventPtr after, bool uses_link);
@@ -275,9 +275,8 @@ class SimulatedDevice final : public HostMemoryDevice {
   bool CopyWaitsFor(const DeviceEvent* event);
   Queue& CopyStreamForThisThread();
   SimulatedDeviceOptions options_;
-  std::mutex link_mutex_;  // guards link_free_at_ and engine_free_at_
-  Clock::time_point link_free_at_{};
-  Clock::time_point engine_free_at_{};  // the in-device copy engine
+  BandwidthPacer link_;         // device <-> host copies
+  BandwidthPacer copy_engine_;  // in-device copies
   std::atomic<std::uint64_t> copies_settled_{0};
   std::atomic<std::uint64_t> compute_waits_{0};
   std::atomic<std::uint64_t> compute_stalls_{0};

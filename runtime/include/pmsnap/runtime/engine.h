@@ -86,7 +86,8 @@ Result<CopyStart> ParseCopyStart(std::string_view name);
 struct EngineOptions {
   std::string pool_path;
   // Used when the pool is created (an existing pool keeps its own), except
-  // prefault_mapping / prefault_method, which apply at every open.
+  // prefault_mapping / prefault_method and pm_bandwidth (simulated PM),
+  // which apply at every open.
   layout::PoolOptions pool_options;
   // Verify every data checksum of the recovered slot. Without an encoder the
   // check runs inside Restore's copy (one read of the slot, not two) or, if

@@ -27,6 +27,7 @@ struct UnitStats {
 
 struct Stats {
   std::string device;    // Device::name(), e.g. "simulated(...)"
+  std::string pm;        // "" on the machine's PM, else "simulated PM (...)" (PmBandwidth)
   std::string strategy;  // ConflictStrategy::name()
   std::string policy;    // IntervalPolicy::name()
   std::uint64_t steps = 0;
