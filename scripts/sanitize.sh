@@ -116,9 +116,12 @@ run_asan() {
 
   start=$SECONDS
   echo "sanitize.sh: asan+ubsan, Python tests with libasan preloaded, leak checking off"
-  local libasan
-  libasan="$(gcc -print-file-name=libasan.so)"
-  LD_PRELOAD="$libasan" \
+  # libasan first; libstdc++ with it: the interpreter does not link it, and
+  # ASan looks up the real __cxa_throw once, at start-up, so a C++ exception
+  # thrown by the extension would otherwise abort in ASan's interceptor.
+  local preload
+  preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
+  LD_PRELOAD="$preload" \
     ASAN_OPTIONS="$common:detect_leaks=0" \
     UBSAN_OPTIONS="$ubsan" \
     nice -n 5 ctest --test-dir "$dir" -j "$test_jobs" --output-on-failure \
