@@ -7,9 +7,18 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_ddp_resume.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_interop.py
                    ${CMAKE_CURRENT_SOURCE_DIR}/python)
+  # A sanitizer build (scripts/sanitize.sh) runs the interpreter with libasan
+  # preloaded and an instrumented extension: several times slower.
+  set(_pmsnap_timeout_scale 1)
+  if(PMSNAP_SANITIZE)
+    set(_pmsnap_timeout_scale 6)
+  endif()
+  math(EXPR _pmsnap_python_timeout "600 * ${_pmsnap_timeout_scale}")
+  math(EXPR _pmsnap_ddp_timeout "900 * ${_pmsnap_timeout_scale}")
   set(_pmsnap_python_env PYTHONPATH=${PMSNAP_PYTHON_BUILD_DIR} PMEM_IS_PMEM_FORCE=1
                          PYTHONDONTWRITEBYTECODE=1 PMSNAP_CLI=$<TARGET_FILE:pmsnap>)
-  set_tests_properties(python_tests PROPERTIES ENVIRONMENT "${_pmsnap_python_env}" TIMEOUT 600)
+  set_tests_properties(python_tests PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
+                       TIMEOUT ${_pmsnap_python_timeout})
   # Twenty torchrun launches of a 2-rank DDP job, each SIGKILLed once
   # ($PMSNAP_DDP_KILLS), then one to the end: on its own so it runs beside
   # the rest of the Python suite.
@@ -17,14 +26,14 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
            COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_ddp_resume.py)
   set_tests_properties(python_ddp_resume_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
-                       TIMEOUT 900)
+                       TIMEOUT ${_pmsnap_ddp_timeout})
   # Checkpoints that leave the pool (load_state_dict, export, the list/export/
   # prune/diff commands, DCP): on its own, its 1 GiB export measures peak memory.
   add_test(NAME python_interop_test
            COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_interop.py)
   set_tests_properties(python_interop_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
-                       TIMEOUT 900)
+                       TIMEOUT ${_pmsnap_ddp_timeout})
 endif()
 
 # `pip install .` into a fresh venv, then checkpoint, SIGKILL and restore with

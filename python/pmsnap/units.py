@@ -11,7 +11,11 @@ companion by the C++ rules the libtorch hooks use too
 Tensors are checkpointed in place through their data pointers: while the
 engine is open, parameters and state tensors must keep their storage (no
 `p.data = ...`, no `module.to(...)`); Unit.check_unchanged finds a moved one
-and raises ModelMismatchError naming the parameter. Should an optimizer
+and raises ModelMismatchError naming the parameter. A Unit holds the storage
+of every tensor it registered: a checkpoint of the last step may still be
+copying from it in the background when the training thread replaces
+`p.data`, and freeing it then would let the engine read freed memory (found
+by AddressSanitizer, scripts/sanitize.sh). Should an optimizer
 replace a state tensor instead of updating it in place, Unit.repin_state
 copies its value back into the registered tensor (bitwise) and puts the
 registered tensor back.
@@ -78,13 +82,17 @@ class Unit:
     """One parameter and its state tensors, as laid out: one engine unit, or for
     an embedding table its encoded unit plus a dense companion."""
 
-    __slots__ = ("name", "param", "tensors", "ptrs", "shapes", "table", "_registrations")
+    __slots__ = ("name", "param", "tensors", "ptrs", "shapes", "table", "_registrations",
+                 "_storage_holds")
 
     def __init__(self, name, param, state, table=False):
         self.name = name
         self.param = param
         self.tensors = [(PARAM_ROLE, param)] + state  # [(role, tensor)]
         self.ptrs = [t.data_ptr() for _, t in self.tensors]
+        # Aliases of the registered storage that `p.data = ...` does not
+        # rebind: the memory the engine copies stays valid (module doc).
+        self._storage_holds = [t.detach() for _, t in self.tensors]
         self.shapes = [tuple(t.shape) for _, t in self.tensors]
         self.table = table
         self._registrations = None

@@ -75,6 +75,24 @@ def test_shape_change_after_wrapping(pool_path):
             copt.step()
 
 
+def test_replaced_storage_stays_alive_for_the_checkpoint_in_flight(pool_path):
+    # The checkpoint of step 0 may still be copying layers.2.weight in the
+    # background when the training thread swaps the tensor's storage; the old
+    # storage must outlive that copy (freed, the engine read freed memory:
+    # AddressSanitizer's heap-use-after-free in Pool::WritePart).
+    from torch.multiprocessing.reductions import StorageWeakRef
+    model = make_model()
+    copt, _ = wrap(model, pool_path)
+    with copt:
+        train_step(model, copt, 0)
+        old_storage = StorageWeakRef(model.layers[2].weight.untyped_storage())
+        with torch.no_grad():
+            model.layers[2].weight.data = torch.zeros(4, 16)
+        assert not old_storage.expired()
+        with pytest.raises(pmsnap.ModelMismatchError, match=r"layers\.2\.weight.*moved"):
+            copt.step()
+
+
 def test_moved_storage_is_refused(pool_path):
     model = make_model()
     copt, _ = wrap(model, pool_path)
