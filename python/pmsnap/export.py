@@ -51,7 +51,7 @@ import torch
 
 from . import _pmsnap
 from .errors import make_error
-from .state_dict import OPTIMIZER_PREFIX, run_with_fallback
+from .state_dict import OPTIMIZER_PREFIX, load_state_dict, run_with_fallback
 from .units import torch_dtype
 
 FORMATS = ("safetensors", "pt", "dcp")
@@ -436,7 +436,8 @@ def _write_dcp(checkpoint, entries, path, model_only, meter):
 # --- reading an export back --------------------------------------------------------------
 
 def read_export(path):
-    """An exported checkpoint (.safetensors, .pt or DCP folder) as {"model",
+    """An exported checkpoint (.safetensors, .pt or DCP folder), a pool, or a
+    "{rank}" template of a multi-rank run's pools (consolidated), as {"model",
     "optimizer" (None if model-only), "extra" (the step()'s dict, without
     RNG states), "iteration" (None if unknown)}: what
     CheckpointedOptimizer(init_from=...) seeds a pool with. Also takes
@@ -445,6 +446,10 @@ def read_export(path):
     (or "optim") entries keyed by parameter name. NotFoundError for a missing
     path, InvalidArgumentError naming the file for anything else."""
     path = os.fspath(path)
+    if "{rank}" in path or _is_pool_file(path):
+        # A pool, or every rank's pool of a multi-rank run, whatever its world
+        # size: how a run moves to another world size.
+        return _split(load_state_dict(path))
     if not os.path.exists(path):
         raise make_error(_pmsnap.NotFoundError, f"checkpoint {path} does not exist")
     try:
@@ -464,6 +469,14 @@ def read_export(path):
         raise make_error(_pmsnap.InvalidArgumentError,
                          f"{path} is not a checkpoint pmsnap can import ({type(e).__name__}: "
                          f"{e})") from e
+
+
+def _is_pool_file(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"PMEMOBJ\0"
+    except OSError:
+        return False
 
 
 def _read_safetensors(path):

@@ -156,7 +156,9 @@ class CheckpointedOptimizer(UpdateInBackward):
         pmsnap mid-training): a .safetensors or .pt file or a DCP folder, as
         pmsnap.export writes them, or a state dict of the model's tensors
         (.pt / .safetensors) or a DCP / .pt checkpoint with "model" and
-        "optimizer" entries keyed by parameter name. The model (model= is
+        "optimizer" entries keyed by parameter name; or a pool, or a
+        "{rank}" template of another run's pools, consolidated whatever its
+        world size (how a DDP run moves to another number of ranks). The model (model= is
         required) and optimizer are loaded from it (strictly: every
         parameter), iteration numbering continues from its iteration, and
         when it holds the optimizer state the new pool is created and
@@ -487,7 +489,16 @@ class CheckpointedOptimizer(UpdateInBackward):
         # Imported here: export.py imports this module's package.
         from .export import read_export
         from .importing import load_into
-        data = read_export(path)
+        if self._coordinator is None:
+            data = read_export(path)
+        else:
+            # One rank at a time: a pool file opens in one process at once
+            # (libpmemobj locks it), and init_from may name another run's pools.
+            data = None
+            for turn in range(self._coordinator.world_size()):
+                with _distributed.together(self._coordinator):
+                    if turn == self._coordinator.rank():
+                        data = read_export(path)
         load_into(data, self.model, self.optimizer, self._named, os.fspath(path))
         if data["iteration"] is not None:
             self.iteration = int(data["iteration"])

@@ -165,9 +165,15 @@ class PoolCheckpoint:
         self._paths = paths
         self._infos = infos
         per_rank = [{e["epoch"]: e for e in r.epochs()} for r in self._readers]
-        common = set(per_rank[0])
-        for epochs in per_rank[1:]:
-            common &= set(epochs)
+        # Ranks' pools hold the same iterations, but a pool that replaced a
+        # lost one numbers its epochs from 1: match the ranks by iteration,
+        # name epochs by rank 0's numbers.
+        epoch_of_iteration = [{e["iteration"]: number for number, e in epochs.items()}
+                              for epochs in per_rank]
+        common_iterations = set(epoch_of_iteration[0])
+        for iterations in epoch_of_iteration[1:]:
+            common_iterations &= set(iterations)
+        common = {epoch_of_iteration[0][i] for i in common_iterations}
         self.retained = sorted(common, reverse=True)
         if epoch is None:
             if not self.retained:
@@ -184,6 +190,8 @@ class PoolCheckpoint:
         self.epoch = int(epoch)
         first = per_rank[0][self.epoch]
         self.iteration = int(first["iteration"])
+        self._reader_epochs = {id(reader): epoch_of_iteration[k][self.iteration]
+                               for k, reader in enumerate(self._readers)}
         self.commit_time_unix_ns = int(first["commit_time_unix_ns"])
         self._blob = None
         self.entries = self._make_entries()
@@ -217,6 +225,10 @@ class PoolCheckpoint:
                         entries.append(TensorEntry(name, role, dtype, shape, nbytes, reader,
                                                    unit=du, tensor=t))
         return entries
+
+    def _epoch_in(self, reader):
+        """This checkpoint's epoch number in `reader`'s pool."""
+        return self._reader_epochs[id(reader)]
 
     @property
     def param_names(self):
@@ -283,7 +295,7 @@ class PoolCheckpoint:
         if out is None:
             out = torch.empty(entry.shape, dtype=torch_dtype(entry.dtype))
         if entry.nbytes:
-            entry.reader.read_tensor(self.epoch, entry.unit, entry.tensor, out.data_ptr())
+            entry.reader.read_tensor(self._epoch_in(entry.reader), entry.unit, entry.tensor, out.data_ptr())
         return out
 
     def view(self, entry):
@@ -296,8 +308,8 @@ class PoolCheckpoint:
         dtype = torch_dtype(entry.dtype)
         if entry.nbytes == 0:
             return torch.empty(entry.shape, dtype=dtype)
-        entry.reader.verify_tensor(self.epoch, entry.unit, entry.tensor)
-        offset = entry.reader.tensor_file_offset(self.epoch, entry.unit, entry.tensor)
+        entry.reader.verify_tensor(self._epoch_in(entry.reader), entry.unit, entry.tensor)
+        offset = entry.reader.tensor_file_offset(self._epoch_in(entry.reader), entry.unit, entry.tensor)
         mapping = self._mapping(entry.reader)
         array = numpy.frombuffer(mapping, dtype=numpy.uint8, count=entry.nbytes, offset=offset)
         with _warnings.catch_warnings():
@@ -312,7 +324,7 @@ class PoolCheckpoint:
         Pages written through the view (copy-on-write) are discarded too."""
         if entry.table is not None or entry.nbytes == 0:
             return
-        offset = entry.reader.tensor_file_offset(self.epoch, entry.unit, entry.tensor)
+        offset = entry.reader.tensor_file_offset(self._epoch_in(entry.reader), entry.unit, entry.tensor)
         start = -(-offset // _mmap.PAGESIZE) * _mmap.PAGESIZE
         end = (offset + entry.nbytes) // _mmap.PAGESIZE * _mmap.PAGESIZE
         if end > start:
@@ -329,7 +341,7 @@ class PoolCheckpoint:
         return mapping
 
     def _read_table_tensor(self, entry):
-        info, arrays = entry.reader.recover_table(entry.table, self.epoch)
+        info, arrays = entry.reader.recover_table(entry.table, self._epoch_in(entry.reader))
         roles = [e.role for e in self.entries if e.table == entry.table]
         array = arrays[roles.index(entry.role)]
         return torch.from_numpy(array).reshape(entry.shape)

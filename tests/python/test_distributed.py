@@ -111,7 +111,7 @@ def test_restore_names_the_rank_whose_pool_was_lost_beside_checkpointed_ranks():
         assert "rank 1: its pool holds no intact checkpoint while other ranks' pools do" in message
 
 
-def _sharded_run(rank, world, pool, steps, restore, lost=None):
+def _sharded_run(rank, world, pool, steps, restore, init_from=None):
     """A DDP-like run: every rank holds the same model and optimizer (seeded
     alike) and steps it with the same gradients; returns the restored
     iteration and extra state, and the final parameters and Adam state."""
@@ -119,8 +119,8 @@ def _sharded_run(rank, world, pool, steps, restore, lost=None):
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     opt = pmsnap.CheckpointedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), pool,
                                        model=model, every=1, sharding="replicated", replicas=2,
-                                       workers=1, part_bytes=4096)
-    start, extra = 1, None
+                                       workers=1, part_bytes=4096, init_from=init_from)
+    start, extra = opt.iteration + 1, None
     if restore:
         iteration, extra = opt.restore()
         start = iteration + 1
@@ -156,10 +156,35 @@ def test_sharded_ranks_with_two_replicas_restore_a_deleted_pool_bit_exact():
                     assert torch.equal(state[key], expected[key]), (rank, key)
                 else:
                     assert state[key] == expected[key], (rank, key)
+        # The consolidated read matches the ranks across the replaced pool,
+        # whose epochs are numbered from 1 again.
+        consolidated = pmsnap.load_state_dict(pool)
+        assert consolidated["pmsnap"]["iteration"] == 8
+        for name, tensor in consolidated["model"].items():
+            assert torch.equal(tensor, reference[0][1][name]), name
         # Each pool holds its owned and replicated parameters, not all four.
         for rank in range(3):
             held = len(pmsnap._pmsnap.read_pool(pool.format(rank=rank))["units"])
             assert 0 < held < 4, rank
+
+
+def test_a_run_moves_to_another_world_size_from_the_old_pools(tmp_path):
+    # The same training on every rank (DDP-like), so the reference does not
+    # depend on the world size: 2 ranks for 4 steps, then 3 ranks seeded from
+    # the 2 ranks' pools for 3 more, against 7 uninterrupted steps.
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        old, new = os.path.join(d, "two.{rank}.pool"), os.path.join(d, "three.{rank}.pool")
+        reference = run_ranks(1, lambda r, w: _sharded_run(r, w, os.path.join(d, "ref.pool"), 7,
+                                                           False))[0][1]
+        run_ranks(2, lambda r, w: _sharded_run(r, w, old, 4, False))
+        moved = run_ranks(3, lambda r, w: _sharded_run(r, w, new, 3, False, init_from=old))
+        for rank, ((start, _), state) in enumerate(moved):
+            assert start == 4, rank
+            for key in reference:
+                if torch.is_tensor(reference[key]):
+                    assert torch.equal(state[key], reference[key]), (rank, key)
+        # The old run's pools are untouched: they still restore.
+        assert pmsnap.load_state_dict(old)["pmsnap"]["iteration"] == 4
 
 
 def test_sharding_options_are_checked():
