@@ -102,11 +102,12 @@ TEST_P(StrategyCorrectnessTest, EveryCommittedEpochEqualsTheModelAtRest) {
     const std::uint64_t split =
         Count(stats, StrategyChoice::kSplitGroups) + Count(stats, StrategyChoice::kPartsOnConflict);
     if (ample) {
-      // Strategy 1, or 4 where copying a whole unit inside the device would
-      // outlast the (here very short) time to its next update.
-      EXPECT_GT(in_device + Count(stats, StrategyChoice::kSplitGroups), 0u)
-          << "conflicts seen and memory free: copies inside the device expected";
-      EXPECT_GT(stats.peak_device_extra_bytes, 0u);
+      // Which strategy wins depends on the copy and update times the
+      // selector measures, i.e. on this machine's speed and load (the
+      // selector's own tests fix those times); with memory free, an
+      // in-device copy it picks never falls back for lack of memory.
+      EXPECT_EQ(stats.in_device_fallbacks, 0u) << stats.Summary();
+      if (in_device > 0) EXPECT_GT(stats.peak_device_extra_bytes, 0u);
     } else {
       EXPECT_GT(split, 0u) << "conflicts seen, memory short: strategy 3 or 4 expected";
     }
