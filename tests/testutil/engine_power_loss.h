@@ -416,4 +416,19 @@ inline void ReportOutcome(const EnginePowerLossOutcome& outcome) {
   }
 }
 
+// The planted bug: runs `live` with the drain before each commit word
+// dropped (images only around commit records, several random ones each)
+// and expects the simulator to find bad images.
+inline void ExpectDroppedCommitDrainCaught(PowerLossModel& live, std::uint64_t first_steps,
+                                           std::uint64_t more_steps, std::uint64_t seed) {
+  layout::detail::DropCommitRecordDrainForTesting(true);
+  const EnginePowerLossOutcome outcome = RunEnginePowerLoss(
+      live, first_steps, more_steps, seed,
+      {.record_random_images = 4, .drain_stride = 1 << 30, .other_stride = 1 << 30});
+  layout::detail::DropCommitRecordDrainForTesting(false);
+  std::cout << "planted bug: " << outcome.Summary()
+            << (outcome.problems.empty() ? "" : "; first: " + outcome.problems.front()) << "\n";
+  EXPECT_FALSE(outcome.problems.empty());
+}
+
 }  // namespace pmsnap::testing
