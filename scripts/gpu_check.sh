@@ -196,7 +196,8 @@ for test in runtime_cuda_test runtime_device_test runtime_async_device_test \
     status=FAILED
     failed=1
   fi
-  summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$test_log" | tr '\n' ' ')"
+  summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?[,.]' "$test_log" |
+    tr '\n' ' ')"
   test_rows+=("| $test | $status | $summary |")
   say "$test: $status"
 done
