@@ -117,10 +117,11 @@ with 'apt-get download' (the list is in third_party/debs/README.md)"
       rm -rf "$tmp"
     fi
   done
-  # pkg-config files and scripts name /usr: point them at the unpacked tree.
+  # pkg-config files name /usr (prefix, and some libdir and includedir
+  # outright): point every such path at the unpacked tree.
   local pc
   while IFS= read -r -d '' pc; do
-    sed -i "s|^prefix=/usr\$|prefix=$deps/usr|" "$pc"
+    sed -i -e "s|^prefix=/usr\$|prefix=$deps/usr|" -e "s|=/usr/|=$deps/usr/|g" "$pc"
   done < <(find "$deps" -name '*.pc' -print0)
   echo "$want" >"$stamp"
 }
@@ -142,7 +143,7 @@ if [[ "$mode" == deps ]]; then
   echo "PKG_CONFIG=${pkg_config:-none}"
   for module in libpmem libpmemobj libxxhash tbb; do
     if [[ -n "$pkg_config" ]] && "$pkg_config" --exists "$module"; then
-      echo "found $module $("$pkg_config" --modversion "$module") in $("$pkg_config" --variable=prefix "$module")"
+      echo "found $module $("$pkg_config" --modversion "$module") in $("$pkg_config" --variable=libdir "$module")"
     else
       die 3 "$module not found in $deps after unpacking"
     fi
@@ -195,7 +196,8 @@ for test in runtime_cuda_test runtime_device_test runtime_async_device_test \
     status=FAILED
     failed=1
   fi
-  summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$test_log" | tr '\n' ' ')"
+  summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?[,.]' "$test_log" |
+    tr '\n' ' ')"
   test_rows+=("| $test | $status | $summary |")
   say "$test: $status"
 done

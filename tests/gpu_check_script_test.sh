@@ -35,7 +35,7 @@ fi
 PMSNAP_GPU_BUILD_DIR="$out/build" "$script" deps >"$out/deps.log" 2>&1 ||
   fail "deps failed: $(cat "$out/deps.log")"
 for module in libpmem libpmemobj libxxhash tbb; do
-  grep -q "^found $module .* in $out/build/deps/usr\$" "$out/deps.log" ||
+  grep -q "^found $module .* in $out/build/deps/usr/lib/x86_64-linux-gnu\$" "$out/deps.log" ||
     fail "$module not taken from the bundled packages: $(cat "$out/deps.log")"
 done
 

@@ -105,8 +105,8 @@ class PmsnapMethod(Method):
         self.opt.step()
 
     def close(self):
+        self.opt.close()  # waits for the last epoch: stats() then counts it
         self.stats = self.opt.stats()
-        self.opt.close()
         if os.path.exists(self.pool):
             os.remove(self.pool)
 
