@@ -7,7 +7,7 @@
 // measured write rate is within 10% of the configured one"). They stay
 // independent of this machine's speed by configuring a rate well below what
 // the same test just measured without the model (an eighth of the lower of
-// two measurements, at most 1 GB/s): the model can then only be met, never
+// two measurements, at most 0.25 GB/s): the model can then only be met, never
 // outrun by a slow machine. (A quarter was not enough margin: on this 2-vCPU
 // VM at a load of ~20 from parallel builds the machine's own rate moved by
 // 4x within seconds and the throttled rate came out 15-20% low.)
@@ -37,7 +37,12 @@ using pmsnap::testing::MakeManifest;
 using pmsnap::testing::SeededTensor;
 using pmsnap::testing::TempPoolPath;
 
-constexpr int kThreads = 2;
+// Four writers (readers) on two vCPUs: a writer that sleeps past its
+// reservation (at a load of ~20 a wake-up can be late by more than one 4 MiB
+// part's channel time) leaves the channel to the three others queued behind
+// it, so the measured rate is the model's, not the scheduler's. With two,
+// the channel idled and a throttled pool measured 78-84% of its rate.
+constexpr int kThreads = 4;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -145,9 +150,11 @@ double ReadAll(const Pool& pool, int passes, std::vector<std::byte>& into) {
 }
 
 // An eighth of what the machine just did (the lower of two measurements), at
-// most 1 GB/s.
+// most 0.25 GB/s: a 4 MiB part then holds the channel for 16 ms or more,
+// well above a late wake-up on a loaded machine (at 1 GB/s, 4 ms, a pool
+// measured 88% of its rate at a load of ~22).
 double ModestRate(double first_gbps, double second_gbps) {
-  return std::min(1.0, std::min(first_gbps, second_gbps) / 8);
+  return std::min(0.25, std::min(first_gbps, second_gbps) / 8);
 }
 
 TEST(PoolPmBandwidthTest, ThrottledPoolWritesAndReadsWithinTenPercentOfTheConfiguredRates) {
@@ -184,7 +191,7 @@ TEST(PoolPmBandwidthTest, ThrottledPoolWritesAndReadsWithinTenPercentOfTheConfig
 
   constexpr int kEpochs = 4;
   const double written_gbps = kEpochs * bytes / WriteEpochs(**pool, model, kEpochs) / 1e9;
-  std::printf("write: configured %.3f GB/s (an eighth of the machine's, at most 1), measured %.3f\n",
+  std::printf("write: configured %.3f GB/s (an eighth of the machine's, at most 0.25), measured %.3f\n",
               write_gbps, written_gbps);
   EXPECT_NEAR(written_gbps, write_gbps, 0.1 * write_gbps)
       << "configured " << write_gbps << " GB/s write";
