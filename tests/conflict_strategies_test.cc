@@ -107,7 +107,9 @@ TEST_P(StrategyCorrectnessTest, EveryCommittedEpochEqualsTheModelAtRest) {
       // selector's own tests fix those times); with memory free, an
       // in-device copy it picks never falls back for lack of memory.
       EXPECT_EQ(stats.in_device_fallbacks, 0u) << stats.Summary();
-      if (in_device > 0) EXPECT_GT(stats.peak_device_extra_bytes, 0u);
+      if (in_device > 0) {
+        EXPECT_GT(stats.peak_device_extra_bytes, 0u);
+      }
     } else {
       EXPECT_GT(split, 0u) << "conflicts seen, memory short: strategy 3 or 4 expected";
     }

@@ -68,7 +68,9 @@ class ToyPowerLossModel final : public PowerLossModel {
   // committed; a flush every third step makes sure several do, however
   // fast the steps run (how many more does depend on the machine).
   void AfterStep(Engine& engine, std::uint64_t k) override {
-    if (simulated_device_ && k % 3 == 0) ASSERT_TRUE(engine.Flush().ok());
+    if (simulated_device_ && k % 3 == 0) {
+      ASSERT_TRUE(engine.Flush().ok());
+    }
   }
   std::unique_ptr<PowerLossModel> Fresh() const override {
     auto fresh = std::make_unique<ToyPowerLossModel>(simulated_device_);
