@@ -658,7 +658,10 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   if (!options.worker_cpus.empty()) {
     PMSNAP_RETURN_IF_ERROR(CheckCpus(options.worker_cpus, "EngineOptions::worker_cpus"));
   }
-  PMSNAP_RETURN_IF_ERROR(ManifestFor(units).Validate());
+  // Every registration's manifest; with sharding, the pool's holds this
+  // rank's units only (below).
+  layout::Manifest manifest = ManifestFor(units);
+  PMSNAP_RETURN_IF_ERROR(manifest.Validate());
   for (const UnitRegistration& unit : units) {
     for (const TensorView& t : unit.tensors) {
       if (t.data == nullptr && layout::TensorSpec{t.name, t.dtype, t.shape}.bytes() > 0) {
@@ -678,14 +681,15 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
     // The whole model's identity, with the replica count: a pool holds the
     // units one placement assigned it.
     const std::uint64_t identity[2] = {
-        options.model_fingerprint != 0 ? options.model_fingerprint : ManifestFor(units).Signature(),
+        options.model_fingerprint != 0 ? options.model_fingerprint : manifest.Signature(),
         static_cast<std::uint64_t>(options.replicas)};
     options.model_fingerprint = layout::Checksum64(identity, sizeof(identity));
-    PMSNAP_ASSIGN_OR_RETURN(shards, ShardUnits(std::move(units), options.coordinator->rank(),
-                                               world_size, options.replicas, options.pool_path));
+    PMSNAP_ASSIGN_OR_RETURN(shards,
+                            ShardUnits(std::move(units), manifest, options.coordinator->rank(),
+                                       world_size, options.replicas, options.pool_path));
     units = HeldRegistrations(*shards);
+    manifest = ManifestFor(units);
   }
-  const layout::Manifest manifest = ManifestFor(units);
 
   std::vector<std::uint32_t> encoded_units;
   for (std::uint32_t u = 0; u < units.size(); ++u) {

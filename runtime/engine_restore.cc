@@ -137,18 +137,15 @@ Status BroadcastUnit(const UnitRegistration& unit, int root, int rank, Device& d
 
 }  // namespace
 
-Result<ShardedUnits> ShardUnits(std::vector<UnitRegistration> units, int rank, int world_size,
+Result<ShardedUnits> ShardUnits(std::vector<UnitRegistration> units,
+                                const layout::Manifest& manifest, int rank, int world_size,
                                 int replicas, const std::string& pool_path) {
   ShardedUnits shards;
   std::vector<std::uint64_t> unit_bytes;
   for (std::uint32_t u = 0; u < units.size(); ++u) {
     if (units[u].encoded) continue;
     shards.replicated.push_back(u);
-    std::uint64_t bytes = 0;
-    for (const TensorView& t : units[u].tensors) {
-      bytes += layout::TensorSpec{t.name, t.dtype, t.shape}.bytes();
-    }
-    unit_bytes.push_back(bytes);
+    unit_bytes.push_back(manifest.units[u].bytes());
   }
   PMSNAP_ASSIGN_OR_RETURN(shards.plan, PlanShards(unit_bytes, world_size, replicas));
   for (int r = 0; r < world_size; ++r) {

@@ -63,11 +63,13 @@ struct ShardedUnits {
 };
 
 // Plans which units this rank (of `world_size`) writes: the non-encoded
-// units of `units` are sharded by PlanShards with `replicas`; encoded units
-// are always this rank's own. kInvalidArgument, the same on every rank,
+// units of `units` (`manifest` is ManifestFor(units), giving their sizes)
+// are sharded by PlanShards with `replicas`; encoded units are always this
+// rank's own. kInvalidArgument, the same on every rank,
 // when some rank would write no unit (more ranks than units). `pool_path`
 // names this rank's pool in errors.
-Result<ShardedUnits> ShardUnits(std::vector<UnitRegistration> units, int rank, int world_size,
+Result<ShardedUnits> ShardUnits(std::vector<UnitRegistration> units,
+                                const layout::Manifest& manifest, int rank, int world_size,
                                 int replicas, const std::string& pool_path);
 
 // The registrations `shards` says this rank writes, in registration order.
