@@ -17,16 +17,22 @@ pmsnap trial checkpoints every timed iteration ("28 of 30"). Methods:
                configuration: adaptive strategy, copy start "auto", workers
                pinned to the CPUs the training thread does not use
   pmsnap-nopin the same with the workers left to the OS scheduler
-  hooks-only   pmsnap's parameter-by-parameter step and hooks with a
-               checkpoint interval longer than the run (no commit): what the
-               Python stepping costs without copies
+  pmsnap-per-param  pmsnap with step_groups=None: the wrapped optimizer's
+               step() called once per parameter (the stepping before
+               parameter groups), to show what the groups save
+  hooks-only   pmsnap's grouped step and hooks with a checkpoint interval
+               longer than the run (no commit): what the Python stepping
+               costs without copies
 
 The training thread is pinned to the first allowed CPU in every method (when
 the process may use two or more), so all methods compare on equal terms.
 Methods run interleaved, in a rotated order per round; the overhead of a
 round is its mean iteration time over the same round's `plain`, and the table
 gives the median over rounds with the range. The machine may be loaded by
-other work: read the in-round ratios, not the milliseconds.
+other work: read the in-round ratios, not the milliseconds. "step() CPU ms"
+is the training thread's CPU time inside step() (time.thread_time, median of
+the timed iterations): what the stepping itself costs, which the load moves
+far less than the wall clock.
 
     PMEM_IS_PMEM_FORCE=1 PYTHONPATH=build/python .venv/bin/python \\
         bench/python_transformer.py --rounds 7
@@ -70,10 +76,12 @@ def run_trial(method, args, pool_dir, trial, worker_cpus):
             kwargs["every"] = 10 ** 9  # never reached: no checkpoint
         else:
             kwargs["every"] = 1
-        if method == "pmsnap" and worker_cpus:
+        if method in ("pmsnap", "pmsnap-per-param") and worker_cpus:
             kwargs["worker_cpus"] = worker_cpus
+        if method == "pmsnap-per-param":
+            kwargs["step_groups"] = None
         stepper = pmsnap.CheckpointedOptimizer(optimizer, **kwargs)
-    times = []
+    times, step_cpu = [], []
     try:
         for it in range(args.iterations):
             start = time.perf_counter()
@@ -81,7 +89,9 @@ def run_trial(method, args, pool_dir, trial, worker_cpus):
             out = model(batches[it % len(batches)])
             loss = out.pow(2).mean()
             loss.backward()
+            cpu = time.thread_time()
             stepper.step()
+            step_cpu.append(time.thread_time() - cpu)
             times.append(time.perf_counter() - start)
         commits = 0
         blocked = 0.0
@@ -95,6 +105,7 @@ def run_trial(method, args, pool_dir, trial, worker_cpus):
             os.remove(pool)
     timed = times[args.warmup:]
     return dict(mean_ms=1e3 * statistics.mean(timed), median_ms=1e3 * statistics.median(timed),
+                step_cpu_ms=1e3 * statistics.median(step_cpu[args.warmup:]),
                 commits=commits, blocked_ms=1e3 * blocked)
 
 
@@ -106,7 +117,8 @@ def main():
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--methods", default="plain,pmsnap,pmsnap-nopin,hooks-only")
+    parser.add_argument("--methods",
+                        default="plain,pmsnap,pmsnap-nopin,pmsnap-per-param,hooks-only")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "python_transformer.csv"))
     args = parser.parse_args()
     methods = args.methods.split(",")
@@ -146,19 +158,21 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["round", "method", "mean_ms", "median_ms",
-                                               "overhead_pct", "commits", "blocked_ms"])
+                                               "step_cpu_ms", "overhead_pct", "commits",
+                                               "blocked_ms"])
         writer.writeheader()
         for r in rows:
             writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v)
                              for k, v in r.items()})
 
-    print(f"\n{'method':<14} {'mean ms/it':>11} {'overhead % (median, range over rounds)':>40} "
-          f"{'commits':>8} {'blocked ms/it':>14}")
+    print(f"\n{'method':<17} {'mean ms/it':>11} {'overhead % (median, range over rounds)':>40} "
+          f"{'step() CPU ms':>14} {'commits':>8} {'blocked ms/it':>14}")
     for method in methods:
         mine = [r for r in rows if r["method"] == method]
         over = sorted(r["overhead_pct"] for r in mine)
-        print(f"{method:<14} {statistics.median(r['mean_ms'] for r in mine):11.2f} "
+        print(f"{method:<17} {statistics.median(r['mean_ms'] for r in mine):11.2f} "
               f"{statistics.median(over):+15.2f} ({over[0]:+.2f} .. {over[-1]:+.2f}){'':>8} "
+              f"{statistics.median(r['step_cpu_ms'] for r in mine):14.2f} "
               f"{statistics.median(r['commits'] for r in mine):8.0f} "
               f"{statistics.median(r['blocked_ms'] for r in mine):14.3f}")
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end; CSV: {args.out}")

@@ -1,16 +1,25 @@
-"""ParameterStepper: a torch.optim optimizer stepped one parameter at a time.
+"""ParameterStepper: a torch.optim optimizer stepped a few parameters at a time.
 
-pmsnap checkpoints weight by weight while training runs, so it must see every
-parameter's update as its own event (docs/ARCHITECTURE.md, "From an optimizer
-hook to a committed epoch"). A torch.optim optimizer updates all parameters
-inside one step() and skips the ones whose .grad is None; the stepper uses
-exactly that: it hides every gradient, then for each parameter (last first,
-the order backward produces gradients) shows only that parameter's gradient
-and calls the wrapped optimizer's own step(), between the observer's
-before_update and after_update (the unit's engine hooks). The arithmetic is
-the optimizer's own code on the same tensors, so results are bitwise
-identical to one plain step() (tests/python/test_equivalence.py). The C++
-hooks::ParameterStepper does the same for libtorch's optimizers.
+pmsnap checkpoints weight by weight while training runs, so it must see each
+parameter's update as an event of its own (docs/ARCHITECTURE.md, "From an
+optimizer hook to a committed epoch"). A torch.optim optimizer updates all
+parameters inside one step() and skips the ones whose .grad is None; the
+stepper uses exactly that: it hides every gradient, then for each group of
+parameters (last first, the order backward produces gradients) shows only
+that group's gradients and calls the wrapped optimizer's own step(), between
+the observer's before_update and after_update of each parameter in the group
+(the units' engine hooks). The arithmetic is the optimizer's own code on the
+same tensors, so results are bitwise identical to one plain step()
+(tests/python/test_equivalence.py). The C++ hooks::ParameterStepper does the
+same for libtorch's optimizers, one parameter at a time.
+
+Why groups: every torch.optim step() call costs 0.1-0.5 ms of Python
+whatever it updates (its decorators, profiler record, default-to-foreach
+check, a pass over the whole param group), so stepping the 72 tensors of a
+small transformer one by one added 8 ms of CPU to a 13 ms AdamW step
+(bench/RESULTS.md, "The Python transformer loop"). Groups of about equal
+bytes keep at most `groups` calls per step whatever the number of tensors,
+while the first group's copies still start before the step ends.
 
 Thread-safety: not thread-safe; the training thread that owns the
 CheckpointedOptimizer.
@@ -20,7 +29,9 @@ from . import _pmsnap
 
 
 class ParameterStepper:
-    """Steps `optimizer` over `params` (a list, in registration order) one at a time.
+    """Steps `optimizer` over `params` (a list, in registration order) in
+    about `groups` optimizer.step() calls per step (None or 0: one call per
+    parameter).
 
     An observer has before_update(index) and after_update(index), which may
     raise pmsnap.Error, and after_optimizer_step(index), called right after
@@ -28,9 +39,14 @@ class ParameterStepper:
     errors propagate.
     """
 
-    def __init__(self, optimizer, params):
+    def __init__(self, optimizer, params, groups=None):
         self.optimizer = optimizer
         self._params = list(params)
+        if groups:
+            total = sum(p.numel() * p.element_size() for p in self._params)
+            self._group_bytes = max(1, -(-total // groups))
+        else:
+            self._group_bytes = 0
 
     def step(self, observer, indices=None):
         """Updates every parameter with a gradient (all, or `indices`; default
@@ -43,8 +59,8 @@ class ParameterStepper:
             indices = range(len(self._params) - 1, -1, -1)
         error = None
         with self._only_gradient_shown() as shown:
-            for index in indices:
-                error = self._update(observer, index, shown, error)
+            for group in self._groups_of(indices):
+                error = self._update(observer, group, shown, error)
         if error is not None:
             raise error
 
@@ -52,7 +68,20 @@ class ParameterStepper:
         """Updates parameter `index` alone, as step() would; returns the
         hook's pmsnap.Error, or None (the update completes either way)."""
         with self._only_gradient_shown() as shown:
-            return self._update(observer, index, shown, None)
+            return self._update(observer, (index,), shown, None)
+
+    def _groups_of(self, indices):
+        """`indices` in order, cut into runs of about _group_bytes each."""
+        group, size = [], 0
+        for index in indices:
+            group.append(index)
+            p = self._params[index]
+            size += p.numel() * p.element_size()
+            if size >= self._group_bytes:
+                yield group
+                group, size = [], 0
+        if group:
+            yield group
 
     def _only_gradient_shown(self):
         """Context: every gradient hidden from the optimizer; shown(index)
@@ -77,29 +106,37 @@ class ParameterStepper:
 
         return _Shown()
 
-    def _update(self, observer, index, shown, error):
-        """Updates parameter `index` between its hooks (none once a hook
-        failed: `error`, returned with any new one)."""
-        grad = shown(index)
-        if grad is None:
-            return error  # the engine counts it as updated at the step's end
-        p = self._params[index]
-        hooked = observer is not None and error is None
-        if hooked:
-            try:
-                observer.before_update(index)
-            except _pmsnap.Error as e:
-                error, hooked = e, False
-        p.grad = grad
+    def _update(self, observer, group, shown, error):
+        """Updates the parameters `group` in one optimizer step, each between
+        its hooks (none once a hook failed: `error`, returned with the first
+        new one). Parameters without a gradient are left to the engine, which
+        counts them as updated at the step's end."""
+        present = [index for index in group if shown(index) is not None]
+        if not present:
+            return error
+        hooked = []
+        if observer is not None:
+            for index in present:
+                if error is not None:
+                    break
+                try:
+                    observer.before_update(index)
+                    hooked.append(index)
+                except _pmsnap.Error as e:
+                    error = e
+        for index in present:
+            self._params[index].grad = shown(index)
         try:
             self.optimizer.step()
         finally:
-            p.grad = None
+            for index in present:
+                self._params[index].grad = None
         if observer is not None:
-            observer.after_optimizer_step(index)
-        if hooked:
+            for index in present:
+                observer.after_optimizer_step(index)
+        for index in hooked:
             try:
                 observer.after_update(index)
             except _pmsnap.Error as e:
-                error = e
+                error = error or e
         return error

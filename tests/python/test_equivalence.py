@@ -112,3 +112,34 @@ def test_param_without_grad_is_skipped_like_plain(pool_path):
     with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=wrapped, every=1) as copt:
         train(wrapped, copt)
     assert_same_training_state(plain, plain_opt, wrapped, opt)
+
+
+@pytest.mark.parametrize("step_groups", [None, 1, 2, 3, 100])
+def test_step_groups_bound_the_optimizer_calls_and_change_no_bit(step_groups, pool_path):
+    """step_groups=G steps the wrapped optimizer at most G times per step (a
+    group ends once it holds 1/G of the parameter bytes), None once per
+    parameter, and neither changes a bit of the training."""
+    widths = (12, 32, 32, 16, 4)  # 8 tensors of unequal sizes
+    plain_model, plain_opt = run(OPTIMIZERS["adamw"], widths=widths)
+    model = make_model(widths=widths)
+    opt = OPTIMIZERS["adamw"](model.parameters())
+    calls = []
+    opt.register_step_post_hook(lambda *_: calls.append(1))
+    params = len(list(model.parameters()))
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1,
+                                      step_groups=step_groups) as copt:
+        for step in range(STEPS):
+            calls.clear()
+            train_step(model, copt, step)
+            if step_groups is None:
+                assert len(calls) == params
+            else:
+                assert 1 <= len(calls) <= min(step_groups, params)
+    assert_same_training_state(plain_model, plain_opt, model, opt)
+
+
+def test_step_groups_must_be_a_count(pool_path):
+    model = make_model()
+    with pytest.raises(pmsnap.InvalidArgumentError, match="step_groups"):
+        pmsnap.CheckpointedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), pool=pool_path,
+                                     model=model, step_groups=-1)
