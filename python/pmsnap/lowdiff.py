@@ -372,8 +372,10 @@ class LowDiff:
         self.full_every = full_every or initial_full_every
         self.batch = batch or initial_batch
         self.max_batch = max_batch
-        self.ckpt = CheckpointedOptimizer(optimizer, pool, model=ddp_model.module,
-                                          every=self.full_every,
+        # every=1 so that the first step (or the pool's state after restore)
+        # is a full checkpoint the differentials can build on; then every
+        # full_every steps (set_every).
+        self.ckpt = CheckpointedOptimizer(optimizer, pool, model=ddp_model.module, every=1,
                                           chunk_heap_bytes=chunk_heap_bytes, **kwargs)
         self._params = list(ddp_model.module.parameters())
         self._shapes = [tuple(p.shape) for p in self._params]
@@ -416,6 +418,7 @@ class LowDiff:
         if self._log is None:
             # The first step opened the pool with a full checkpoint of it.
             self._log = self.ckpt._engine.open_differential_log(self.batch, self._resume_after)
+            self.ckpt._engine.set_every(self.full_every)
         else:
             self._log.wait_copied(step)
             del keep
@@ -490,17 +493,19 @@ class LowDiff:
         self.ckpt._pool_latest = reach
         self._resume_after = reach
         self._log = engine.open_differential_log(self.batch, reach)
+        engine.set_every(self.full_every)
         return reach, extra, {"full": full, "replayed": len(diffs),
                               "seconds": time.perf_counter() - began}
 
     def _gradients_of(self, pieces):
         """{param index: gradient} and the extra state of one differential."""
-        tensors = [(code, _tensor_of(code, shape, data)) for code, shape, data in pieces]
+        tensors = [(code, data if code == _EXTRA_CODE else _tensor_of(code, shape, data))
+                   for code, shape, data in pieces]
         grads, extra, at = {}, None, 0
         while at < len(tensors):
             code, t = tensors[at]
             if code == _EXTRA_CODE:
-                extra = pickle.loads(bytes(t.numpy().tobytes()))
+                extra = pickle.loads(t)
                 at += 1
                 continue
             desc = t.tolist()

@@ -94,6 +94,10 @@ def main():
         loss.backward()
         if args.check_decompress:
             records = compressor._records
+            assert records, f"rank {rank} step {step}: the hook recorded nothing"
+            kinds = {int(desc[0]) for desc, _ in records}
+            # PowerSGD allreduces uncompressed (kind 0) before start_powerSGD_iter.
+            assert step <= 3 or 0 not in kinds, (step, kinds)
             shapes = [tuple(p.shape) for p in model.parameters()]
             for desc, tensors in records:
                 d = desc.tolist()
