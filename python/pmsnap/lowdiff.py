@@ -103,6 +103,12 @@ class Compressor:
         raise NotImplementedError
 
 
+def _done(value):
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
 def _dense_record(bucket_params, buffer):
     return (torch.tensor([_DENSE, len(bucket_params)] + bucket_params, dtype=torch.int64), [buffer])
 
@@ -150,13 +156,14 @@ class PowerSGD(Compressor):
             n, m = g.shape[0], g.numel() // g.shape[0]
             rank = min(n, m, state.matrix_approximation_rank)
             flags.append(int(self._psgd._should_compress(n, m, rank, state.min_compression_rate)[0]))
-        fut = self._psgd.powerSGD_hook(state, bucket)
-
-        def record(f):
-            buffer = f.value()
-            if not compressed:
-                self._records.append(_dense_record(params, buffer))
-                return buffer
+        # Waited for here: torch's hook issues its later all-reduces from
+        # its future's callbacks, which gloo runs on its own threads, so with
+        # several buckets the ranks could issue them in different orders
+        # (a collective mismatch). One bucket at a time keeps the order.
+        buffer = self._psgd.powerSGD_hook(state, bucket).wait()
+        if not compressed:
+            self._records.append(_dense_record(params, buffer))
+        else:
             desc = torch.tensor([_POWERSGD, len(params)] + params
                                 + [state.matrix_approximation_rank,
                                    int(state.batch_tensors_with_same_shape)] + flags,
@@ -164,9 +171,7 @@ class PowerSGD(Compressor):
             tensors = [state.p_memory_dict[index], state.q_memory_dict[index]]
             tensors += [g for g, c in zip(grads, flags) if not c]  # views of the bucket
             self._records.append((desc, tensors))
-            return buffer
-
-        return fut.then(record)
+        return _done(buffer)
 
     def decompress_bucket(self, kind, desc, tensors, params, shapes):
         if kind == _DENSE:
@@ -243,21 +248,15 @@ class TopK(Compressor):
             err[indices] = 0
         gathered_v = [torch.empty_like(values) for _ in range(world)]
         gathered_i = [torch.empty_like(indices) for _ in range(world)]
-        fut = dist.all_gather(gathered_v, values, group=group, async_op=True).get_future()
-
-        def gather_indices(f):
-            dist.all_gather(gathered_i, indices, group=group, async_op=True).get_future().wait()
-            return gathered_i
-
-        def decompress(f):
-            dense = TopK._decompress(gathered_v, gathered_i, buf.numel(), buf.dtype)
-            buf.copy_(dense)
-            desc = torch.tensor([_TOPK, len(params)] + params + [buf.numel(), world],
-                                dtype=torch.int64)
-            self._records.append((desc, gathered_v + gathered_i))
-            return buf
-
-        return fut.then(gather_indices).then(decompress)
+        # Synchronous, bucket by bucket: the same collective order on every
+        # rank (see PowerSGD._hook).
+        dist.all_gather(gathered_v, values, group=group)
+        dist.all_gather(gathered_i, indices, group=group)
+        buf.copy_(TopK._decompress(gathered_v, gathered_i, buf.numel(), buf.dtype))
+        desc = torch.tensor([_TOPK, len(params)] + params + [buf.numel(), world],
+                            dtype=torch.int64)
+        self._records.append((desc, gathered_v + gathered_i))
+        return _done(buf)
 
     @staticmethod
     def _decompress(values, indices, numel, dtype):
