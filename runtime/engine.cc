@@ -1075,6 +1075,7 @@ std::uint32_t Engine::unit_count() const {
                                                   : impl_->units.size());
 }
 const layout::Pool& Engine::pool() const { return *impl_->pool; }
+layout::Pool& Engine::pool() { return *impl_->pool; }
 Device& Engine::device() const { return *impl_->device; }
 const ConflictStrategy& Engine::strategy() const { return *impl_->strategy; }
 const IntervalPolicy& Engine::policy() const { return *impl_->policy; }

@@ -9,3 +9,7 @@ target_include_directories(diff_chunk_format_test PRIVATE ${PROJECT_SOURCE_DIR}/
 # Power loss at every persist point of every embedding policy's chunks.
 pmsnap_add_test(diff_power_loss_test SOURCES diff_power_loss_test.cc
                 LIBS pmsnap::diff pmsnap_power_loss ENV "PMEM_IS_PMEM_FORCE=1")
+# LowDiff's differential log: batched differential chunks, replay bit-exact
+# after a crash, the loss bound, truncation on resume, Eq. 10, merges.
+pmsnap_add_test(diff_differential_log_test SOURCES diff_differential_log_test.cc
+                LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")

@@ -6,6 +6,7 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
            COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_ddp_resume.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_interop.py
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_lowdiff.py
                    ${CMAKE_CURRENT_SOURCE_DIR}/python)
   # A sanitizer build (scripts/sanitize.sh) runs the interpreter with libasan
   # preloaded and an instrumented extension: several times slower.
@@ -26,6 +27,14 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
            COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_ddp_resume.py)
   set_tests_properties(python_ddp_resume_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
+                       TIMEOUT ${_pmsnap_ddp_timeout})
+  # LowDiff: 2-rank DDP runs under torchrun with PowerSGD and top-k, SIGKILLed
+  # and restored ($PMSNAP_LOWDIFF_KILLS trials each), and the one-process
+  # tests of pmsnap.lowdiff; on its own like the DDP resume test.
+  add_test(NAME python_lowdiff_test
+           COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/python/test_lowdiff.py)
+  set_tests_properties(python_lowdiff_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
                        TIMEOUT ${_pmsnap_ddp_timeout})
   # Checkpoints that leave the pool (load_state_dict, export, the list/export/
   # prune/diff commands, DCP): on its own, its 1 GiB export measures peak memory.

@@ -177,7 +177,9 @@ class CheckpointedOptimizer(UpdateInBackward):
         (bench/RESULTS.md). Results are bitwise the same.
       Other keyword arguments tune the engine and a newly created pool:
       part_bytes, extra_state_capacity, verify_on_open,
-      check_free_space, reserve_bytes, checkfreq_overhead, print_summary.
+      check_free_space, reserve_bytes, checkfreq_overhead, print_summary,
+      chunk_heap_bytes (the chunk heap's budget for a new pool; LowDiff's
+      differentials live there: pmsnap.lowdiff).
 
     Errors raise pmsnap.Error subclasses carrying the runtime's message.
     """
@@ -190,7 +192,7 @@ class CheckpointedOptimizer(UpdateInBackward):
                  embedding_policy=None, quantize_bits=None, expected_resumes=1.0, retain=None,
                  embedding_options=None, embedding_rows="auto", update_in_backward=False,
                  copy_start=None, process_group=None, sharding=None, replicas=1,
-                 init_from=None, worker_cpus=None, step_groups=4):
+                 init_from=None, worker_cpus=None, step_groups=4, chunk_heap_bytes=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -249,6 +251,8 @@ class CheckpointedOptimizer(UpdateInBackward):
             print_summary=print_summary, coordinator=self._coordinator,
             shard_replicated_state=sharding == "replicated", replicas=replicas,
             worker_cpus=list(worker_cpus or []))
+        if chunk_heap_bytes is not None:
+            self._engine_kwargs["chunk_heap_bytes"] = int(chunk_heap_bytes)
         self._cuda = self._device_name.startswith("cuda")
         if self._cuda and torch.cuda.is_available():
             # Copies wait for the updates' events recorded on the stream the

@@ -60,7 +60,9 @@
 
 #include "distributed.h"
 #include "errors.h"
+#include "lowdiff.h"
 #include "pmsnap/conflict/strategies.h"
+#include "pmsnap/diff/differential_log.h"
 #include "pmsnap/diff/embedding_checkpointer.h"
 #include "pmsnap/frontend/parameter_units.h"
 #include "pmsnap/pmem_layout/manifest.h"
@@ -283,6 +285,7 @@ class PyEngine {
     options.workers = workers;
     options.worker_cpus = worker_cpus;
     options.policy = MakePolicy(policy, every, checkfreq_overhead);
+    policy_ = options.policy;
     options.strategy = MakeStrategy(strategy, reserve_bytes);
     options.print_summary = print_summary;
     options.copy_start = ValueOrThrow(runtime::ParseCopyStart(copy_start));
@@ -348,7 +351,19 @@ class PyEngine {
     Status status;
     {
       py::gil_scoped_release release;
-      status = engine_->Close(abandon ? runtime::CloseMode::kAbandon : runtime::CloseMode::kFinish);
+      // The differential log writes the pool's chunk heap: it goes first.
+      if (differential_log_ != nullptr) {
+        if (abandon) {
+          differential_log_->Abandon();
+        } else {
+          Status closed = differential_log_->Close();
+          if (!closed.ok() && closed.code() != StatusCode::kFailedPrecondition) status = closed;
+        }
+        differential_log_.reset();
+      }
+      Status engine_status =
+          engine_->Close(abandon ? runtime::CloseMode::kAbandon : runtime::CloseMode::kFinish);
+      if (status.ok()) status = engine_status;
       // Destroying the engine releases the pool file (a restore followed by
       // training reopens it); its last stats stay readable.
       final_stats_ = engine_->stats();
@@ -456,6 +471,37 @@ class PyEngine {
     return out;
   }
   const layout::Pool& pool() const { return engine().pool(); }
+  // LowDiff (lowdiff.cc): a differential log on this engine's pool, closed
+  // by Close before the pool.
+  std::shared_ptr<diff::DifferentialLog> OpenDifferentialLog(
+      std::uint32_t batch, std::optional<std::uint64_t> resume_after) {
+    runtime::Engine& e = engine();
+    if (differential_log_ != nullptr) {
+      throw StatusError(Status(StatusCode::kFailedPrecondition,
+                               "pool " + e.pool().path() + " already has a differential log open"));
+    }
+    diff::DifferentialLogOptions options;
+    options.batch = batch;
+    options.resume_after = resume_after;
+    std::optional<Result<std::unique_ptr<diff::DifferentialLog>>> result;
+    {
+      py::gil_scoped_release release;
+      result.emplace(diff::DifferentialLog::Open(e.pool(), options));
+    }
+    differential_log_ = ValueOrThrow(std::move(*result));
+    return differential_log_;
+  }
+  // Changes the interval of an "every" policy (LowDiff's full checkpoints
+  // every round(1/f*) steps, re-tuned as measurements move).
+  void SetEvery(std::uint64_t every) {
+    auto* policy = dynamic_cast<runtime::EveryKPolicy*>(policy_.get());
+    if (policy == nullptr || every == 0) {
+      throw StatusError(Status(StatusCode::kInvalidArgument,
+                               "set_every needs policy \"every\" and every >= 1 (pool " +
+                                   engine().pool().path() + ")"));
+    }
+    policy->set_every(every);
+  }
   py::dict Stats(bool per_step) const {
     if (engine_ == nullptr && final_stats_.has_value()) return StatsToDict(*final_stats_, per_step);
     return StatsToDict(engine().stats(), per_step);
@@ -481,7 +527,9 @@ class PyEngine {
   std::optional<runtime::Stats> final_stats_;  // taken at Close
   std::unique_ptr<runtime::Device> device_;
   std::shared_ptr<diff::EmbeddingCheckpointer> checkpointer_;  // also held by the engine
+  std::shared_ptr<runtime::IntervalPolicy> policy_;             // also held by the engine
   std::unique_ptr<runtime::Engine> engine_;
+  std::shared_ptr<diff::DifferentialLog> differential_log_;  // closed before engine_
 };
 
 // "full", "one-shot", "incremental", "intermittent", "incrcp" (and
@@ -979,6 +1027,7 @@ PYBIND11_MODULE(_pmsnap, m) {
   m.doc() = "pmsnap runtime binding (use the `pmsnap` package, not this module)";
   RegisterErrors(m);
   RegisterDistributed(m);
+  RegisterLowDiff(m);
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::string&, const std::vector<UnitArg>&, const std::string&,
@@ -1037,6 +1086,14 @@ PYBIND11_MODULE(_pmsnap, m) {
             return RecoverTableOf(e.pool(), table, epoch);
           },
           py::arg("table"), py::arg("epoch") = std::nullopt)
+      .def("open_differential_log", &PyEngine::OpenDifferentialLog, py::arg("batch") = 1,
+           py::arg("resume_after") = std::nullopt,
+           "LowDiff: a DifferentialLog on this pool's chunk heap (closed with the engine).")
+      .def(
+          "read_differentials",
+          [](const PyEngine& e, std::uint64_t after) { return ReadDifferentialsOf(e.pool(), after); },
+          py::arg("after"), "[(iteration, [(dtype, shape, bytes)])] after `after`, up to a gap.")
+      .def("set_every", &PyEngine::SetEvery, py::arg("every"))
       .def_property_readonly("tables", &PyEngine::Tables)
       .def("stats", &PyEngine::Stats, py::arg("per_step") = false)
       .def_property_readonly("closed", &PyEngine::closed)

@@ -206,6 +206,10 @@ class Engine {
   std::optional<std::uint32_t> FindUnit(const std::string& name) const;
   std::uint32_t unit_count() const;
   const layout::Pool& pool() const;
+  // The same pool, for a writer of its chunk heap beside the engine
+  // (diff::DifferentialLog: LowDiff's differentials between full
+  // checkpoints). The slots and commit records stay the engine's alone.
+  layout::Pool& pool();
   Device& device() const;
   const ConflictStrategy& strategy() const;
   const IntervalPolicy& policy() const;

@@ -8,6 +8,7 @@
 // Thread-safety: called on the training thread only.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -53,14 +54,19 @@ class ContinuousPolicy final : public IntervalPolicy {
 class EveryKPolicy final : public IntervalPolicy {
  public:
   explicit EveryKPolicy(std::uint64_t every) : every_(every == 0 ? 1 : every) {}
-  std::string name() const override { return "every-" + std::to_string(every_); }
+  std::string name() const override { return "every-" + std::to_string(every_.load()); }
   bool ShouldCheckpoint(std::uint64_t step, const PolicyInputs&) override {
-    return step % every_ == 0;
+    return step % every_.load(std::memory_order_relaxed) == 0;
   }
   bool wait_if_busy() const override { return true; }
+  // Changes k from the next ShouldCheckpoint on (0 counts as 1). Any thread
+  // (LowDiff re-tunes its full-checkpoint interval while training runs).
+  void set_every(std::uint64_t every) {
+    every_.store(every == 0 ? 1 : every, std::memory_order_relaxed);
+  }
 
  private:
-  std::uint64_t every_;
+  std::atomic<std::uint64_t> every_;
 };
 
 // CheckFreq's frequency determination (Algorithm 1 of the PM-DNN slides):
