@@ -224,6 +224,10 @@ class LowDiffPlus:
         """
         self._check_open()
         self._raise_thread_error()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()  # its backward hands the gradients over
         if extra_state is not None and not isinstance(extra_state, dict):
             raise make_error(_pmsnap.InvalidArgumentError, "extra_state must be a dict")
         if [len(g["params"]) for g in self.optimizer.param_groups] != self._group_sizes:
@@ -245,7 +249,7 @@ class LowDiffPlus:
                              "handed over by the hooks in this iteration's backward (a gradient "
                              "set by hand, or step() after a no_sync() backward); the replica "
                              "would miss it")
-        loss = self.optimizer.step(closure)
+        self.optimizer.step()
         hyperparameters = _extra.param_group_hyperparameters(self.optimizer)
         rng = _extra.capture_rng() if self.capture_rng else None
         began = time.perf_counter()

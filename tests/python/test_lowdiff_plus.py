@@ -252,3 +252,18 @@ def test_a_changed_optimizer_is_refused(pool_path):
         torch.nn.functional.mse_loss(model(x), y).backward()
         with pytest.raises(pmsnap.InvalidArgumentError, match="param groups changed"):
             plus.step()
+
+
+def test_a_closure_step_hands_its_gradients_over(pool_path):
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with pmsnap.LowDiffPlus(model, optimizer, pool_path) as plus:
+        for step in range(1, 4):
+            def closure():
+                optimizer.zero_grad()
+                x, y = batch(step)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+            assert plus.step(closure) is not None
+        assert_replica_equals_model(plus, model, optimizer)
