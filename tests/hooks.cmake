@@ -7,6 +7,10 @@ if(PMSNAP_WITH_TORCH AND TARGET pmsnap::torch)
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_checkpointed_optimizer_test.cc
                   LIBS pmsnap::torch
                   ENV "PMEM_IS_PMEM_FORCE=1")
+  pmsnap_add_test(hooks_lowdiff_plus_test
+                  SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_lowdiff_plus_test.cc
+                  LIBS pmsnap::torch
+                  ENV "PMEM_IS_PMEM_FORCE=1")
   pmsnap_add_test(hooks_update_in_backward_test
                   SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_update_in_backward_test.cc
                   LIBS pmsnap::torch pmsnap::conflict pmsnap::diff

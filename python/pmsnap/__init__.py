@@ -57,6 +57,7 @@ from .checkpoints import (  # noqa: F401
 )
 from .embedding import EmbeddingTracker  # noqa: F401
 from .export import export, read_export  # noqa: F401
+from .lowdiff_plus import LowDiffPlus  # noqa: F401
 from .optimizer import CheckpointedOptimizer  # noqa: F401
 from .state_dict import PoolCheckpoint, load_state_dict  # noqa: F401
 
@@ -71,7 +72,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "CheckpointedOptimizer", "EmbeddingTracker", "EmbeddingOptions", "Policy", "restore",
+    "CheckpointedOptimizer", "LowDiffPlus", "EmbeddingTracker", "EmbeddingOptions", "Policy", "restore",
     "has_checkpoint", "read_pool", "list_checkpoints", "recover_table",
     "cuda_support_compiled", "load_state_dict", "PoolCheckpoint", "export", "read_export",
     "Error", "AbortedError", "BusyError", "CapacityExceededError",

@@ -651,11 +651,16 @@ class CheckpointedOptimizer(UpdateInBackward):
         if "rng" in self.extra_state:
             raise make_error(_pmsnap.InvalidArgumentError,
                              "extra_state key 'rng' is reserved for the RNG states pmsnap saves")
-        rng = _extra.capture_rng() if self.capture_rng else {}
-        return _extra.pack(self.extra_state, rng,
+        return _extra.pack(self.extra_state, self._rng_states(),
                            _extra.param_group_hyperparameters(self.optimizer),
                            _extra.nontensor_state(self.optimizer, self._named),
                            _extra.param_group_names(self.optimizer, self._named))
+
+    def _rng_states(self):
+        """The RNG states stored with the step being checkpointed ({} without
+        capture_rng). LowDiffPlus's replica overrides it: its steps run on
+        another thread, after the training thread moved on."""
+        return _extra.capture_rng() if self.capture_rng else {}
 
     def _apply_blob(self, blob, restore_rng):
         groups = blob.get("param_groups")

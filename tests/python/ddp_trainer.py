@@ -11,6 +11,9 @@ At the end every rank writes its parameters and optimizer state.
 
   --plain: the same training with the plain optimizer (the reference).
   --sharding replicated: each rank writes only the parameters it owns.
+  --lowdiff-plus: checkpoint with pmsnap.LowDiffPlus instead (the gradients
+    snapshotted from DDP's buckets, the optimizer applied again to a host
+    replica that commits every iteration).
 """
 
 import argparse
@@ -42,6 +45,7 @@ def main():
     parser.add_argument("--kills", default="", help="rank:step:fraction per attempt, comma-separated")
     parser.add_argument("--plain", action="store_true")
     parser.add_argument("--sharding", default=None, help='"replicated": sharded writes')
+    parser.add_argument("--lowdiff-plus", action="store_true")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -56,8 +60,11 @@ def main():
     if args.plain:
         opt = optimizer
     else:
-        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1,
-                                           sharding=args.sharding)
+        if args.lowdiff_plus:
+            opt = pmsnap.LowDiffPlus(ddp, optimizer, args.pool, sharding=args.sharding)
+        else:
+            opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1,
+                                               sharding=args.sharding)
         try:
             _, extra = opt.restore()
             start = extra["batch"] + 1
@@ -76,7 +83,7 @@ def main():
             opt.step()
         else:
             opt.step(extra_state={"batch": step})
-        opt.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         if rank == victim and step == kill_step:
             delay = fraction * (time.monotonic() - began)
             threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()

@@ -38,11 +38,17 @@ def torchrun(out, extra, expect_kill=False):
     return result.stdout
 
 
-@pytest.mark.parametrize("sharding", [None, "replicated"])
-def test_killed_ranks_resume_bit_exact_against_uninterrupted_ddp(tmp_path, pool_path, sharding):
+@pytest.mark.parametrize("sharding,method", [(None, "optimizer"), ("replicated", "optimizer"),
+                                             (None, "lowdiff_plus")])
+def test_killed_ranks_resume_bit_exact_against_uninterrupted_ddp(tmp_path, pool_path, sharding,
+                                                                 method):
     # Sharded: each rank writes half the parameters and restore broadcasts
     # them; fewer kills, the unsharded run covers the commit timing.
-    kills = int(os.environ.get("PMSNAP_DDP_KILLS") or 20) // (4 if sharding else 1)
+    # LowDiff+ (the pool holds a host replica updated from the gradients):
+    # a kill loses the replica's iterations not yet committed, the resumed
+    # run must still end bit-exact.
+    kills = int(os.environ.get("PMSNAP_DDP_KILLS") or 20) // (4 if sharding or
+                                                             method == "lowdiff_plus" else 1)
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     # Each attempt kills one rank 0..2 of its step times after a random step
     # (inside the next update, its commit, or between steps), at increasing
@@ -50,7 +56,8 @@ def test_killed_ranks_resume_bit_exact_against_uninterrupted_ddp(tmp_path, pool_
     plan = [f"{rng.randrange(WORLD)}:{step}:{rng.uniform(0, 2):.2f}"
             for step in sorted(rng.choices(range(2, STEPS - 4), k=kills))]
     template = pool_path.replace(".pool", ".{rank}.pool")
-    sharded = ["--sharding", sharding] if sharding else []
+    sharded = (["--sharding", sharding] if sharding else []) + \
+        (["--lowdiff-plus"] if method == "lowdiff_plus" else [])
     reference = tmp_path / "reference"
     torchrun(reference, ["--pool", "unused", "--plain"])
     resumed = tmp_path / "resumed"
