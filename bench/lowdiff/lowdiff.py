@@ -14,6 +14,9 @@ parameters) and `mlp` (same file). Optimizer AdamW. Methods (METHODS):
   lowdiff-powersgd    LowDiff, PowerSGD rank 4: a differential every iteration
   none-topk           DDP with LowDiff's top-k hook (1%), no checkpoint (baseline)
   lowdiff-topk        LowDiff, top-k 1% with error feedback
+  lowdiff-plus        LowDiff+ (pmsnap.LowDiffPlus, every iteration): only the
+                      gradients leave the device; a host replica stepped by
+                      the same optimizer commits to the pool
 
 Each method's overhead is against its own baseline (the compressed methods
 against the same hook without checkpointing). LowDiff runs with full
@@ -30,7 +33,7 @@ the parallel log-n merge (SGD, where the update is additive). Eq. 8: wasted
 time per hour of training at MTBF 1 h and 10 h, from the measured W, S, R_D,
 R_F and iteration time.
 
-To add a method (LowDiff+ after the merge): put an entry in METHODS:
+To add a method: put an entry in METHODS:
 name -> (factory, baseline name, description); factory(ctx) returns an
 object with step(step), finish() -> {"persisted", "off_device"} bytes per
 iteration and close(); ctx has model, ddp, optimizer, pool, rank, args.
@@ -187,6 +190,32 @@ class LowDiffMethod:
         self.ld.close()
 
 
+class LowDiffPlusMethod:
+    """pmsnap.LowDiffPlus (every=1): DDP's synchronized buckets snapshotted
+    while backward runs, the optimizer applied to a host replica that
+    commits to the pool every iteration (bench/lowdiff/lowdiff_plus.py adds
+    its restore time)."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.plus = pmsnap.LowDiffPlus(ctx.ddp, ctx.optimizer, ctx.pool, every=1, workers=1,
+                                       part_bytes=1 << 20)
+
+    def step(self, step):
+        self.plus.step()
+        self.ctx.optimizer.zero_grad()
+
+    def finish(self):
+        self.plus.flush()
+        s = self.plus.stats()
+        plus = s["lowdiff_plus"]
+        return {"persisted": s["bytes_written"] / max(1, s["steps"]),
+                "off_device": plus["gradient_bytes_snapshotted"] / max(1, plus["iterations"])}
+
+    def close(self):
+        self.plus.close()
+
+
 # name -> (factory(ctx), baseline, description)
 METHODS = {
     "none": (lambda c: NoCheckpoint(c), "none", "no checkpoint"),
@@ -203,6 +232,8 @@ METHODS = {
                   "top-k 1% hook, no checkpoint"),
     "lowdiff-topk": (lambda c: LowDiffMethod(c, lowdiff.TopK(0.01)), "none-topk",
                      "LowDiff, top-k 1%"),
+    "lowdiff-plus": (lambda c: LowDiffPlusMethod(c), "none",
+                     "LowDiff+: gradients off the device, replica committed every iteration"),
 }
 
 
