@@ -9,3 +9,5 @@ target_include_directories(diff_chunk_format_test PRIVATE ${PROJECT_SOURCE_DIR}/
 # Power loss at every persist point of every embedding policy's chunks.
 pmsnap_add_test(diff_power_loss_test SOURCES diff_power_loss_test.cc
                 LIBS pmsnap::diff pmsnap_power_loss ENV "PMEM_IS_PMEM_FORCE=1")
+# CPR: PLS (Eq. 3), intervals (Eq. 4), the full/partial decision, MFU / SSU.
+pmsnap_add_test(diff_cpr_test SOURCES diff_cpr_test.cc LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")

@@ -6,7 +6,7 @@
 // embedding index must agree on the newest iteration, and no iteration the
 // child reported committed may be missing. Kills are timed by the child's
 // commits and its own step time (crash_trials.h).
-// Trials: 24 per policy (120 in all), or $PMSNAP_CRASH_TRIALS per policy.
+// Trials: 24 per policy (168 in all), or $PMSNAP_CRASH_TRIALS per policy.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -39,6 +39,12 @@ EmbeddingOptions OptionsFor(Policy policy) {
   options.policy = policy;
   options.retain = 3;
   options.incrcp.duplicate_ratio_threshold = 0.01;
+  // CPR-MFU / CPR-SSU with r = 1 (and SSU sampling every lookup) save every
+  // used row, so each checkpoint is exact and the same check applies; the
+  // kills still land in their selection, chain and baseline code.
+  options.priority.ratio = 1.0;
+  options.priority.ssu_period = 1;
+  options.priority.baseline_every = 8;
   return options;
 }
 
@@ -183,7 +189,8 @@ TEST_P(DiffCrashTest, KillsAroundPoolCreationLeaveNoPoolOrAVerifiedOne) {
 INSTANTIATE_TEST_SUITE_P(AllPolicies, DiffCrashTest,
                          ::testing::Values(Policy::kFull, Policy::kOneShotDifferential,
                                            Policy::kConsecutiveIncremental,
-                                           Policy::kIntermittentDifferential, Policy::kIncrCP),
+                                           Policy::kIntermittentDifferential, Policy::kIncrCP,
+                                           Policy::kMostFrequentlyUsed, Policy::kSubSampledUsed),
                          [](const auto& info) {
                            std::string name = PolicyName(info.param);
                            for (char& c : name) {
