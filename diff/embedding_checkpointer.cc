@@ -338,11 +338,10 @@ Status EmbeddingCheckpointer::Attach(layout::ChunkHeap& chunks, const layout::Ma
       }
       const auto capacity = static_cast<std::uint64_t>(
           std::ceil(r * static_cast<double>(table->shape.rows)));
-      table->tracker.EnableAccessRecord(options_.policy == Policy::kMostFrequentlyUsed
-                                            ? AccessRecord::kMostFrequentlyUsed
-                                            : AccessRecord::kSubSampledUsed,
-                                        capacity, options_.priority.ssu_period,
-                                        options_.priority.seed ^ u);
+      PMSNAP_RETURN_IF_ERROR(table->tracker.EnableAccessRecord(
+          options_.policy == Policy::kMostFrequentlyUsed ? AccessRecord::kMostFrequentlyUsed
+                                                         : AccessRecord::kSubSampledUsed,
+          capacity, options_.priority.ssu_period, options_.priority.seed ^ u));
     }
     table_of_unit_[u] = static_cast<int>(tables_.size());
     tables_.push_back(std::move(table));

@@ -62,13 +62,18 @@ Status RowTracker::Mark(std::span<const std::int64_t> ids) {
   return Status::Ok();
 }
 
-void RowTracker::EnableAccessRecord(AccessRecord record, std::uint64_t capacity,
-                                    std::uint32_t ssu_period, std::uint64_t seed) {
+Status RowTracker::EnableAccessRecord(AccessRecord record, std::uint64_t capacity,
+                                      std::uint32_t ssu_period, std::uint64_t seed) {
+  if (record == AccessRecord::kSubSampledUsed && marked_.size() > (1ull << 32)) {
+    return Status(StatusCode::kInvalidArgument,
+                  "table '" + table_ + "': the sub-sampled used-row list keeps 4-byte row ids, "
+                  "the table has " + std::to_string(marked_.size()) + " rows");
+  }
   record_ = record;
   capacity_ = std::max<std::uint64_t>(1, std::min(capacity, marked_.size()));
   counters_.clear();
   sampled_list_.clear();
-  sampled_.clear();
+  sampled_ = BitVector();
   ssu_seen_ = 0;
   ssu_period_ = std::max<std::uint32_t>(1, ssu_period);
   rng_.seed(seed);
@@ -76,23 +81,24 @@ void RowTracker::EnableAccessRecord(AccessRecord record, std::uint64_t capacity,
     counters_.assign(marked_.size(), 0);
   } else if (record == AccessRecord::kSubSampledUsed) {
     sampled_list_.reserve(capacity_);
-    sampled_.reserve(capacity_);
+    sampled_ = BitVector(marked_.size());
   }
+  return Status::Ok();
 }
 
 void RowTracker::Sample(std::uint64_t row) {
-  if (sampled_.count(row) != 0) return;
+  if (sampled_.Test(row)) return;
   if (sampled_list_.size() < capacity_) {
-    sampled_list_.push_back(row);
-    sampled_.insert(row);
+    sampled_list_.push_back(static_cast<std::uint32_t>(row));
+    sampled_.Set(row);
     return;
   }
   // Overflow: one of the capacity + 1 candidates is dropped at random.
   const std::uint64_t victim = std::uniform_int_distribution<std::uint64_t>(0, capacity_)(rng_);
   if (victim == capacity_) return;  // the new id itself
-  sampled_.erase(sampled_list_[victim]);
-  sampled_list_[victim] = row;
-  sampled_.insert(row);
+  sampled_.Reset(sampled_list_[victim]);
+  sampled_list_[victim] = static_cast<std::uint32_t>(row);
+  sampled_.Set(row);
 }
 
 PriorityTake RowTracker::TakePriorityRows() {
@@ -114,10 +120,9 @@ PriorityTake RowTracker::TakePriorityRows() {
     for (std::uint64_t r : used) counters_[r] = 0;
     take.rows = std::move(used);
   } else if (record_ == AccessRecord::kSubSampledUsed) {
-    take.rows = std::move(sampled_list_);
-    sampled_list_ = {};
-    sampled_list_.reserve(capacity_);
-    sampled_.clear();
+    take.rows.assign(sampled_list_.begin(), sampled_list_.end());
+    for (std::uint32_t r : sampled_list_) sampled_.Reset(r);
+    sampled_list_.clear();
   }
   std::sort(take.rows.begin(), take.rows.end());
   take.select_seconds =
@@ -141,9 +146,7 @@ std::uint64_t RowTracker::access_record_bytes() const {
     return counters_.size() * sizeof(std::uint32_t);
   }
   if (record_ == AccessRecord::kSubSampledUsed) {
-    // The list, plus the hash set's buckets and nodes (a pointer and a key each).
-    return capacity_ * sizeof(std::uint64_t) + sampled_.bucket_count() * sizeof(void*) +
-           sampled_.size() * (sizeof(std::uint64_t) + sizeof(void*));
+    return capacity_ * sizeof(std::uint32_t) + (sampled_.size() + 63) / 64 * 8;
   }
   return 0;
 }

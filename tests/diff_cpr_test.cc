@@ -157,7 +157,7 @@ TEST(CprPlanTest, InvalidInputsNameTheField) {
 
 TEST(CprAccessRecordTest, MfuTakesTheMostUsedRowsAndClearsTheirCounters) {
   RowTracker tracker("emb.t", 100);
-  tracker.EnableAccessRecord(AccessRecord::kMostFrequentlyUsed, 3, 1, 0);
+  ASSERT_TRUE(tracker.EnableAccessRecord(AccessRecord::kMostFrequentlyUsed, 3, 1, 0).ok());
   // Row 7 used 5 times, 3 four times, 50 three times, 9 and 60 twice, 1 once.
   const std::vector<std::int64_t> ids = {7, 3, 50, 7, 9, 3, 7, 50, 60, 3, 7, 1, 50, 9, 3, 7, 60};
   ASSERT_TRUE(tracker.Mark(ids).ok());
@@ -178,7 +178,9 @@ TEST(CprAccessRecordTest, MfuTakesTheMostUsedRowsAndClearsTheirCounters) {
 TEST(CprAccessRecordTest, SsuListNeverExceedsItsCapacity) {
   const std::uint64_t rows = 5000, capacity = 625;  // r = 0.125
   RowTracker tracker("emb.t", rows);
-  tracker.EnableAccessRecord(AccessRecord::kSubSampledUsed, capacity, 2, 42);
+  ASSERT_TRUE(tracker.EnableAccessRecord(AccessRecord::kSubSampledUsed, capacity, 2, 42).ok());
+  // 4 bytes per list entry and one membership bit per row.
+  EXPECT_EQ(tracker.access_record_bytes(), capacity * 4 + (rows + 63) / 64 * 8);
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<double> u(0, 1);
   std::uint64_t most = 0;

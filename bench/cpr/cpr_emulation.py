@@ -28,13 +28,14 @@ overhead), scaled to iterations. Saves cost O_save times the fraction of the
 tables' bytes they wrote (measured). "simulated" marks these columns; the
 measured wall seconds of pmsnap's saves on this machine are reported beside.
 
-    .venv/bin/python bench/cpr/cpr_emulation.py [--iterations 600 --seeds 3]
+    .venv/bin/python bench/cpr/cpr_emulation.py [--iterations 500 --seeds 3]
 
 Writes bench/results/cpr_emulation.csv (one row per run) and
 cpr_emulation.png, and prints the table. Thread-safety: a script.
 """
 
 import argparse
+import copy
 import csv
 import os
 import random
@@ -86,15 +87,19 @@ def zipf_ids(rows, count, exponent, generator):
     return (ids * 2654435761) % rows
 
 
-def make_data(rows, batches, batch, seed):
+def make_data(rows, batches, batch, seed, teacher_scale):
     """Train batches and one test batch from a fixed random teacher DLRM."""
     g = torch.Generator().manual_seed(10_000 + seed)
     torch.manual_seed(10_000 + seed)
     teacher = DLRM(rows, sparse=False)
     with torch.no_grad():
         for t in teacher.tables:
-            t.weight.mul_(0.5)
+            t.weight.mul_(teacher_scale)
     probs = [torch.arange(1, r + 1, dtype=torch.float64).pow(-1.05) for r in rows]
+    # Per-row click propensities beside the teacher's interactions (a "wide"
+    # first-order part): what a failure's lost embedding updates cost shows
+    # in a short run.
+    biases = [torch.randn(r, generator=g) for r in rows]
 
     def one(n):
         dense = torch.randn(n, 13, generator=g)
@@ -107,6 +112,9 @@ def make_data(rows, batches, batch, seed):
             ids.append((picks * 2654435761) % r)
         with torch.no_grad():
             logit = teacher(dense, ids, offsets)
+            logit = logit / logit.std() + teacher_scale * sum(
+                torch.nn.functional.embedding_bag(i, b.unsqueeze(1), o, mode="sum").squeeze(1)
+                for i, o, b in zip(ids, offsets, biases)) / len(rows) ** 0.5
         return dense, ids, offsets, logit
 
     train = [one(batch) for _ in range(batches)]
@@ -141,8 +149,9 @@ def run(strategy, args, rows, large, train, test, failures, plan, seed, pool_dir
     torch.manual_seed(seed)
     model = DLRM(rows, sparse=True)
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("tables.")]
-    dense_opt = torch.optim.SGD(dense_params, lr=args.lr)
-    sparse_opt = torch.optim.SGD(model.tables.parameters(), lr=args.lr)
+    # Adagrad, as DLRM's reference uses for Criteo: sparse row updates.
+    dense_opt = torch.optim.Adagrad(dense_params, lr=args.lr)
+    sparse_opt = torch.optim.Adagrad(model.tables.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
     n = args.iterations
     hours_per_it = args.total_hours / n
@@ -183,7 +192,9 @@ def run(strategy, args, rows, large, train, test, failures, plan, seed, pool_dir
     def save(it):
         nonlocal snapshot
         if strategy == "full":
-            snapshot = (it, {k: v.clone() for k, v in model.state_dict().items()})
+            snapshot = (it, {k: v.clone() for k, v in model.state_dict().items()},
+                        copy.deepcopy(dense_opt.state_dict()),
+                        copy.deepcopy(sparse_opt.state_dict()))
             return 1.0  # every table (and the dense part)
         written = 0
         for groups in saves.values():
@@ -221,8 +232,10 @@ def run(strategy, args, rows, large, train, test, failures, plan, seed, pool_dir
         if pending and it == pending[0][0]:
             _, failed = pending.pop(0)
             if strategy == "full":
-                last, state = snapshot
+                last, state, dense_state, sparse_state = snapshot
                 model.load_state_dict(state)
+                dense_opt.load_state_dict(dense_state)
+                sparse_opt.load_state_dict(sparse_state)
                 lost_h += (it - last) * hours_per_it
                 it = last  # re-execute the lost iterations
             else:
@@ -250,13 +263,15 @@ def run(strategy, args, rows, large, train, test, failures, plan, seed, pool_dir
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--iterations", type=int, default=600)
+    p.add_argument("--iterations", type=int, default=500)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--cap", type=int, default=20000, help="rows per table at most")
     p.add_argument("--fractions", type=float, nargs="+", default=[0.125, 0.25, 0.5])
     p.add_argument("--strategies", nargs="+", default=STRATEGIES)
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=0.02)
+    p.add_argument("--teacher-scale", type=float, default=2.0,
+                   help="weight of the per-row propensities against the teacher DLRM's logit")
     p.add_argument("--ratio", type=float, default=0.125, help="r of CPR-MFU / CPR-SSU")
     p.add_argument("--target-pls", type=float, default=0.1)
     p.add_argument("--total-hours", type=float, default=56.0)
@@ -281,7 +296,7 @@ def main():
     pool_dir = tempfile.mkdtemp(prefix="pmsnap-cpr-bench-", dir="/dev/shm")
     try:
         for seed in range(args.seeds):
-            train, test = make_data(rows, args.iterations, args.batch, seed)
+            train, test = make_data(rows, args.iterations, args.batch, seed, args.teacher_scale)
             for fraction in args.fractions:
                 rng = random.Random(seed * 1000 + int(fraction * 1000))
                 k = max(1, round(fraction * EMB_SHARDS))

@@ -20,7 +20,6 @@
 #include <random>
 #include <span>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "pmsnap/common/status.h"
@@ -32,6 +31,7 @@ class BitVector {
   explicit BitVector(std::uint64_t bits = 0) : bits_(bits), words_((bits + 63) / 64, 0) {}
   std::uint64_t size() const { return bits_; }
   void Set(std::uint64_t i) { words_[i / 64] |= 1ull << (i % 64); }
+  void Reset(std::uint64_t i) { words_[i / 64] &= ~(1ull << (i % 64)); }
   bool Test(std::uint64_t i) const { return (words_[i / 64] >> (i % 64)) & 1; }
   void SetAll();
   void Clear();
@@ -68,8 +68,10 @@ class RowTracker {
   // Starts recording accesses for a prioritised policy. `capacity` = r*N
   // rows a save takes (>= 1). SSU samples every `ssu_period`-th id (>= 1)
   // with eviction drawn from `seed`. Replaces any earlier record.
-  void EnableAccessRecord(AccessRecord record, std::uint64_t capacity, std::uint32_t ssu_period,
-                          std::uint64_t seed);
+  // kInvalidArgument (naming the table) for SSU on a table of more than 2^32
+  // rows; the tracker is unchanged then.
+  Status EnableAccessRecord(AccessRecord record, std::uint64_t capacity, std::uint32_t ssu_period,
+                            std::uint64_t seed);
   AccessRecord access_record() const { return record_; }
   std::uint64_t priority_capacity() const { return capacity_; }
   // MFU: the (at most) capacity rows with the highest non-zero counts (ties
@@ -86,8 +88,8 @@ class RowTracker {
   }
   // SSU: rows in the list now.
   std::uint64_t sampled_rows() const { return sampled_list_.size(); }
-  // Bytes the access record holds in DRAM (MFU: 4 B per row; SSU: the list
-  // and its membership set), for CPR's Table 1 comparison.
+  // Bytes the access record holds in DRAM (MFU: 4 B per row; SSU: 4 B per
+  // list entry plus a membership bit per row), for CPR's Table 1 comparison.
   std::uint64_t access_record_bytes() const;
   // Rows marked since the last call; starts a new interval.
   BitVector TakeInterval();
@@ -105,8 +107,11 @@ class RowTracker {
   std::vector<std::uint32_t> counters_;        // MFU
   std::uint32_t ssu_period_ = 1;               // SSU
   std::uint64_t ssu_seen_ = 0;                 // ids offered so far
-  std::vector<std::uint64_t> sampled_list_;    // SSU: <= capacity_
-  std::unordered_set<std::uint64_t> sampled_;  // SSU: members of sampled_list_
+  // SSU: <= capacity_ row ids (4 bytes each, as CPR's Table 1 counts them;
+  // EnableAccessRecord refuses SSU above 2^32 rows) and a membership bit per
+  // row, so a sample is a bit test instead of a hash lookup.
+  std::vector<std::uint32_t> sampled_list_;
+  BitVector sampled_;
   std::mt19937_64 rng_;
 };
 
