@@ -7,6 +7,7 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_ddp_resume.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_interop.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr.py
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr_ranks.py
                    ${CMAKE_CURRENT_SOURCE_DIR}/python)
   # A sanitizer build (scripts/sanitize.sh) runs the interpreter with libasan
   # preloaded and an instrumented extension: several times slower.
@@ -41,6 +42,11 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
            COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr.py)
   set_tests_properties(python_cpr_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
+                       TIMEOUT ${_pmsnap_python_timeout})
+  add_test(NAME python_cpr_ranks_test
+           COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr_ranks.py)
+  set_tests_properties(python_cpr_ranks_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
                        TIMEOUT ${_pmsnap_python_timeout})
 endif()
 
