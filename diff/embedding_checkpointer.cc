@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -201,6 +202,10 @@ const char* PolicyName(Policy policy) {
       return "intermittent-differential";
     case Policy::kIncrCP:
       return "incrcp-2d";
+    case Policy::kMostFrequentlyUsed:
+      return "cpr-mfu";
+    case Policy::kSubSampledUsed:
+      return "cpr-ssu";
   }
   return "unknown";
 }
@@ -237,6 +242,11 @@ struct EmbeddingCheckpointer::Table {
   std::uint64_t pending_index_chunk = 0;
   BitVector pending_cumulative;
   TableCheckpointStats pending_stats, last_stats;
+  // MFU / SSU: rows taken at capture for the epoch in flight, and those of an
+  // abandoned epoch (handed back to the tracker at the next capture).
+  std::vector<std::uint64_t> priority_rows, priority_carry;
+  double select_seconds = 0;
+  std::uint64_t access_record_bytes = 0;
 };
 
 namespace {
@@ -319,6 +329,20 @@ Status EmbeddingCheckpointer::Attach(layout::ChunkHeap& chunks, const layout::Ma
         for (std::uint64_t key : diff.keys) table->cumulative.Set(key);
       }
     }
+    if (IsPrioritised(options_.policy)) {
+      const double r = options_.priority.ratio;
+      if (!(r > 0 && r <= 1)) {
+        return Status(StatusCode::kInvalidArgument,
+                      "embedding table '" + table->name + "': " + PolicyName(options_.policy) +
+                          " needs a ratio r in (0, 1], got " + std::to_string(r));
+      }
+      const auto capacity = static_cast<std::uint64_t>(
+          std::ceil(r * static_cast<double>(table->shape.rows)));
+      PMSNAP_RETURN_IF_ERROR(table->tracker.EnableAccessRecord(
+          options_.policy == Policy::kMostFrequentlyUsed ? AccessRecord::kMostFrequentlyUsed
+                                                         : AccessRecord::kSubSampledUsed,
+          capacity, options_.priority.ssu_period, options_.priority.seed ^ u));
+    }
     table_of_unit_[u] = static_cast<int>(tables_.size());
     tables_.push_back(std::move(table));
   }
@@ -329,7 +353,21 @@ Status EmbeddingCheckpointer::OnCaptured(std::uint32_t unit, std::uint64_t epoch
                                          std::uint64_t iteration) {
   Table& table = *tables_[table_of_unit_[unit]];
   BitVector interval = table.tracker.TakeInterval();
+  PriorityTake take;
+  if (IsPrioritised(options_.policy)) {
+    std::vector<std::uint64_t> carry;
+    {
+      std::lock_guard<std::mutex> lock(table.mutex);
+      carry.swap(table.priority_carry);
+    }
+    table.tracker.ReturnPriorityRows(carry);
+    take = table.tracker.TakePriorityRows();
+  }
+  const std::uint64_t record_bytes = table.tracker.access_record_bytes();
   std::lock_guard<std::mutex> lock(table.mutex);
+  table.priority_rows = std::move(take.rows);
+  table.select_seconds = take.select_seconds;
+  table.access_record_bytes = record_bytes;
   interval.OrWith(table.carry_over);
   table.carry_over.Clear();
   table.interval = std::move(interval);
@@ -408,6 +446,11 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
   const std::vector<std::uint64_t> interval_rows = table.interval.SetIndices();
 
   bool full = next.baseline_epoch == 0 || options_.policy == Policy::kFull;
+  if (!full && IsPrioritised(options_.policy) && !next.retained.empty()) {
+    full = next.retained.back().refs.size() > options_.priority.baseline_every;
+  }
+  stats.select_seconds = table.select_seconds;
+  stats.access_record_bytes = table.access_record_bytes;
   if (!full && options_.policy == Policy::kIntermittentDifferential) {
     full = detail::IntermittentTakesFull(next.diff_sizes);
   }
@@ -440,8 +483,13 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
     PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({image}, false));
     checkpoint.refs = {next.baseline, refs[0]};
     next.diff_sizes.push_back(static_cast<double>(rows.size()) / table.shape.rows);
-  } else if (options_.policy == Policy::kConsecutiveIncremental) {
-    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, data_chunk(interval_rows, 0));
+  } else if (options_.policy == Policy::kConsecutiveIncremental ||
+             IsPrioritised(options_.policy)) {
+    // MFU / SSU: the chain of consecutive increments, each of the rows chosen
+    // at capture instead of every changed row.
+    PMSNAP_ASSIGN_OR_RETURN(
+        std::vector<std::byte> image,
+        data_chunk(IsPrioritised(options_.policy) ? table.priority_rows : interval_rows, 0));
     PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({image}, false));
     checkpoint.refs =
         next.retained.empty() ? std::vector<ChunkRef>{next.baseline} : next.retained.back().refs;
@@ -619,6 +667,9 @@ void EmbeddingCheckpointer::OnAbandoned(std::uint64_t epoch) {
     // The rows of the lost interval are still changed: the next one takes them.
     t->carry_over.OrWith(t->interval);
     t->interval.Clear();
+    t->priority_carry.insert(t->priority_carry.end(), t->priority_rows.begin(),
+                             t->priority_rows.end());
+    t->priority_rows.clear();
     t->pending.reset();
   }
 }

@@ -13,3 +13,5 @@ pmsnap_add_test(diff_power_loss_test SOURCES diff_power_loss_test.cc
 # after a crash, the loss bound, truncation on resume, Eq. 10, merges.
 pmsnap_add_test(diff_differential_log_test SOURCES diff_differential_log_test.cc
                 LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")
+# CPR: PLS (Eq. 3), intervals (Eq. 4), the full/partial decision, MFU / SSU.
+pmsnap_add_test(diff_cpr_test SOURCES diff_cpr_test.cc LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")

@@ -6,7 +6,7 @@
 // embedding index must agree on the newest iteration, and no iteration the
 // child reported committed may be missing. Kills are timed by the child's
 // commits and its own step time (crash_trials.h).
-// Trials: 24 per policy (120 in all), or $PMSNAP_CRASH_TRIALS per policy.
+// Trials: 24 per policy (168 in all), or $PMSNAP_CRASH_TRIALS per policy.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -34,17 +34,24 @@ enum ChildPhase : int { kStarting, kCreating, kOpening, kRestoring, kTraining };
 const std::vector<std::string> kPhaseNames = {"starting", "creating the pool", "opening the pool",
                                               "restoring", "training"};
 
-EmbeddingOptions OptionsFor(Policy policy) {
+EmbeddingOptions OptionsFor(Policy policy, double ratio = 1.0) {
   EmbeddingOptions options;
   options.policy = policy;
   options.retain = 3;
   options.incrcp.duplicate_ratio_threshold = 0.01;
+  // CPR-MFU / CPR-SSU with r = 1 (and SSU sampling every lookup) save every
+  // used row, so each checkpoint is exact and the same check applies; the
+  // kills still land in their selection, chain and baseline code.
+  options.priority.ratio = ratio;
+  options.priority.ssu_period = 1;
+  options.priority.baseline_every = 8;
   return options;
 }
 
-[[noreturn]] void Child(const std::string& path, Policy policy, CrashChild& crash) {
+[[noreturn]] void Child(const std::string& path, Policy policy, CrashChild& crash,
+                        double ratio = 1.0) {
   layout::SetWarningSink(nullptr);
-  auto checkpointer = std::make_shared<EmbeddingCheckpointer>(OptionsFor(policy));
+  auto checkpointer = std::make_shared<EmbeddingCheckpointer>(OptionsFor(policy, ratio));
   EmbeddingToy toy(kRows, kDim);
   runtime::EngineOptions options;
   options.pool_path = path;
@@ -183,7 +190,87 @@ TEST_P(DiffCrashTest, KillsAroundPoolCreationLeaveNoPoolOrAVerifiedOne) {
 INSTANTIATE_TEST_SUITE_P(AllPolicies, DiffCrashTest,
                          ::testing::Values(Policy::kFull, Policy::kOneShotDifferential,
                                            Policy::kConsecutiveIncremental,
-                                           Policy::kIntermittentDifferential, Policy::kIncrCP),
+                                           Policy::kIntermittentDifferential, Policy::kIncrCP,
+                                           Policy::kMostFrequentlyUsed, Policy::kSubSampledUsed),
+                         [](const auto& info) {
+                           std::string name = PolicyName(info.param);
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name;
+                         });
+
+// CPR-MFU / CPR-SSU at r = 0.25: checkpoints hold only the rows chosen, so
+// they are not the table at their iteration; after every kill the pool must
+// still open to a newest iteration at least the one reported, the dense slot
+// and the index must agree, every retained checkpoint must rebuild, and each
+// of its rows must hold a value that row really had at some iteration up to
+// the checkpoint's (a torn or mixed-up chunk would show as a value no
+// iteration produced).
+class PrioritisedCrashTest : public ::testing::TestWithParam<Policy> {
+ protected:
+  void SetUp() override { runtime::HostDevice().EstimateInDeviceCopySeconds(1); }
+};
+
+TEST_P(PrioritisedCrashTest, ApproximateCheckpointsStayConsistentUnderRandomKills) {
+  TempPoolPath path("diff-crash-cpr");
+  CrashTrials kills(static_cast<unsigned>(GetParam()) * 31337u, kPhaseNames);
+  const int trials = std::max(4, Trials() / 3);
+  std::uint64_t newest = 0;
+  int verified = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    const auto kill =
+        kills.Run([&](CrashChild& crash) { Child(path.path(), GetParam(), crash, 0.25); });
+    const std::string context =
+        "trial " + std::to_string(trial) + " (" + kill.Describe(kPhaseNames) + ")";
+    ASSERT_TRUE(kill.killed) << context;
+    newest = std::max<std::uint64_t>({newest, kill.last_reported, 1});
+    layout::SetWarningSink(nullptr);
+    auto pool = layout::Pool::Open(path.path());
+    ASSERT_TRUE(pool.ok()) << context << ": " << pool.status().ToString();
+    auto latest = (*pool)->Latest();
+    ASSERT_TRUE(latest.ok()) << context << ": " << latest.status().ToString();
+    ASSERT_GE(latest->iteration(), newest) << context;
+    newest = latest->iteration();
+    auto checkpoints = ListCheckpoints(**pool, "emb.users");
+    ASSERT_TRUE(checkpoints.ok()) << context << ": " << checkpoints.status().ToString();
+    ASSERT_EQ(checkpoints->back().iteration, latest->iteration()) << context;
+    const CheckpointInfo& c = checkpoints->back();
+    auto table = RecoverTable(**pool, "emb.users", c.epoch);
+    ASSERT_TRUE(table.ok()) << context << ": " << table.status().ToString();
+    // Row r matches iteration j when all its values equal the toy's after j.
+    std::vector<bool> matched(kRows, false);
+    EmbeddingToy toy(kRows, kDim);
+    std::vector<float> weights = EmbeddingToy::ReferenceWeights(kRows, kDim, 0);
+    for (std::uint64_t j = 0;; ++j) {
+      for (std::uint64_t r = 0; r < kRows; ++r) {
+        if (!matched[r] && std::equal(weights.begin() + r * kDim, weights.begin() + (r + 1) * kDim,
+                                      table->tensors[0].begin() + r * kDim)) {
+          matched[r] = true;
+        }
+      }
+      if (j == c.iteration) break;
+      // The rows step j + 1 changes, applied to the running copy.
+      for (std::int64_t r : toy.RowsOf(j + 1)) {
+        for (std::uint32_t d = 0; d < kDim; ++d) {
+          weights[r * kDim + d] += 0.001f * static_cast<float>((j + 1 + d) % 17) - 0.008f;
+        }
+      }
+    }
+    for (std::uint64_t r = 0; r < kRows; ++r) {
+      ASSERT_TRUE(matched[r]) << context << ": row " << r << " of checkpoint " << c.epoch
+                              << " holds a value it never had up to iteration " << c.iteration;
+    }
+    ++verified;
+  }
+  std::printf("diff crash r=0.25 (%s): %s; newest iteration %llu, %d checkpoints verified\n",
+              PolicyName(GetParam()), kills.Summary().c_str(),
+              static_cast<unsigned long long>(newest), verified);
+  EXPECT_EQ(verified, trials);
+}
+
+INSTANTIATE_TEST_SUITE_P(CprPolicies, PrioritisedCrashTest,
+                         ::testing::Values(Policy::kMostFrequentlyUsed, Policy::kSubSampledUsed),
                          [](const auto& info) {
                            std::string name = PolicyName(info.param);
                            for (char& c : name) {

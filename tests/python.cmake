@@ -7,6 +7,8 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_ddp_resume.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_interop.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_lowdiff.py
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr.py
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr_ranks.py
                    ${CMAKE_CURRENT_SOURCE_DIR}/python)
   # A sanitizer build (scripts/sanitize.sh) runs the interpreter with libasan
   # preloaded and an instrumented extension: several times slower.
@@ -43,6 +45,18 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_interop.py)
   set_tests_properties(python_interop_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
                        TIMEOUT ${_pmsnap_ddp_timeout})
+  # CPR partial recovery: emulated shards, 2 gloo ranks restarted together,
+  # PLS across restarts and in `pmsnap info`.
+  add_test(NAME python_cpr_test
+           COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr.py)
+  set_tests_properties(python_cpr_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
+                       TIMEOUT ${_pmsnap_python_timeout})
+  add_test(NAME python_cpr_ranks_test
+           COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr_ranks.py)
+  set_tests_properties(python_cpr_ranks_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
+                       TIMEOUT ${_pmsnap_python_timeout})
 endif()
 
 # `pip install .` into a fresh venv, then checkpoint, SIGKILL and restore with

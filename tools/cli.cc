@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "pmsnap/diff/cpr.h"
 #include "pmsnap/pmem_layout/pool.h"
 
 namespace pmsnap::tools {
@@ -161,6 +162,13 @@ int Info(const Pool& pool, bool json, std::ostream& text) {
     if (latest.ok()) {
       out << "{\"slot\": " << latest->slot() << ", \"epoch\": " << latest->epoch()
           << ", \"iteration\": " << latest->iteration() << "}";
+      if (auto ledger = pmsnap::diff::cpr::FindPlsLedger(latest->extra_state())) {
+        out << ", \"pls\": {\"pls\": " << ledger->pls()
+            << ", \"failed_shards\": " << ledger->failed_shards()
+            << ", \"emb_shards\": " << ledger->emb_shards()
+            << ", \"lost_samples\": " << ledger->lost_samples()
+            << ", \"total_samples\": " << ledger->total_samples() << "}";
+      }
     } else {
       out << "null";
     }
@@ -207,6 +215,13 @@ int Info(const Pool& pool, bool json, std::ostream& text) {
   if (latest.ok()) {
     text << "latest          epoch " << latest->epoch() << " (iteration " << latest->iteration()
          << ") in slot " << latest->slot() << "\n";
+    // CPR partial recovery keeps its PLS ledger in the extra state.
+    if (auto ledger = pmsnap::diff::cpr::FindPlsLedger(latest->extra_state())) {
+      text << "pls             " << ledger->pls() << " (CPR partial recovery: "
+           << ledger->failed_shards() << " shard failures over " << ledger->emb_shards()
+           << " embedding shards, " << ledger->lost_samples() << " lost samples of "
+           << ledger->total_samples() << ")\n";
+    }
   } else {
     text << "latest          none: " << latest.status().message() << "\n";
   }

@@ -58,6 +58,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpr.h"
 #include "distributed.h"
 #include "errors.h"
 #include "lowdiff.h"
@@ -459,6 +460,8 @@ class PyEngine {
     d["construction_seconds"] = s.construction_seconds;
     d["extractions"] = s.extractions;
     d["live_chunks"] = s.live_chunks;
+    d["select_seconds"] = s.select_seconds;
+    d["access_record_bytes"] = s.access_record_bytes;
     return d;
   }
   std::vector<std::string> Tables() const {
@@ -549,13 +552,17 @@ diff::Policy ParsePolicy(const std::string& name) {
       {"check-n-run", diff::Policy::kIntermittentDifferential},
       {"incrcp", diff::Policy::kIncrCP},
       {"incrcp-2d", diff::Policy::kIncrCP},
+      {"mfu", diff::Policy::kMostFrequentlyUsed},
+      {"cpr-mfu", diff::Policy::kMostFrequentlyUsed},
+      {"ssu", diff::Policy::kSubSampledUsed},
+      {"cpr-ssu", diff::Policy::kSubSampledUsed},
   };
   for (const auto& [text, policy] : kNames) {
     if (text == name) return policy;
   }
   throw StatusError(Status(StatusCode::kInvalidArgument,
                            "unknown embedding policy '" + name +
-                               "' (full, one-shot, incremental, intermittent or incrcp)"));
+                               "' (full, one-shot, incremental, intermittent, incrcp, mfu or ssu)"));
 }
 
 py::dict CheckpointInfoToDict(const diff::CheckpointInfo& info) {
@@ -1028,6 +1035,7 @@ PYBIND11_MODULE(_pmsnap, m) {
   RegisterErrors(m);
   RegisterDistributed(m);
   RegisterLowDiff(m);
+  RegisterCpr(m);
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::string&, const std::vector<UnitArg>&, const std::string&,
@@ -1123,9 +1131,12 @@ PYBIND11_MODULE(_pmsnap, m) {
       .value("ONE_SHOT_DIFFERENTIAL", pmsnap::diff::Policy::kOneShotDifferential)
       .value("CONSECUTIVE_INCREMENTAL", pmsnap::diff::Policy::kConsecutiveIncremental)
       .value("INTERMITTENT_DIFFERENTIAL", pmsnap::diff::Policy::kIntermittentDifferential)
-      .value("INCRCP", pmsnap::diff::Policy::kIncrCP);
+      .value("INCRCP", pmsnap::diff::Policy::kIncrCP)
+      .value("MFU", pmsnap::diff::Policy::kMostFrequentlyUsed)
+      .value("SSU", pmsnap::diff::Policy::kSubSampledUsed);
   m.def("parse_policy", &ParsePolicy, py::arg("name"),
-        "Policy for \"full\", \"one-shot\", \"incremental\", \"intermittent\" or \"incrcp\".");
+        "Policy for \"full\", \"one-shot\", \"incremental\", \"intermittent\", \"incrcp\", "
+        "\"mfu\" or \"ssu\".");
   m.def("policy_name",
         [](pmsnap::diff::Policy p) { return std::string(pmsnap::diff::PolicyName(p)); });
 
@@ -1166,6 +1177,19 @@ PYBIND11_MODULE(_pmsnap, m) {
       .def_property(
           "reset_baseline", [](const EmbeddingOptions& o) { return o.incrcp.reset_baseline; },
           [](EmbeddingOptions& o, bool v) { o.incrcp.reset_baseline = v; })
+      .def_property(
+          "priority_ratio", [](const EmbeddingOptions& o) { return o.priority.ratio; },
+          [](EmbeddingOptions& o, double v) { o.priority.ratio = v; },
+          "CPR-MFU / CPR-SSU: r, the fraction of rows each checkpoint writes.")
+      .def_property(
+          "ssu_period", [](const EmbeddingOptions& o) { return o.priority.ssu_period; },
+          [](EmbeddingOptions& o, std::uint32_t v) { o.priority.ssu_period = v; })
+      .def_property(
+          "baseline_every", [](const EmbeddingOptions& o) { return o.priority.baseline_every; },
+          [](EmbeddingOptions& o, std::uint32_t v) { o.priority.baseline_every = v; })
+      .def_property(
+          "priority_seed", [](const EmbeddingOptions& o) { return o.priority.seed; },
+          [](EmbeddingOptions& o, std::uint64_t v) { o.priority.seed = v; })
       .def("__repr__", [](const EmbeddingOptions& o) {
         return std::string("EmbeddingOptions(policy=") + pmsnap::diff::PolicyName(o.policy) +
                ", retain=" + std::to_string(o.retain) +

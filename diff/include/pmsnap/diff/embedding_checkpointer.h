@@ -20,6 +20,19 @@
 //                              against R), outputs of one extraction
 //                              concatenated into one bundle per row, and the
 //                              baseline reset when T_base < T_incre.
+//   kMostFrequentlyUsed        CPR-MFU (CPR 4.2): a baseline, then each
+//                              checkpoint writes only the r*N rows with the
+//                              most lookups since they were last saved (4-byte
+//                              counter per row, cleared when saved).
+//   kSubSampledUsed            CPR-SSU: a baseline, then each checkpoint writes
+//                              the rows of a sub-sampled used-row list of at
+//                              most r*N entries (random eviction on overflow).
+//                              Both are approximate on purpose: rows changed
+//                              but not chosen keep their older saved value;
+//                              CPR's partial recovery accepts that loss and
+//                              counts it in PLS. Recovery replays the chain;
+//                              a new baseline every `baseline_every`
+//                              checkpoints bounds it.
 // Rows may be quantized (quant/) with a bit width from the expected number of
 // resumes. Retention keeps the newest `retain` checkpoints; chunks no
 // retained checkpoint of the two newest indexes needs are freed after each
@@ -49,7 +62,13 @@ enum class Policy : std::uint32_t {
   kConsecutiveIncremental = 3,
   kIntermittentDifferential = 4,
   kIncrCP = 5,
+  kMostFrequentlyUsed = 6,
+  kSubSampledUsed = 7,
 };
+// Whether `policy` saves only prioritised rows (CPR-MFU / CPR-SSU).
+inline bool IsPrioritised(Policy policy) {
+  return policy == Policy::kMostFrequentlyUsed || policy == Policy::kSubSampledUsed;
+}
 const char* PolicyName(Policy policy);
 
 struct QuantizeOptions {
@@ -68,11 +87,20 @@ struct IncrCPOptions {
   bool reset_baseline = true;  // T_base < T_incre
 };
 
+// CPR-MFU / CPR-SSU (CPR 4.2, 5.1: r = 0.125, SSU sampling period 2).
+struct PriorityOptions {
+  double ratio = 0.125;              // r: rows per checkpoint = ceil(r * N)
+  std::uint32_t ssu_period = 2;      // SSU: every n-th lookup is sampled
+  std::uint32_t baseline_every = 32; // a full baseline after this many increments
+  std::uint64_t seed = 0x5eed;       // SSU eviction (per table: seed ^ unit)
+};
+
 struct EmbeddingOptions {
   Policy policy = Policy::kIntermittentDifferential;
   std::uint32_t retain = 2;  // newest checkpoints kept recoverable (>= 1)
   QuantizeOptions quantize;
   IncrCPOptions incrcp;
+  PriorityOptions priority;
 };
 
 // What one table's last checkpoint wrote (bench and tests read it).
@@ -84,6 +112,10 @@ struct TableCheckpointStats {
   double construction_seconds = 0;
   std::uint64_t extractions = 0;  // IncrCP: chunks split this epoch
   std::uint64_t live_chunks = 0;  // logical chunks the newest index references
+  // MFU / SSU: time choosing the rows (at capture) and the access record's
+  // DRAM bytes then.
+  double select_seconds = 0;
+  std::uint64_t access_record_bytes = 0;
 };
 
 class EmbeddingCheckpointer final : public runtime::Encoder {
