@@ -308,7 +308,18 @@ class PyEngine {
     engine_ = ValueOrThrow(runtime::Engine::Open(std::move(options), std::move(registrations)));
   }
 
-  void BeginStep(std::uint64_t step) { ThrowIfError(engine().BeginStep(step)); }
+  void BeginStep(std::uint64_t step) {
+    runtime::Engine& e = engine();
+    Status status;
+    {
+      // Every-k and CheckFreq wait here for the epoch in flight: other Python
+      // threads run meanwhile (LowDiffPlus's training thread, while its
+      // replica thread waits). The coordinator's callbacks take the GIL back.
+      py::gil_scoped_release release;
+      status = e.BeginStep(step);
+    }
+    ThrowIfError(status);
+  }
   void BeforeUpdate(std::uint32_t unit) {
     runtime::Engine& e = engine();
     Status status;

@@ -4,17 +4,34 @@ the pool. On the host device the replica must equal the trained model bitwise;
 the pool it writes is an ordinary pool (restore, load_state_dict, the CLI).
 The SIGKILL resume of 2-rank DDP is in test_ddp_resume.py."""
 
+import functools
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 import pmsnap
 from conftest import make_model
-from test_distributed import run_ranks
+from test_distributed import _rank_main
+
+
+def run_ranks(world, body):
+    """test_distributed.run_ranks, but in spawned processes: this process has
+    run engines, and a child forked after oneTBB started its worker threads
+    has none (its copies would never run)."""
+    with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(_rank_main, args=(world, os.path.join(d, "init"), body, results),
+                           nprocs=world, join=True, start_method="spawn")
+        out = [results[r] for r in range(world)]
+    for status, value in out:
+        assert status == "ok", value
+    return [value for _, value in out]
 
 
 def batch(step, rank=0):
@@ -103,7 +120,8 @@ def _ddp_replica_run(rank, world, pool, kind, steps):
 def test_replica_equals_the_trained_model_bitwise_in_two_rank_ddp(pool_path, kind):
     template = pool_path.replace(".pool", ".{rank}.pool")
     try:
-        results = run_ranks(2, lambda r, w: _ddp_replica_run(r, w, template, kind, 8))
+        results = run_ranks(2, functools.partial(_ddp_replica_run, pool=template, kind=kind,
+                                                 steps=8))
     finally:
         for r in range(2):
             if os.path.exists(template.format(rank=r)):
@@ -197,7 +215,7 @@ def _ddp_configuration_errors(rank, world, pool):
 
 def test_a_ddp_module_with_another_communication_hook_is_refused(pool_path):
     template = pool_path.replace(".pool", ".{rank}.pool")
-    results = run_ranks(2, lambda r, w: _ddp_configuration_errors(r, w, template))
+    results = run_ranks(2, functools.partial(_ddp_configuration_errors, pool=template))
     for messages in results:
         assert len(messages) == 1 and "_foreign_hook" in messages[0], messages
     for r in range(2):
