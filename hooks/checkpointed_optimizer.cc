@@ -627,6 +627,9 @@ Result<RestoreInfo> CheckpointedOptimizer::Restore() {
                   "Restore must come before the first Step: training already changed the "
                   "registered tensors");
   }
+  // The restore writes to the addresses registered at Create: a parameter
+  // replaced since (set_data) would silently keep its new values.
+  PMSNAP_RETURN_IF_ERROR(stepper_->CheckUnchanged());
   Result<runtime::RestoreResult> restored_or = engine_->Restore();
   if (!restored_or.ok()) {
     // Whatever the failed restore left, the state starts from its initial values.

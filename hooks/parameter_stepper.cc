@@ -254,6 +254,16 @@ Result<std::unique_ptr<ParameterStepper>> ParameterStepper::Create(
             stepper->AdoptOrCreateState(stepper->slots_.size() - 1, groups[g].options()));
       }
     }
+    // The engine is given these tensors' addresses and copies from them in
+    // the background after a step returns; a parameter whose data the user
+    // replaces (set_data, `p.data = ...`) meanwhile would otherwise drop its
+    // storage's last reference under that copy.
+    for (const ParameterSlot& slot : stepper->slots_) {
+      stepper->held_storage_.push_back(slot.param.storage());
+      for (const auto& [role, tensor] : slot.state) {
+        stepper->held_storage_.push_back(tensor.storage());
+      }
+    }
   } catch (const c10::Error& error) {
     return FromTorch(error, "registering optimizer state");
   }

@@ -292,6 +292,76 @@ TEST(CheckpointedErrorsTest, ParameterReallocatedAfterRegistrationIsNamed) {
   EXPECT_THAT(status.message(), HasSubstr("fc2.weight"));
 }
 
+// The checkpoint of a step copies the parameters in the background after
+// Step returns. A training loop that replaces a parameter's data right then
+// (set_data) dropped the last reference to the storage the engine was
+// copying: with the stepper holding only raw addresses, libtorch freed it
+// under the copy (a heap-use-after-free under AddressSanitizer, the bug the
+// Python front end had). The registered storage must stay alive, the
+// checkpoint must hold what the step wrote, and ownership must end with the
+// optimizer.
+TEST(CheckpointedErrorsTest, ReplacedParameterStorageStaysAliveForTheCheckpointInFlight) {
+  pmsnap::testing::UseOneTorchThread();
+  TempPoolPath pool("hooks-replaced-storage");
+  Mlp model = MakeMlp(3);
+  torch::optim::Adam adam(model->parameters());
+  auto checkpointed = CheckpointedOptimizer::Create(*model, adam, EveryStep(pool.path()));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
+  ForwardBackward(model, adam, 1);
+  ASSERT_TRUE((*checkpointed)->Step().ok());
+  const torch::Tensor stepped = model->fc2->weight.detach().clone();
+  c10::weak_intrusive_ptr<c10::StorageImpl> old_storage =
+      model->fc2->weight.storage().getWeakStorageImpl();
+  {
+    torch::NoGradGuard no_grad;
+    model->fc2->weight.set_data(torch::zeros_like(stepped));
+  }
+  EXPECT_FALSE(old_storage.expired())
+      << "fc2.weight's registered storage was freed while its checkpoint may still copy it";
+  EXPECT_TRUE((*checkpointed)->Flush().ok());
+  ForwardBackward(model, adam, 2);
+  Status refused = (*checkpointed)->Step();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("fc2.weight"));
+  checkpointed->reset();
+  EXPECT_TRUE(old_storage.expired()) << "the optimizer kept fc2.weight's old storage after it closed";
+
+  Mlp loaded = MakeMlp(4);
+  torch::optim::Adam loaded_adam(loaded->parameters());
+  auto info = RestoreFromPool(*loaded, loaded_adam, EveryStep(pool.path()));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->iteration, 1u);
+  EXPECT_TRUE(torch::equal(loaded->fc2->weight, stepped))
+      << "the checkpoint of step 1 does not hold fc2.weight as that step left it";
+}
+
+// Restore writes to the addresses registered at Create; a parameter replaced
+// in between would keep its new values (and, before the stepper held the
+// registered storage, the restore wrote into freed memory).
+TEST(CheckpointedErrorsTest, ParameterReplacedBeforeRestoreIsRefused) {
+  TempPoolPath pool("hooks-replaced-before-restore");
+  {
+    Mlp model = MakeMlp(3);
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    auto checkpointed = CheckpointedOptimizer::Create(*model, sgd, EveryStep(pool.path()));
+    ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
+    ForwardBackward(model, sgd, 1);
+    ASSERT_TRUE((*checkpointed)->Step().ok());
+  }
+  Mlp model = MakeMlp(4);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto checkpointed = CheckpointedOptimizer::Create(*model, sgd, EveryStep(pool.path()));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
+  {
+    torch::NoGradGuard no_grad;
+    model->fc1->bias.set_data(torch::zeros_like(model->fc1->bias));
+  }
+  auto restored = (*checkpointed)->Restore();
+  EXPECT_EQ(restored.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(restored.status().message(), HasSubstr("fc1.bias"));
+  EXPECT_TRUE(torch::equal(model->fc1->bias, torch::zeros_like(model->fc1->bias)));
+}
+
 TEST(CheckpointedErrorsTest, FileSystemTooSmallForThePoolIsNoSpace) {
   TempPoolPath pool("hooks-no-space");
   Mlp model = MakeMlp(1);

@@ -95,6 +95,10 @@
 //
 // Thread-safety: one training thread owns a CheckpointedOptimizer; stats()
 // may be called from any thread. The module and optimizer must outlive it.
+// A parameter whose data is replaced after Create (set_data) keeps its
+// registered memory allocated until this object is destroyed, so the copy of
+// a step still in flight reads what the step wrote; the next Step then
+// refuses with kFailedPrecondition.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -209,6 +213,8 @@ class CheckpointedOptimizer {
 
   // Loads the newest committed epoch into the parameters and optimizer state
   // and sets iteration() to its iteration. Only before the first Step.
+  // kFailedPrecondition, with nothing loaded, if a parameter was replaced or
+  // reallocated since Create (ParameterStepper::CheckUnchanged).
   // kNotFound if the pool holds no committed epoch (a fresh run). A newest
   // epoch that fails its checksums is replaced by the older one (a pool
   // warning); kCorruption if neither verifies, and then the parameters may

@@ -182,6 +182,13 @@ class ParameterStepper {
   std::uint64_t blocked_updates() const { return blocked_updates_; }
 
   OptimizerKind kind() const { return kind_; }
+  // The slots, in registration order. The memory of each slot tensor as
+  // registered (what slots()[i].param.data_ptr() and the state tensors'
+  // data_ptr() returned after Create) stays allocated until the stepper is
+  // destroyed, even if the user replaces a parameter's data meanwhile
+  // (set_data): a checkpoint that copies from those addresses in the
+  // background never reads freed memory. Such a replacement is then refused
+  // by CheckUnchanged.
   const std::vector<ParameterSlot>& slots() const { return slots_; }
   torch::optim::Optimizer& optimizer() const { return optimizer_; }
 
@@ -210,6 +217,9 @@ class ParameterStepper {
   // Each parameter's storage at registration: the pool was laid out for it
   // (slot.param shares the TensorImpl, so it would follow a set_data).
   std::vector<const void*> registered_data_;
+  // The storage of every slot tensor (parameter and state) at registration,
+  // held for the stepper's lifetime (see slots()).
+  std::vector<c10::Storage> held_storage_;
   // The parameter group of each slot (its options: learning rate, betas...).
   std::vector<std::size_t> group_of_slot_;
   std::size_t block_bytes_ = kDefaultBlockBytes;
