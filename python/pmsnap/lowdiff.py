@@ -56,6 +56,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from . import _pmsnap
+from . import extra_state as _extra
 from . import distributed as _distributed
 from .errors import make_error
 from .optimizer import CheckpointedOptimizer
@@ -64,7 +65,7 @@ from .optimizer import CheckpointedOptimizer
 _DTYPES = {torch.float32: 1, torch.int64: 2, torch.float16: 3, torch.bfloat16: 4,
            torch.float64: 5, torch.int32: 6, torch.uint8: 7}
 _FROM_CODE = {v: k for k, v in _DTYPES.items()}
-_EXTRA_CODE = 255  # the pickled extra_state of the step
+_EXTRA_CODE = 255  # pickled {"user": extra_state, "param_groups": hyperparameters} of the step
 
 # Kinds of a bucket's record (its descriptor piece's first entry).
 _DENSE, _POWERSGD, _TOPK = 0, 1, 2
@@ -276,8 +277,11 @@ class TopK(Compressor):
         return _split(dense, params, shapes)
 
 
-def _pieces_of(records, extra):
-    """(pieces for the log, tensors to keep alive until copied)."""
+def _pieces_of(records, extra, param_groups):
+    """(pieces for the log, tensors to keep alive until copied). The last
+    piece holds the user's extra state and the param groups' hyperparameters
+    this step ran with: replay must step with the same learning rate (an LR
+    scheduler changes it between full checkpoints)."""
     pieces, keep = [], []
     for desc, tensors in records:
         for t in [desc] + list(tensors):
@@ -286,11 +290,10 @@ def _pieces_of(records, extra):
             pieces.append((t.data_ptr(), t.numel() * t.element_size(), _DTYPES[t.dtype],
                            list(t.shape)))
             keep.append(t)
-    blob = pickle.dumps(extra)
-    holder = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else None
-    if holder is not None:
-        pieces.append((holder.data_ptr(), len(blob), _EXTRA_CODE, [len(blob)]))
-        keep.append(holder)
+    blob = pickle.dumps({"user": extra, "param_groups": param_groups})
+    holder = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    pieces.append((holder.data_ptr(), len(blob), _EXTRA_CODE, [len(blob)]))
+    keep.append(holder)
     return pieces, keep
 
 
@@ -410,7 +413,8 @@ class LowDiff:
         step = self.ckpt.iteration + 1
         keep = None
         if self._log is not None:
-            pieces, keep = _pieces_of(records, extra_state or {})
+            pieces, keep = _pieces_of(records, extra_state or {},
+                                      _extra.param_group_hyperparameters(self.optimizer))
             self.bytes_handed += sum(p[1] for p in pieces)
             self._log.append(step, pieces)
         self.ckpt.step(extra_state=extra_state)
@@ -497,14 +501,16 @@ class LowDiff:
                               "seconds": time.perf_counter() - began}
 
     def _gradients_of(self, pieces):
-        """{param index: gradient} and the extra state of one differential."""
+        """{param index: gradient}, the user's extra state and the param
+        groups' hyperparameters of one differential."""
         tensors = [(code, data if code == _EXTRA_CODE else _tensor_of(code, shape, data))
                    for code, shape, data in pieces]
-        grads, extra, at = {}, None, 0
+        grads, extra, groups, at = {}, None, None, 0
         while at < len(tensors):
             code, t = tensors[at]
             if code == _EXTRA_CODE:
-                extra = pickle.loads(t)
+                saved = pickle.loads(t)
+                extra, groups = saved["user"], saved["param_groups"]
                 at += 1
                 continue
             desc = t.tolist()
@@ -520,7 +526,13 @@ class LowDiff:
             data = [x for _, x in tensors[at + 1:at + 1 + count]]
             grads.update(self.compressor.decompress_bucket(kind, desc, data, params, self._shapes))
             at += 1 + count
-        return grads, extra
+        return grads, extra, groups
+
+    def _apply_param_groups(self, groups):
+        """Gives the optimizer's param groups the hyperparameters a
+        differential's step ran with."""
+        for group, saved in zip(self.optimizer.param_groups, groups):
+            group.update(saved)
 
     def _replay(self, diffs):
         extra = None
@@ -529,7 +541,8 @@ class LowDiff:
             if self.merge == "parallel":
                 return self._replay_parallel(diffs)
             for _, pieces in diffs:
-                grads, extra = self._gradients_of(pieces)
+                grads, extra, groups = self._gradients_of(pieces)
+                self._apply_param_groups(groups)
                 for i, p in enumerate(self._params):
                     p.grad = grads.get(i)
                 self.ckpt._stepper.step(None)
@@ -542,13 +555,14 @@ class LowDiff:
         """Plain SGD: w <- w + sum_j(-lr * g_j), the sum a log-n pairwise tree."""
         extra = None
         deltas = defaultdict(list)
-        lr = [g["lr"] for g in self.optimizer.param_groups]
         group_of = {}
         for gi, g in enumerate(self.optimizer.param_groups):
             for p in g["params"]:
                 group_of[id(p)] = gi
         for _, pieces in diffs:
-            grads, extra = self._gradients_of(pieces)
+            grads, extra, groups = self._gradients_of(pieces)
+            self._apply_param_groups(groups)
+            lr = [g["lr"] for g in self.optimizer.param_groups]
             for i, g in grads.items():
                 p = self._params[i]
                 deltas[i].append(g.mul(-lr[group_of[id(p)]]).contiguous())

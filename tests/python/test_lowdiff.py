@@ -147,6 +147,36 @@ def test_crash_loses_at_most_batch_minus_one_differentials(world_of_one, pool_pa
     ld2.close()
 
 
+@pytest.mark.parametrize("merge", ["sequential", "parallel"])
+def test_replay_steps_with_the_learning_rate_each_step_had(world_of_one, pool_path, merge):
+    """An LR scheduler changes the learning rate between full checkpoints:
+    each differential replays with its own step's hyperparameters, so the
+    replayed model equals the trained one (bitwise sequentially)."""
+    model, ddp = make_ddp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.25)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step)
+    ld = lowdiff.LowDiff(opt, pool_path, ddp, lowdiff.TopK(0.5), full_every=1000, batch=1,
+                         workers=1)
+    for step in range(1, 11):
+        train(ld, ddp, step, step)
+        schedule.step()
+    trained = [p.detach().clone() for p in model.parameters()]
+    ld.close()
+    model2, ddp2 = make_ddp(seed=5)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.25)
+    ld2 = lowdiff.LowDiff(opt2, pool_path, ddp2, lowdiff.TopK(0.5), full_every=1000, batch=1,
+                          merge=merge, workers=1)
+    n, _, info = ld2.restore()
+    assert n == 10 and info["replayed"] == 9
+    assert opt2.param_groups[0]["lr"] == 0.25 * 0.5 ** 9  # the last replayed step's
+    for got, want in zip(model2.parameters(), trained):
+        if merge == "sequential":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    ld2.close(abandon=True)
+
+
 def _restore_with(pool_path, merge):
     model, ddp = make_ddp(seed=5)
     opt = torch.optim.SGD(model.parameters(), lr=0.125)
