@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -44,6 +45,24 @@ EngineOptions EveryStepOptions(const std::string& path) {
   EngineOptions options = Options(path);
   options.policy = std::make_shared<EveryKPolicy>(1);
   return options;
+}
+
+// A simulated device link slow enough that one unit's copy outlasts four
+// steps' worth of updates on this machine, measured on a probe model of the
+// same shape: the next step's update then finds the copy still in flight
+// however fast the machine is, also under a sanitizer that slows every
+// update 5-20x. Never faster than 0.3 GB/s.
+double LinkSlowerThanTheSteps(int units, std::int64_t floats_per_unit) {
+  ToyModel probe(units, floats_per_unit);
+  constexpr int kSteps = 5;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::uint64_t k = 1; k <= kSteps; ++k) {
+    for (std::size_t u = 0; u < probe.unit_count(); ++u) probe.Update(u, k);
+  }
+  const double step_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kSteps;
+  const double unit_bytes = 2.0 * sizeof(float) * static_cast<double>(floats_per_unit);
+  return std::min(0.3, unit_bytes / (4 * step_seconds) / 1e9);
 }
 
 // Reopens the pool read-only-ish and compares its newest epoch with history.
@@ -86,7 +105,7 @@ TEST(EngineTest, ContinuousModeOnSlowDeviceConflictsAndStaysBitExact) {
   TempPoolPath path("engine-conflict");
   ToyModel model(6, 30000);
   SimulatedDeviceOptions sim;
-  sim.copy_bandwidth_gbps = 0.3;  // slow link: the next update arrives first
+  sim.copy_bandwidth_gbps = LinkSlowerThanTheSteps(6, 30000);  // the next update arrives first
   SimulatedDevice device(sim);
   auto options = Options(path.path());
   options.device = &device;
@@ -623,7 +642,7 @@ TEST(EngineTest, CopiesHeldForTheEndOfTheStepStayExactUnderConflicts) {
   TempPoolPath path("engine-held-conflicts");
   ToyModel model(6, 30000);
   SimulatedDeviceOptions sim;
-  sim.copy_bandwidth_gbps = 0.3;
+  sim.copy_bandwidth_gbps = LinkSlowerThanTheSteps(6, 30000);
   SimulatedDevice device(sim);
   auto options = Options(path.path());
   options.device = &device;
