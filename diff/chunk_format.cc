@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "detail/byte_codec.h"
 #include "pmsnap/quant/format.h"
 
 namespace pmsnap::diff::detail {
@@ -37,8 +38,6 @@ static_assert(offsetof(DataHeader, rows) == 16);
 static_assert(offsetof(DataHeader, bloom_words) == 24);
 static_assert(offsetof(DataHeader, reserved) == 32);
 
-std::uint64_t Pad8(std::uint64_t n) { return (n + 7) / 8 * 8; }
-
 std::uint64_t Mix(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -47,48 +46,9 @@ std::uint64_t Mix(std::uint64_t x) {
 }
 constexpr int kBloomHashes = 7;  // ~optimal for 10 bits per key
 
-class Writer {
- public:
-  template <typename T>
-  void Put(const T& v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    out.insert(out.end(), p, p + sizeof(T));
-  }
-  void PutBytes(const void* data, std::size_t n) {
-    const auto* p = static_cast<const std::byte*>(data);
-    out.insert(out.end(), p, p + n);
-  }
-  void PadTo8() { out.resize(Pad8(out.size()), std::byte{0}); }
-  std::vector<std::byte> out;
-};
-
-class Reader {
- public:
-  Reader(std::span<const std::byte> in, const std::string& what) : in_(in), what_(what) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (in_.size() - pos_ < sizeof(T)) return Fail("truncated");
-    std::memcpy(v, in_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool Fail(const std::string& why) {
-    if (error_.empty()) error_ = what_ + ": " + why + " at byte " + std::to_string(pos_);
-    return false;
-  }
-  Status status() const { return Status(StatusCode::kCorruption, error_); }
-  std::size_t pos() const { return pos_; }
-  std::size_t left() const { return in_.size() - pos_; }
-
- private:
-  std::span<const std::byte> in_;
-  std::string what_;
-  std::size_t pos_ = 0;
-  std::string error_;
-};
 
 // Appends the tensor blocks of `rows` given as row records, then finishes.
-Status AppendBlock(Writer& w, bool quantized, const quant::QuantSpec& spec, std::uint32_t elems,
+Status AppendBlock(ByteWriter& w, bool quantized, const quant::QuantSpec& spec, std::uint32_t elems,
                    std::span<const std::uint8_t> records, std::uint64_t rows) {
   if (!quantized) {
     w.Put<std::uint64_t>(rows * elems * sizeof(float));
@@ -106,7 +66,7 @@ Status AppendBlock(Writer& w, bool quantized, const quant::QuantSpec& spec, std:
   return Status::Ok();
 }
 
-void WriteHeaderAndKeys(Writer& w, std::uint64_t epoch, std::span<const std::uint64_t> keys,
+void WriteHeaderAndKeys(ByteWriter& w, std::uint64_t epoch, std::span<const std::uint64_t> keys,
                         std::size_t tensors, std::uint32_t bloom_bits_per_key) {
   const std::vector<std::uint64_t> bloom = BuildBloom(keys, bloom_bits_per_key);
   DataHeader header{};
@@ -163,7 +123,7 @@ Result<std::vector<std::byte>> BuildDataChunk(std::uint64_t epoch,
                                               std::span<const TensorInput> tensors,
                                               const EncodeOptions& options,
                                               const std::string& table) {
-  Writer w;
+  ByteWriter w;
   WriteHeaderAndKeys(w, epoch, keys, tensors.size(), options.bloom_bits_per_key);
   for (const TensorInput& t : tensors) {
     const bool quantize = options.quantize && t.elems_per_row >= 2 && !keys.empty();
@@ -187,7 +147,7 @@ Result<std::vector<std::byte>> SliceDataChunk(const DataChunkView& source,
   std::vector<std::uint64_t> keys;
   keys.reserve(positions.size());
   for (std::uint64_t p : positions) keys.push_back(source.keys[p]);
-  Writer w;
+  ByteWriter w;
   WriteHeaderAndKeys(w, source.epoch, keys, source.tensors.size(), bloom_bits_per_key);
   for (const TensorBlock& t : source.tensors) {
     const std::uint64_t record = t.row_record_bytes();
@@ -204,7 +164,7 @@ Result<std::vector<std::byte>> SliceDataChunk(const DataChunkView& source,
 }
 
 Result<DataChunkView> ParseDataChunk(std::span<const std::byte> bytes, const std::string& what) {
-  Reader r(bytes, what);
+  ByteReader r(bytes, what);
   DataHeader header{};
   if (!r.Get(&header)) return r.status();
   if (header.magic != kDataMagic) {
@@ -276,7 +236,7 @@ Result<DataChunkView> ParseDataChunk(std::span<const std::byte> bytes, const std
 }
 
 std::vector<std::byte> SerializeIndex(const TableIndex& index) {
-  Writer w;
+  ByteWriter w;
   auto put_ref = [&w](const ChunkRef& ref) {
     w.Put(ref.heap_id);
     w.Put(ref.offset);
@@ -313,7 +273,7 @@ std::vector<std::byte> SerializeIndex(const TableIndex& index) {
 }
 
 Result<TableIndex> ParseIndex(std::span<const std::byte> bytes, const std::string& what) {
-  Reader r(bytes, what);
+  ByteReader r(bytes, what);
   TableIndex index;
   std::uint32_t magic = 0, version = 0;
   auto get_ref = [&r](ChunkRef* ref) {

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "detail/byte_codec.h"
+
 namespace pmsnap::diff::cpr {
 namespace {
 
@@ -21,32 +23,6 @@ std::uint64_t Checksum(std::span<const std::byte> bytes) {
   return h;
 }
 
-class Writer {
- public:
-  template <typename T>
-  void Put(const T& v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    out.insert(out.end(), p, p + sizeof(T));
-  }
-  std::vector<std::byte> out;
-};
-
-class Reader {
- public:
-  explicit Reader(std::span<const std::byte> in) : in_(in) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (in_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, in_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  std::size_t pos() const { return pos_; }
-
- private:
-  std::span<const std::byte> in_;
-  std::size_t pos_ = 0;
-};
 
 std::string Num(double v) {
   std::ostringstream s;
@@ -153,7 +129,7 @@ Status PlsLedger::RecordFailure(std::uint64_t samples,
 }
 
 std::vector<std::byte> PlsLedger::Serialize() const {
-  Writer w;
+  detail::ByteWriter w;
   for (char c : kMagic) w.Put(c);
   w.Put(kVersion);
   w.Put(emb_shards_);
@@ -176,7 +152,7 @@ Result<PlsLedger> PlsLedger::Parse(std::span<const std::byte> bytes) {
   auto corrupt = [](const std::string& what) {
     return Status(StatusCode::kCorruption, "PLS ledger: " + what);
   };
-  Reader r(bytes);
+  detail::ByteReader r(bytes);
   char magic[sizeof(kMagic)];
   for (char& c : magic) {
     if (!r.Get(&c)) return corrupt("shorter than its magic");

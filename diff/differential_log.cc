@@ -7,6 +7,8 @@
 #include <map>
 #include <type_traits>
 
+#include "detail/byte_codec.h"
+
 namespace pmsnap::diff {
 namespace {
 
@@ -38,38 +40,29 @@ static_assert(offsetof(ChunkHeader, count) == 24);
 static_assert(offsetof(ChunkHeader, truncate_after) == 32);
 static_assert(offsetof(ChunkHeader, body_bytes) == 40);
 
-std::uint64_t Pad8(std::uint64_t n) { return (n + 7) / 8 * 8; }
-
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
-template <typename T>
-void Put(std::vector<std::byte>& out, const T& v) {
-  const auto* p = reinterpret_cast<const std::byte*>(&v);
-  out.insert(out.end(), p, p + sizeof(T));
-}
-
 // Serializes one differential (iteration, pieces) onto `out`: the copy out
 // of the caller's buffers. Every field 8-byte aligned.
-Status AppendDifferential(std::vector<std::byte>& out, std::uint64_t iteration,
+Status AppendDifferential(detail::ByteWriter& out, std::uint64_t iteration,
                           const std::vector<DifferentialPiece>& pieces) {
-  Put(out, iteration);
-  Put(out, static_cast<std::uint32_t>(pieces.size()));
-  Put(out, std::uint32_t{0});
+  out.Put(iteration);
+  out.Put(static_cast<std::uint32_t>(pieces.size()));
+  out.Put(std::uint32_t{0});
   for (const DifferentialPiece& p : pieces) {
     if (p.shape.size() > kMaxDims) {
       return Status(StatusCode::kInvalidArgument,
                     "differential of iteration " + std::to_string(iteration) + ": a piece has " +
                         std::to_string(p.shape.size()) + " dimensions, at most 8 are stored");
     }
-    Put(out, p.dtype);
-    Put(out, static_cast<std::uint32_t>(p.shape.size()));
-    for (std::int64_t d : p.shape) Put(out, d);
-    Put(out, p.bytes);
-    const std::size_t at = out.size();
-    out.resize(at + Pad8(p.bytes));
-    if (p.bytes > 0) std::memcpy(out.data() + at, p.data, p.bytes);
+    out.Put(p.dtype);
+    out.Put(static_cast<std::uint32_t>(p.shape.size()));
+    for (std::int64_t d : p.shape) out.Put(d);
+    out.Put(p.bytes);
+    if (p.bytes > 0) out.PutBytes(p.data, p.bytes);
+    out.PadTo8();  // every field above is 8-byte aligned, so the next starts aligned
   }
   return Status::Ok();
 }
@@ -80,27 +73,6 @@ struct ParsedChunk {
   std::vector<Differential> differentials;  // filled with `payloads`
 };
 
-class Reader {
- public:
-  Reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
-  template <typename T>
-  bool Get(T& v) {
-    if (bytes_.size() - at_ < sizeof(T)) return false;
-    std::memcpy(&v, bytes_.data() + at_, sizeof(T));
-    at_ += sizeof(T);
-    return true;
-  }
-  bool GetBytes(std::vector<std::byte>& out, std::uint64_t n) {
-    if (bytes_.size() - at_ < Pad8(n)) return false;
-    out.assign(bytes_.data() + at_, bytes_.data() + at_ + n);
-    at_ += Pad8(n);
-    return true;
-  }
-
- private:
-  std::span<const std::byte> bytes_;
-  std::size_t at_ = 0;
-};
 
 Status Corrupt(const layout::Pool& pool, const layout::ChunkInfo& c, const std::string& what) {
   return Status(StatusCode::kCorruption, "pool " + pool.path() + ": differential chunk " +
@@ -130,11 +102,11 @@ Result<std::vector<ParsedChunk>> ParseChunks(const layout::Pool& pool, bool payl
       return Corrupt(pool, c, "has a bad header (magic, version or size)");
     }
     if (payloads) {
-      Reader r(bytes.subspan(sizeof(ChunkHeader)));
+      detail::ByteReader r(bytes.subspan(sizeof(ChunkHeader)));
       for (std::uint32_t i = 0; i < h.count; ++i) {
         Differential d;
         std::uint32_t pieces = 0, pad = 0;
-        if (!r.Get(d.iteration) || !r.Get(pieces) || !r.Get(pad) ||
+        if (!r.Get(&d.iteration) || !r.Get(&pieces) || !r.Get(&pad) ||
             d.iteration != h.first_iteration + i) {
           return Corrupt(pool, c, "differential " + std::to_string(i) + " does not parse");
         }
@@ -142,15 +114,15 @@ Result<std::vector<ParsedChunk>> ParseChunks(const layout::Pool& pool, bool payl
         for (StoredPiece& p : d.pieces) {
           std::uint32_t ndim = 0;
           std::uint64_t n = 0;
-          if (!r.Get(p.dtype) || !r.Get(ndim) || ndim > kMaxDims) {
+          if (!r.Get(&p.dtype) || !r.Get(&ndim) || ndim > kMaxDims) {
             return Corrupt(pool, c, "piece of iteration " + std::to_string(d.iteration) +
                                         " does not parse");
           }
           p.shape.resize(ndim);
           for (std::int64_t& dim : p.shape) {
-            if (!r.Get(dim)) return Corrupt(pool, c, "shape does not parse");
+            if (!r.Get(&dim)) return Corrupt(pool, c, "shape does not parse");
           }
-          if (!r.Get(n) || !r.GetBytes(p.bytes, n)) {
+          if (!r.Get(&n) || !r.GetPadded(&p.bytes, n)) {
             return Corrupt(pool, c, "piece of iteration " + std::to_string(d.iteration) +
                                         " is cut short");
           }
@@ -390,7 +362,7 @@ DifferentialLogStats DifferentialLog::stats() const {
 }
 
 void DifferentialLog::Run() {
-  std::vector<std::byte> body;  // the batch buffer in host memory
+  detail::ByteWriter body;  // the batch buffer in host memory (body.out)
   std::uint64_t first = 0;
   std::uint32_t count = 0;
   auto write = [&]() -> Status {
@@ -405,13 +377,15 @@ void DifferentialLog::Run() {
     h.first_iteration = first;
     h.count = count;
     h.truncate_after = kNoTruncation;
-    h.body_bytes = body.size();
+    h.body_bytes = body.out.size();
     layout::ChunkHeap& heap = pool_.chunk_heap();
     PMSNAP_ASSIGN_OR_RETURN(layout::ChunkInfo chunk,
-                            heap.Alloc(sizeof(h) + body.size(), 0, kDifferentialChunkTag));
+                            heap.Alloc(sizeof(h) + body.out.size(), 0, kDifferentialChunkTag));
     PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> payload, heap.Payload(chunk.id));
     std::memcpy(payload.data(), &h, sizeof(h));
-    if (!body.empty()) std::memcpy(payload.data() + sizeof(h), body.data(), body.size());
+    if (!body.out.empty()) {
+      std::memcpy(payload.data() + sizeof(h), body.out.data(), body.out.size());
+    }
     PMSNAP_RETURN_IF_ERROR(heap.Seal(chunk.id));
     {
       std::lock_guard<std::mutex> live_lock(live_mutex_);
@@ -419,13 +393,13 @@ void DifferentialLog::Run() {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.write_seconds += Seconds(start);
-    stats_.bytes_written += sizeof(h) + body.size();
+    stats_.bytes_written += sizeof(h) + body.out.size();
     ++stats_.batches_written;
     stats_.durable += count;
     stats_.last_durable_iteration = first + count - 1;
     stats_.buffered -= count;
     ++stats_.live_chunks;
-    body.clear();
+    body.out.clear();
     count = 0;
     return Status::Ok();
   };
