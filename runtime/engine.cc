@@ -214,6 +214,14 @@ struct Engine::Impl {
     std::lock_guard<std::mutex> lock(error_mutex);
     return first_error;
   }
+  // A recorded error as BeforeUpdate and EndStep report it. With several
+  // ranks it waits for the next BeginStep: there every rank learns of it in
+  // the same boundary exchange, whereas a rank that stopped mid-step on it
+  // would leave the others waiting at that boundary for an exchange it
+  // never joins.
+  Status ReportMidStep(Status recorded) const {
+    return agreement ? Status::Ok() : recorded;
+  }
 
   void Enqueue(Epoch* epoch, UnitTask* task, std::uint32_t part) {
     outstanding_jobs.fetch_add(1, std::memory_order_relaxed);
@@ -894,9 +902,10 @@ Status Engine::BeforeUpdate(std::uint32_t registered_unit) {
     impl.saw_update_in_step = true;
     impl.first_update_in_step = start;
   }
-  Status result = impl.TakeError();
-  if (!held) return result;  // another rank writes it
+  const Status worker_error = impl.TakeError();
+  if (!held) return impl.ReportMidStep(worker_error);  // another rank writes it
   const std::uint32_t unit = *held;
+  Status result = worker_error;
   if (result.ok() && impl.current) {
     Epoch& epoch = *impl.current;
     UnitTask* task = epoch.tasks[unit].get();
@@ -929,7 +938,7 @@ Status Engine::BeforeUpdate(std::uint32_t registered_unit) {
     }
   }
   impl.AddBlocked(SecondsSince(start));
-  return result;
+  return impl.ReportMidStep(result);
 }
 
 Status Engine::AfterUpdate(std::uint32_t registered_unit) {
@@ -996,7 +1005,7 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
     if (impl.blocked_history.size() > kBlockedHistory) impl.blocked_history.pop_front();
   }
   if (!result.ok()) return result;
-  return impl.TakeError();
+  return impl.ReportMidStep(impl.TakeError());
 }
 
 Status Engine::Flush() {

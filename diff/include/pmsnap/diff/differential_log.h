@@ -174,7 +174,6 @@ class DifferentialLog {
   std::deque<std::unique_ptr<Pending>> queue_;  // appended, not copied yet
   bool stopping_ = false;
   bool closed_ = false;
-  bool flush_requested_ = false;
   Status error_ = Status::Ok();
   std::optional<std::uint64_t> last_appended_;
   std::uint64_t copied_through_ = 0;  // iteration (0: none)
