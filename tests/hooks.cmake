@@ -25,8 +25,14 @@ if(PMSNAP_WITH_TORCH AND TARGET pmsnap::torch)
                     SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_c10d_coordinator_test.cc
                     LIBS pmsnap::torch)
     target_include_directories(hooks_c10d_coordinator_test PRIVATE ${PMSNAP_GLOO_INCLUDE_DIR})
+    pmsnap_add_test(hooks_lowdiff_test
+                    SOURCES ${CMAKE_CURRENT_LIST_DIR}/hooks_lowdiff_test.cc
+                    LIBS pmsnap::torch
+                    ENV "PMEM_IS_PMEM_FORCE=1")
+    target_include_directories(hooks_lowdiff_test PRIVATE ${PMSNAP_GLOO_INCLUDE_DIR})
   else()
-    message(STATUS "gloo headers not found (libgloo-dev): hooks_c10d_coordinator_test not built")
+    message(STATUS "gloo headers not found (libgloo-dev): hooks_c10d_coordinator_test and "
+                   "hooks_lowdiff_test not built")
   endif()
 
   pmsnap_add_test(hooks_state_arena_test
