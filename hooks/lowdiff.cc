@@ -213,6 +213,7 @@ Status LowDiff::Step(std::span<const std::byte> extra_state) {
   const double began = Now();
   const std::uint64_t step = checkpointed_->iteration() + 1;
   Status status = Status::Ok();
+  bool appended = false;
   // Kept alive until the log's worker copied them (WaitCopied below).
   torch::Tensor learning_rates;
   std::vector<std::byte> extra(extra_state.begin(), extra_state.end());
@@ -239,13 +240,15 @@ Status LowDiff::Step(std::span<const std::byte> extra_state) {
     pieces.push_back(extra_piece);
     for (const auto& p : pieces) bytes_handed_ += p.bytes;
     status = log_->Append(step, std::move(pieces));
+    appended = status.ok();
   }
   Status stepped = checkpointed_->Step(extra_state);
   if (status.ok()) status = stepped;
   if (!log_) {
     Status opened = OpenLog(std::nullopt);
     if (status.ok()) status = opened;
-  } else {
+  } else if (appended) {
+    // The pieces above must outlive the worker's copy of them.
     Status copied = log_->WaitCopied(step);
     if (status.ok()) status = copied;
   }
