@@ -41,7 +41,7 @@ iteration and close(); ctx has model, ddp, optimizer, pool, rank, args.
   .venv/bin/python bench/lowdiff/lowdiff.py [--models gpt2,mlp] [--iters 12] [--warmup 3]
 
 Writes bench/results/lowdiff.csv, lowdiff_recovery.csv, lowdiff_wasted.csv
-and lowdiff.png. The machine has 2 cores: two ranks with one compute thread
+and lowdiff.png (--tag renames them). The machine has 2 cores: two ranks with one compute thread
 each leave pmsnap's worker no core of its own, so overheads are upper bounds.
 """
 
@@ -328,6 +328,7 @@ def recovery(model_name, max_diffs):
 
 
 def main():
+    global WORLD
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="gpt2,mlp")
     parser.add_argument("--methods", default=",".join(METHODS))
@@ -336,7 +337,12 @@ def main():
     parser.add_argument("--full-every", type=int, default=10)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--max-diffs", type=int, default=32)
+    parser.add_argument("--ranks", type=int, default=WORLD,
+                        help="DDP ranks (2: the issue's setting; 1 leaves a core of this 2-core "
+                             "machine to pmsnap's threads, as a GPU run leaves the host's cores)")
+    parser.add_argument("--tag", default="lowdiff", help="CSV/PNG name prefix under bench/results")
     args = parser.parse_args()
+    WORLD = args.ranks
     os.makedirs(RESULTS, exist_ok=True)
     rows, wasted, rec_rows = [], [], []
     for model_name in args.models.split(","):
@@ -367,11 +373,12 @@ def main():
         recs = recovery(model_name, args.max_diffs)
         rec_rows += recs
         wasted += wasted_rows(model_name, rows, recs, args)
-    write_csv("lowdiff.csv", [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
-    write_csv("lowdiff_recovery.csv", rec_rows)
-    write_csv("lowdiff_wasted.csv", wasted)
+    write_csv(f"{args.tag}.csv", [{k: v for k, v in r.items() if not k.startswith("_")}
+                                  for r in rows])
+    write_csv(f"{args.tag}_recovery.csv", rec_rows)
+    write_csv(f"{args.tag}_wasted.csv", wasted)
     print_tables(rows, rec_rows, wasted)
-    plot(rows, rec_rows)
+    plot(rows, rec_rows, args.tag)
 
 
 def wasted_rows(model_name, rows, recs, args):
@@ -416,7 +423,7 @@ def write_csv(name, rows):
 
 
 def print_tables(rows, recs, wasted):
-    print(f"\n2-rank DDP, gloo, CPU (2 cores); overhead vs each method's own baseline; "
+    print(f"\n{WORLD}-rank DDP, gloo, CPU (2 cores); overhead vs each method's own baseline; "
           f"off-device bytes: {SIMULATED}")
     print("| model | method | ms/it | overhead | persisted MB/it | off-device MB/it (simulated) |")
     print("|---|---|---|---|---|---|")
@@ -438,7 +445,7 @@ def print_tables(rows, recs, wasted):
               f"{r['wasted_s_per_h']:.2f} |")
 
 
-def plot(rows, recs):
+def plot(rows, recs, tag="lowdiff"):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -468,7 +475,7 @@ def plot(rows, recs):
         ax.set_title(f"{model}: recovery")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "lowdiff.png"), dpi=110)
+    fig.savefig(os.path.join(RESULTS, f"{tag}.png"), dpi=110)
 
 
 if __name__ == "__main__":
