@@ -4,6 +4,8 @@
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 #include <tbb/task_scheduler_observer.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +26,51 @@ namespace pmsnap::runtime {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// fork() copies only the calling thread. The oneTBB worker threads an
+// engine starts, and the scheduler state they belong to, reach the child as
+// memory without threads, and an engine opened or used there waits forever
+// for workers that do not exist. oneTBB keeps those workers after the
+// engines close (a child forked then hung too, 1 run in 3), so a child
+// forked from a process that ever opened an engine refuses engines with an
+// error instead (runtime_engine_fork_test).
+std::atomic<int> g_engines_opened{0};
+std::atomic<int> g_open_engines{0};
+std::atomic<bool> g_forked_after_engines{false};
+std::atomic<int> g_forked_from{0};
+std::atomic<int> g_opened_at_fork{0};
+std::atomic<int> g_open_at_fork{0};
+
+void NoteForkInChild() {
+  const int opened = g_engines_opened.load(std::memory_order_relaxed);
+  if (opened > 0) {
+    g_opened_at_fork.store(opened, std::memory_order_relaxed);
+    g_open_at_fork.store(g_open_engines.load(std::memory_order_relaxed),
+                         std::memory_order_relaxed);
+    g_forked_from.store(static_cast<int>(getppid()), std::memory_order_relaxed);
+    g_forked_after_engines.store(true, std::memory_order_relaxed);
+  }
+}
+
+void WatchForks() {
+  static const int registered = pthread_atfork(nullptr, nullptr, &NoteForkInChild);
+  (void)registered;
+}
+
+// kFailedPrecondition naming `pool` in a child forked from a process that
+// had opened engines; Ok otherwise (one relaxed load: the hooks call it
+// every time).
+Status RefuseInForkedChild(const std::string& pool) {
+  if (!g_forked_after_engines.load(std::memory_order_relaxed)) return Status::Ok();
+  return Status(StatusCode::kFailedPrecondition,
+                "pmsnap engine for " + pool + ": this process was forked from process " +
+                    std::to_string(g_forked_from.load()) + " after it had opened " +
+                    std::to_string(g_opened_at_fork.load()) + " pmsnap engine(s) (" +
+                    std::to_string(g_open_at_fork.load()) +
+                    " still open); the oneTBB worker threads they started do not exist after "
+                    "fork(), and an engine here would wait for them forever. Start processes "
+                    "with the 'spawn' or 'forkserver' method, or fork before opening engines.");
+}
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -599,9 +646,18 @@ layout::Manifest ManifestFor(const std::vector<UnitRegistration>& units) {
   return manifest;
 }
 
-Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  g_engines_opened.fetch_add(1, std::memory_order_relaxed);
+  g_open_engines.fetch_add(1, std::memory_order_relaxed);
+}
 
 Engine::~Engine() {
+  if (impl_ && !impl_->closed && !RefuseInForkedChild(impl_->options.pool_path).ok()) {
+    // The parent's engine in a forked child: tearing down its arena would
+    // wait for threads that are not here. The process keeps the memory.
+    (void)impl_.release();
+    return;
+  }
   if (impl_ && !impl_->closed) {
     Status status = Close(CloseMode::kFinish);
     if (!status.ok()) std::cerr << "pmsnap: error while closing: " << status.ToString() << "\n";
@@ -656,6 +712,8 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   if (options.pool_path.empty()) {
     return Status(StatusCode::kInvalidArgument, "EngineOptions::pool_path is empty");
   }
+  WatchForks();
+  PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(options.pool_path));
   if (units.empty()) {
     return Status(StatusCode::kInvalidArgument, "no units registered for " + options.pool_path);
   }
@@ -810,6 +868,7 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
 Status Engine::BeginStep(std::uint64_t step) {
   Impl& impl = *impl_;
   if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
+  PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));
   if (Status failed = impl.TakeError(); !failed.ok()) {
     // The other ranks learn of it at this boundary's exchange.
     if (impl.agreement) {
@@ -895,6 +954,7 @@ Status Engine::BeginStep(std::uint64_t step) {
 
 Status Engine::BeforeUpdate(std::uint32_t registered_unit) {
   Impl& impl = *impl_;
+  PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));
   PMSNAP_ASSIGN_OR_RETURN(const std::optional<std::uint32_t> held,
                           impl.HeldUnit(registered_unit));
   const auto start = Clock::now();
@@ -943,6 +1003,7 @@ Status Engine::BeforeUpdate(std::uint32_t registered_unit) {
 
 Status Engine::AfterUpdate(std::uint32_t registered_unit) {
   Impl& impl = *impl_;
+  PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));
   PMSNAP_ASSIGN_OR_RETURN(const std::optional<std::uint32_t> held,
                           impl.HeldUnit(registered_unit));
   if (!held) return Status::Ok();  // another rank writes it
@@ -958,6 +1019,7 @@ Status Engine::AfterUpdate(std::uint32_t registered_unit) {
 
 Status Engine::EndStep(std::span<const std::byte> extra_state) {
   Impl& impl = *impl_;
+  PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));
   if (!impl.in_step) {
     return Status(StatusCode::kFailedPrecondition, "EndStep without BeginStep");
   }
@@ -1010,6 +1072,7 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
 
 Status Engine::Flush() {
   Impl& impl = *impl_;
+  PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));
   if (impl.current && !impl.current->step_ended) {
     return Status(StatusCode::kFailedPrecondition, "Flush inside a step (call EndStep first)");
   }
@@ -1021,6 +1084,9 @@ Status Engine::Flush() {
 Status Engine::Close(CloseMode mode) {
   Impl& impl = *impl_;
   if (impl.closed) return impl.TakeError();
+  // In a forked child the parent's engine stays as it is: the parent owns
+  // its pool and epoch.
+  PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));
   if (impl.current && (mode == CloseMode::kAbandon || !impl.current->step_ended)) {
     impl.AbandonCurrent();
   }
@@ -1034,6 +1100,7 @@ Status Engine::Close(CloseMode mode) {
   impl.pinning.clear();
   impl.arena->terminate();
   impl.device_stream->terminate();
+  g_open_engines.fetch_sub(1, std::memory_order_relaxed);
   if (impl.options.print_summary) std::cerr << stats().Summary() << "\n";
   impl.pool.reset();
   return impl.TakeError();
@@ -1041,6 +1108,7 @@ Status Engine::Close(CloseMode mode) {
 
 Result<RestoreResult> Engine::Restore() {
   Impl& impl = *impl_;
+  PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));
   if (impl.started_training) {
     return Status(StatusCode::kFailedPrecondition,
                   "Restore after training started (call it before the first BeginStep)");

@@ -10,6 +10,8 @@ Thread-safety: pytest runs the tests of one process sequentially.
 
 import glob
 import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -31,6 +33,28 @@ def pool_path():
     for leftover in [path] + glob.glob(glob.escape(path) + ".creating-*"):
         if os.path.exists(leftover):
             os.remove(leftover)
+
+
+def torchrun(trainer, out, steps, extra, expect_kill=False, world=2):
+    """Runs tests/python/<trainer> under torchrun (`world` gloo ranks on this
+    machine, one torch thread each) with --out OUT --steps STEPS + extra;
+    returns its stdout. Fails on a non-zero exit, except, with expect_kill,
+    the planned SIGKILL of a rank."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.makedirs(out, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={world}", os.path.join(here, trainer), "--out", str(out),
+           "--steps", str(steps)] + extra
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, OMP_NUM_THREADS="1",
+                                     PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    if not expect_kill:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    elif result.returncode != 0:
+        # Only the planned SIGKILL may end an attempt early.
+        assert "Signal 9 (SIGKILL)" in result.stderr or "exitcode  : -9" in result.stderr, \
+            result.stdout[-3000:] + result.stderr[-5000:]
+    return result.stdout
 
 
 class MLP(torch.nn.Module):

@@ -11,31 +11,18 @@ before pmsnap runs at all."""
 
 import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import conftest
+
 STEPS = 40
 WORLD = 2
 
 
 def torchrun(out, extra, expect_kill=False):
-    os.makedirs(out, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={WORLD}", os.path.join(HERE, "ddp_trainer.py"), "--out", str(out),
-           "--steps", str(STEPS)] + extra
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if not expect_kill:
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    elif result.returncode != 0:
-        # Only the planned SIGKILL may end an attempt early.
-        assert "Signal 9 (SIGKILL)" in result.stderr or "exitcode  : -9" in result.stderr, \
-            result.stdout[-3000:] + result.stderr[-5000:]
-    return result.stdout
+    return conftest.torchrun("ddp_trainer.py", out, STEPS, extra, expect_kill, world=WORLD)
 
 
 @pytest.mark.parametrize("sharding,method", [(None, "optimizer"), ("replicated", "optimizer"),

@@ -1,6 +1,7 @@
 """Context manager, flush/close, stats, modes and restore flows of CheckpointedOptimizer."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -171,3 +172,43 @@ def test_simulated_pm_is_labelled_in_the_stats(pool_path, monkeypatch):
     s = copt.stats()
     assert s["pm"] == "simulated PM (50 GB/s write, 60 GB/s read)"
     assert "simulated PM" in s["summary"]
+
+
+def test_a_forked_child_gets_an_error_instead_of_a_hang(pool_path):
+    """fork() after an engine opened: oneTBB's worker threads are not in the
+    child, where an engine would wait for them forever. The child's engines
+    are refused with an error naming the pool and the parent; the parent
+    goes on checkpointing."""
+    model = make_model(seed=3)
+    opt = pmsnap.CheckpointedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), pool=pool_path,
+                                       model=model, every=1)
+    train_step(model, opt, 1)
+    child_pool = pool_path.replace(".pool", "-child.pool")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        signal.alarm(60)  # a hang becomes SIGALRM: a failure, not a stuck suite
+        try:
+            other = make_model(seed=4)
+            child_opt = pmsnap.CheckpointedOptimizer(torch.optim.SGD(other.parameters(), lr=0.1),
+                                                     pool=child_pool, model=other, every=1)
+            train_step(other, child_opt, 1)  # the first step opens the pool
+            message = "opened"
+        except pmsnap.FailedPreconditionError as e:
+            message = str(e)
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            message = f"{type(e).__name__}: {e}"
+        os.write(write, message.encode())
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as f:
+        message = f.read().decode()
+    assert os.WIFEXITED(status), f"child ended with status {status} (14: it hung)"
+    assert child_pool in message and f"forked from process {os.getpid()}" in message, message
+    assert "spawn" in message, message
+    train_step(model, opt, 2)
+    opt.close()
+    assert pmsnap.read_pool(pool_path)["latest"]["iteration"] == 2
+    assert not os.path.exists(child_pool)

@@ -11,36 +11,22 @@ sequential merge, Eq. 10 in stats, and bad configurations."""
 
 import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+import conftest
 import pmsnap
 from pmsnap import _pmsnap, lowdiff
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD = 2
 STEPS = 30
 
 
 def torchrun(out, extra, expect_kill=False):
-    os.makedirs(out, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={WORLD}", os.path.join(HERE, "lowdiff_trainer.py"), "--out", str(out),
-           "--steps", str(STEPS)] + extra
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                            env=dict(os.environ, OMP_NUM_THREADS="1",
-                                     PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", "")))
-    if not expect_kill:
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    elif result.returncode != 0:
-        assert "Signal 9 (SIGKILL)" in result.stderr or "exitcode  : -9" in result.stderr, \
-            result.stdout[-3000:] + result.stderr[-5000:]
-    return result.stdout
+    return conftest.torchrun("lowdiff_trainer.py", out, STEPS, extra, expect_kill)
 
 
 @pytest.mark.parametrize("compressor", ["powersgd", "topk"])
