@@ -317,8 +317,13 @@ TEST(LowDiffTest, TwoGlooRanksApplyTheSameGradientAndRestoreBitExact) {
     options.gradient_group = backend;
     return LowDiff::Create(*model, opt, engine, options);
   };
+  // Models are made here, one after the other: torch's seed is global, and
+  // two threads seeding and drawing at once give the ranks different weights.
+  std::vector<Mlp> models, fresh;
+  for (int r = 0; r < kWorld; ++r) models.push_back(MakeMlp(11));
+  for (int r = 0; r < kWorld; ++r) fresh.push_back(MakeMlp(50 + static_cast<std::uint64_t>(r)));
   on_ranks([&](int r, c10::intrusive_ptr<c10d::Backend> backend) {
-    Mlp model = MakeMlp(11);
+    Mlp& model = models[static_cast<std::size_t>(r)];
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
     auto ld = make(r, backend, model, adam);
     ASSERT_TRUE(ld.ok()) << ld.status().ToString();
@@ -332,7 +337,7 @@ TEST(LowDiffTest, TwoGlooRanksApplyTheSameGradientAndRestoreBitExact) {
     ASSERT_EQ(Difference(trained[0][k], trained[1][k]), "") << "ranks differ after step " << k;
   }
   on_ranks([&](int r, c10::intrusive_ptr<c10d::Backend> backend) {
-    Mlp model = MakeMlp(50 + static_cast<std::uint64_t>(r));
+    Mlp& model = fresh[static_cast<std::size_t>(r)];
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
     auto ld = make(r, backend, model, adam);
     ASSERT_TRUE(ld.ok()) << ld.status().ToString();

@@ -17,19 +17,11 @@
 #include "pmsnap/hooks/optimizer_state.h"
 #include "pmsnap/runtime/engine.h"
 #include "pmsnap/runtime/interval_policy.h"
+#include "testutil/engine_options.h"
 
 namespace pmsnap::testing {
 
 inline void UseOneTorchThread() { torch::set_num_threads(1); }
-
-// Engine options for a pool at `path` checkpointed every step, quietly.
-inline runtime::EngineOptions EveryStep(const std::string& path) {
-  runtime::EngineOptions options;
-  options.pool_path = path;
-  options.policy = std::make_shared<runtime::EveryKPolicy>(1);
-  options.print_summary = false;
-  return options;
-}
 
 // 8 -> 16 -> 16 -> 4 with a dropout, so the RNG state matters for resume.
 struct MlpImpl : torch::nn::Module {

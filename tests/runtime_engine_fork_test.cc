@@ -13,23 +13,17 @@
 
 #include "pmsnap/pmem_layout/pool.h"
 #include "pmsnap/runtime/engine.h"
+#include "testutil/engine_options.h"
 #include "testutil/temp_pool.h"
 #include "testutil/toy_model.h"
 
 namespace pmsnap::runtime {
 namespace {
 
+using pmsnap::testing::EveryStep;
 using pmsnap::testing::TempPoolPath;
 using pmsnap::testing::ToyModel;
 using ::testing::HasSubstr;
-
-EngineOptions EveryStep(const std::string& path) {
-  EngineOptions options;
-  options.pool_path = path;
-  options.policy = std::make_shared<EveryKPolicy>(1);
-  options.print_summary = false;
-  return options;
-}
 
 // Runs `child` in a forked process and returns its exit status (0: its
 // checks passed). A hang becomes SIGALRM after a minute: a failure, not a
