@@ -12,13 +12,13 @@
 # and the Python binding included, and runs it in two passes: the C++ tests
 # (leak checking on), then the Python tests (python_tests,
 # python_ddp_resume_test and gpu_check_script_test, whose CPU smoke run of
-# bench/gpu imports the extension) with libasan preloaded into the interpreter, since
+# bench/gpu imports the extension, python_lowdiff_test, python_interop_test
+# whose peak-memory test skips itself under ASan, python_cpr_test and
+# python_cpr_ranks_test) with libasan preloaded into the interpreter, since
 # the extension module is instrumented and CPython is not, and with leak
 # checking off: CPython and torch keep their interned objects, arenas and
 # thread pools until exit on purpose, which LeakSanitizer would list in
-# thousands. python_package_test (pip builds a second, uninstrumented copy),
-# python_interop_test (not yet run under ASan: its peak-memory bounds on a
-# 1 GiB export were set for an uninstrumented process)
+# thousands. python_package_test (pip builds a second, uninstrumented copy)
 # and fuzz_smoke (scripts/fuzz.sh, its own clang sanitizer build) are left
 # out. tsan builds the tests of tests/runtime.cmake and
 # tests/pmem_layout.cmake (no libtorch, no Python) and runs them.
@@ -55,7 +55,7 @@ export PMEM_IS_PMEM_FORCE="${PMEM_IS_PMEM_FORCE:-1}"
 tsan_tests=(runtime_engine_test runtime_device_test runtime_epoch_agreement_test
             runtime_engine_ranks_test runtime_sharding_test common_cpu_affinity_test
             runtime_copy_hold_budget_test runtime_engine_power_loss_test
-            runtime_async_device_test runtime_staging_ring_test
+            runtime_async_device_test runtime_staging_ring_test runtime_engine_fork_test
             manifest_test pool_roundtrip_test pool_bad_input_test
             pool_crash_test cli_test checksum_test pool_prefault_test pool_bad_env_test
             manifest_golden_test pool_power_loss_test pool_pm_bandwidth_test)
@@ -132,7 +132,8 @@ run_asan() {
     ASAN_OPTIONS="$common:detect_leaks=0" \
     UBSAN_OPTIONS="$ubsan" \
     nice -n 5 ctest --test-dir "$dir" -j "$test_jobs" --output-on-failure \
-    -R '^(python_(tests|ddp_resume_test)|gpu_check_script_test)$' 2>&1 | tee "$dir/sanitize-asan-python.log" ||
+    -R '^(python_(tests|ddp_resume_test|lowdiff_test|interop_test|cpr_test|cpr_ranks_test)|gpu_check_script_test)$' \
+    2>&1 | tee "$dir/sanitize-asan-python.log" ||
     status=1
   echo "sanitize.sh: Python tests took $((SECONDS - start)) s"
   report_summary "$dir" || status=1
