@@ -27,7 +27,13 @@ def _rank_main(rank, world, init_file, body, results):
 
 
 def run_ranks(world, body):
-    """Runs body(rank, world) in `world` gloo processes; returns their results."""
+    """Runs body(rank, world) in `world` gloo processes; returns their results.
+
+    The processes are forked (the bodies are lambdas, which "spawn" cannot
+    pickle), so this must run before the calling process opens any pmsnap
+    engine: pmsnap refuses engines in a child forked after that (oneTBB's
+    workers are not copied; README, "Python"). ctest runs the files that use
+    it in processes of their own or before any test that opens an engine."""
     with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
         results = manager.dict()
         mp.start_processes(_rank_main, args=(world, os.path.join(d, "init"), body, results),
