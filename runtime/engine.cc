@@ -1070,6 +1070,12 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
   return impl.ReportMidStep(impl.TakeError());
 }
 
+bool Engine::CapturesThisStep() const {
+  return impl_->in_step && impl_->capturing && impl_->current != nullptr;
+}
+
+bool Engine::EpochInFlight() const { return impl_->epoch_busy.load(std::memory_order_acquire); }
+
 Status Engine::Flush() {
   Impl& impl = *impl_;
   PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));

@@ -48,18 +48,21 @@ class ParameterStepper:
         else:
             self._group_bytes = 0
 
-    def step(self, observer, indices=None):
+    def step(self, observer, indices=None, one_call=False):
         """Updates every parameter with a gradient (all, or `indices`; default
         last first) between the observer's hooks (observer None: unobserved).
-        After a hook error the remaining parameters are still updated, without
-        hooks, and the first error is raised at the end. Any other exception
-        (from the optimizer, Ctrl-C) leaves the update half done and
-        propagates. Every gradient is left as it was."""
+        one_call: in a single optimizer.step(), every before_update first
+        (for a step nothing captures and no copy is in flight, where groups
+        would only add calls). After a hook error the remaining parameters
+        are still updated, without hooks, and the first error is raised at
+        the end. Any other exception (from the optimizer, Ctrl-C) leaves the
+        update half done and propagates. Every gradient is left as it was."""
         if indices is None:
             indices = range(len(self._params) - 1, -1, -1)
         error = None
         with self._only_gradient_shown() as shown:
-            for group in self._groups_of(indices):
+            groups = [list(indices)] if one_call else self._groups_of(indices)
+            for group in groups:
                 error = self._update(observer, group, shown, error)
         if error is not None:
             raise error

@@ -528,6 +528,8 @@ class PyEngine {
   std::string policy_name() const { return engine().policy().name(); }
   std::string pool_path() const { return engine().pool().path(); }
   std::uint64_t pool_file_bytes() const { return engine().pool().file_bytes(); }
+  bool captures_this_step() const { return engine().CapturesThisStep(); }
+  bool epoch_in_flight() const { return engine().EpochInFlight(); }
 
  private:
   runtime::Engine& engine() const {
@@ -1113,6 +1115,12 @@ PYBIND11_MODULE(_pmsnap, m) {
           [](const PyEngine& e, std::uint64_t after) { return ReadDifferentialsOf(e.pool(), after); },
           py::arg("after"), "[(iteration, [(dtype, shape, bytes)])] after `after`, up to a gap.")
       .def("set_every", &PyEngine::SetEvery, py::arg("every"))
+      .def_property_readonly(
+          "captures_this_step", &PyEngine::captures_this_step,
+          "Whether the step begun by begin_step is captured (its end_step extra state is kept).")
+      .def_property_readonly(
+          "epoch_in_flight", &PyEngine::epoch_in_flight,
+          "Whether an epoch is still copying or persisting.")
       .def_property_readonly("tables", &PyEngine::Tables)
       .def("stats", &PyEngine::Stats, py::arg("per_step") = false)
       .def_property_readonly("closed", &PyEngine::closed)

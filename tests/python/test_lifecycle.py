@@ -212,3 +212,36 @@ def test_a_forked_child_gets_an_error_instead_of_a_hang(pool_path):
     opt.close()
     assert pmsnap.read_pool(pool_path)["latest"]["iteration"] == 2
     assert not os.path.exists(child_pool)
+
+
+def test_steps_no_epoch_captures_run_in_one_optimizer_call_and_change_no_bit(pool_path):
+    """Between checkpoints (every=3), with no copy in flight, the optimizer
+    is stepped in one call and no extra state is packed; the model stays
+    bitwise the plain optimizer's, and the checkpoints keep their own step's
+    extra state."""
+    plain_model = make_model(seed=5)
+    plain = torch.optim.AdamW(plain_model.parameters(), lr=1e-2)
+    model = make_model(seed=5)
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = pmsnap.CheckpointedOptimizer(adamw, pool=pool_path, model=model, every=3)
+    calls = []
+    wrapped = adamw.step
+    adamw.step = lambda *a, **k: (calls.append(1), wrapped(*a, **k))[1]
+    for step in range(1, 8):
+        opt.flush()  # no epoch in flight when the step begins
+        calls.clear()
+        opt.extra_state = {"step": step}
+        train_step(plain_model, plain, step)
+        train_step(model, opt, step)
+        assert_same_training_state(plain_model, plain, model, adamw)
+        if step % 3 != 0 and step != 1:
+            assert len(calls) == 1, (step, len(calls))
+        elif step % 3 == 0:
+            assert len(calls) > 1, (step, len(calls))  # captured: in groups, as before
+    opt.close()
+    fresh = make_model(seed=9)
+    restored = pmsnap.CheckpointedOptimizer(torch.optim.AdamW(fresh.parameters(), lr=1e-2),
+                                            pool=pool_path, model=fresh, every=3)
+    iteration, extra = restored.restore()
+    assert iteration == 6 and extra["step"] == 6
+    restored.close()

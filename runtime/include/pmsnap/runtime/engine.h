@@ -184,6 +184,16 @@ class Engine {
   // position, RNG state...); kCapacityExceeded if over the pool's capacity.
   Status EndStep(std::span<const std::byte> extra_state = {});
 
+  // Whether the step begun by the last BeginStep is captured by an epoch
+  // (the extra state given to its EndStep is stored); false between steps.
+  // Training thread. Front ends skip building extra state for other steps.
+  bool CapturesThisStep() const;
+  // Whether an epoch is still copying or persisting: its units' next
+  // updates may have to wait for their copies (BeforeUpdate). Any thread;
+  // the answer may be stale by the time it is used, but only from true to
+  // false.
+  bool EpochInFlight() const;
+
   // Waits until no epoch is in flight (committed or failed) and returns the
   // first worker error, if any.
   Status Flush();
