@@ -9,6 +9,8 @@
 #include <limits>
 #include <optional>
 
+#include "libtorch_error.h"
+
 namespace pmsnap::hooks {
 namespace {
 
@@ -24,10 +26,6 @@ constexpr std::int64_t kDescriptorLength = 4;
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-Status LibtorchError(const std::string& what, const c10::Error& error) {
-  return Status(StatusCode::kInternal, what + ": libtorch: " + error.what_without_backtrace());
 }
 
 diff::DifferentialPiece PieceOf(const torch::Tensor& t, std::uint32_t code) {
@@ -186,7 +184,7 @@ Status LowDiff::SynchronizeGradients() {
       gathered_.push_back(std::move(g));
     } catch (const c10::Error& e) {
       return LibtorchError("LowDiff: synchronizing the gradient of parameter " + std::to_string(i),
-                           e);
+                           e, StatusCode::kInternal);
     }
   }
   synchronized_ = true;
@@ -216,8 +214,9 @@ Status LowDiff::Step(std::span<const std::byte> extra_state) {
   bool appended = false;
   // Kept alive until the log's worker copied them (WaitCopied below).
   torch::Tensor learning_rates;
-  std::vector<std::byte> extra(extra_state.begin(), extra_state.end());
+  std::vector<std::byte> extra;
   if (log_) {
+    extra.assign(extra_state.begin(), extra_state.end());
     std::vector<double> lrs;
     for (const auto& group : optimizer_.param_groups()) lrs.push_back(group.options().get_lr());
     learning_rates = torch::tensor(lrs, torch::kFloat64);
@@ -333,11 +332,13 @@ Status LowDiff::ReplayOne(const diff::Differential& differential,
         ++at;
         continue;
       }
-      torch::Tensor desc = TensorOf(piece);
-      if (desc.numel() != kDescriptorLength || piece.dtype != static_cast<std::uint32_t>(torch::kInt64)) {
+      // The code first: any other one is no dtype to view the bytes as.
+      if (piece.dtype != static_cast<std::uint32_t>(torch::kInt64) ||
+          piece.bytes.size() != kDescriptorLength * sizeof(std::int64_t)) {
         return Status(StatusCode::kCorruption, where + ": piece " + std::to_string(at) +
                                                    " is not a parameter record");
       }
+      torch::Tensor desc = TensorOf(piece);
       const auto index = desc[0].item<std::int64_t>();
       const auto numel = desc[1].item<std::int64_t>();
       const auto world = desc[2].item<std::int64_t>();
@@ -360,7 +361,7 @@ Status LowDiff::ReplayOne(const diff::Differential& differential,
     }
     for (std::size_t i = 0; i < params_.size(); ++i) params_[i].mutable_grad() = grads[i];
   } catch (const c10::Error& e) {
-    return LibtorchError(where, e);
+    return LibtorchError(where, e, StatusCode::kInternal);
   }
   return checkpointed_->Step(*extra_state);
 }

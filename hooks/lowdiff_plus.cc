@@ -13,15 +13,12 @@
 #include <thread>
 #include <unordered_map>
 
+#include "libtorch_error.h"
+
 namespace pmsnap::hooks {
 namespace {
 
 namespace optim = torch::optim;
-
-Status TorchError(const std::string& what, const c10::Error& error) {
-  return Status(StatusCode::kInvalidArgument,
-                what + ": libtorch: " + error.what_without_backtrace());
-}
 
 // An optimizer of `training`'s type on `replica` (split into the same
 // groups), with every group's options and the defaults copied.
@@ -144,7 +141,7 @@ struct LowDiffPlus::State {
       try {
         target.copy_(copy.gradient.view_as(target));
       } catch (const c10::Error& e) {
-        RecordError(TorchError("LowDiffPlus: copying the gradient of '" + names[copy.index] + "'",
+        RecordError(LibtorchError("LowDiffPlus: copying the gradient of '" + names[copy.index] + "'",
                                e));
       }
       std::lock_guard<std::mutex> lock(mu);
@@ -249,7 +246,7 @@ Result<std::unique_ptr<LowDiffPlus>> LowDiffPlus::Create(
       ++g;
     }
   } catch (const c10::Error& e) {
-    return TorchError("LowDiffPlus: copying the parameters", e);
+    return LibtorchError("LowDiffPlus: copying the parameters", e);
   }
   PMSNAP_ASSIGN_OR_RETURN(state->replica_optimizer, ReplicaOptimizer(optimizer, state->replica));
   if (!optimizer.state().empty()) {
@@ -258,7 +255,7 @@ Result<std::unique_ptr<LowDiffPlus>> LowDiffPlus::Create(
       // replica starts from the optimizer's state as it is.
       CopyOptimizerState(optimizer, *state->replica_optimizer);
     } catch (const c10::Error& e) {
-      return TorchError("LowDiffPlus: copying the optimizer's state to the replica", e);
+      return LibtorchError("LowDiffPlus: copying the optimizer's state to the replica", e);
     }
   }
   PMSNAP_ASSIGN_OR_RETURN(state->checkpointer,
@@ -327,7 +324,7 @@ Status LowDiffPlus::Step(std::span<const std::byte> extra_state) {
       next.group_options.push_back(group.options().clone());
     }
   } catch (const c10::Error& e) {
-    return TorchError("LowDiffPlus: the training optimizer's step", e);
+    return LibtorchError("LowDiffPlus: the training optimizer's step", e);
   }
   next.extra_state.assign(extra_state.begin(), extra_state.end());
   auto began = std::chrono::steady_clock::now();
@@ -358,7 +355,7 @@ Result<RestoreInfo> LowDiffPlus::Restore() {
     for (std::size_t i = 0; i < s.params.size(); ++i) s.params[i].copy_(s.replica[i]);
     CopyOptimizerState(*s.replica_optimizer, *s.training);
   } catch (const c10::Error& e) {
-    return TorchError("LowDiffPlus: copying the restored replica into the model", e);
+    return LibtorchError("LowDiffPlus: copying the restored replica into the model", e);
   }
   std::lock_guard<std::mutex> lock(s.mu);
   s.iteration = s.replica_done = info.iteration;

@@ -19,6 +19,7 @@
 
 #include "pmsnap/common/page_prefault.h"
 #include "pmsnap/hooks/optimizer_state.h"
+#include "libtorch_error.h"
 #include "state_arena.h"
 
 namespace pmsnap::hooks {
@@ -179,11 +180,6 @@ void BlockedAdagradUpdate(const optim::AdagradOptions& options, optim::AdagradPa
                });
 }
 
-Status FromTorch(const c10::Error& error, const char* what) {
-  return Status(StatusCode::kInvalidArgument,
-                std::string(what) + ": libtorch: " + error.what_without_backtrace());
-}
-
 }  // namespace
 
 const char* OptimizerKindName(OptimizerKind kind) {
@@ -265,7 +261,7 @@ Result<std::unique_ptr<ParameterStepper>> ParameterStepper::Create(
       }
     }
   } catch (const c10::Error& error) {
-    return FromTorch(error, "registering optimizer state");
+    return LibtorchError("registering optimizer state", error);
   }
   return stepper;
 }
@@ -446,7 +442,7 @@ Status ParameterStepper::InitializeDeferredState() {
       deferred_fills_.pop_back();
     }
   } catch (const c10::Error& error) {
-    return FromTorch(error, "initializing optimizer state");
+    return LibtorchError("initializing optimizer state", error);
   }
   return Status::Ok();
 }
@@ -525,7 +521,7 @@ Status ParameterStepper::UpdateSlots(StepObserver* observer,
   try {
     status = StepLocked(observer, grads, indices);
   } catch (const c10::Error& error) {
-    status = FromTorch(error, "optimizer step");
+    status = LibtorchError("optimizer step", error);
   }
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     slots_[i].param.mutable_grad() = grads[i];
@@ -638,7 +634,7 @@ Status ParameterStepper::SyncFromSlots() {
       }
     }
   } catch (const c10::Error& error) {
-    return FromTorch(error, "restoring optimizer state");
+    return LibtorchError("restoring optimizer state", error);
   } catch (const std::out_of_range&) {
     return Status(StatusCode::kInternal, "optimizer state vanished after registration");
   }

@@ -4,13 +4,11 @@
 #include "pmsnap/hooks/c10d_coordinator.h"
 
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <functional>
-#include <thread>
 #include <vector>
 
+#include "hooks_gloo_ranks.h"
 #include "pmsnap/runtime/epoch_agreement.h"
 
 namespace pmsnap::hooks {
@@ -18,18 +16,10 @@ namespace {
 
 // Runs `body(coordinator)` on `world` threads, each a gloo rank.
 void OnGlooRanks(int world, const std::function<void(runtime::Coordinator&)>& body) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto options = c10d::ProcessGroupGloo::Options::create();
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, world, options);
-      C10dCoordinator coordinator(backend);
-      body(coordinator);
-    });
-  }
-  for (auto& t : threads) t.join();
+  pmsnap::testing::OnGlooRanks(world, [&](int, c10::intrusive_ptr<c10d::Backend> backend) {
+    C10dCoordinator coordinator(backend);
+    body(coordinator);
+  });
 }
 
 TEST(C10dCoordinatorTest, MinAllReduceGivesEveryRankTheElementwiseMinimum) {

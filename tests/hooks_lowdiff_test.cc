@@ -9,13 +9,11 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <cstring>
 #include <functional>
-#include <thread>
 
+#include "hooks_gloo_ranks.h"
 #include "hooks_test_util.h"
 #include "pmsnap/hooks/c10d_coordinator.h"
 #include "testutil/temp_pool.h"
@@ -25,6 +23,7 @@ namespace {
 
 using pmsnap::testing::Batch;
 using pmsnap::testing::MakeMlp;
+using pmsnap::testing::OnGlooRanks;
 using pmsnap::testing::Mlp;
 using pmsnap::testing::StateOf;
 using pmsnap::testing::TempPoolPath;
@@ -296,18 +295,6 @@ TEST(LowDiffTest, TwoGlooRanksApplyTheSameGradientAndRestoreBitExact) {
   std::vector<std::vector<Snapshot>> trained(kWorld, std::vector<Snapshot>(kSteps + 1));
   std::vector<Snapshot> restored_state(kWorld);
   std::vector<std::uint64_t> restored_iteration(kWorld);
-  auto on_ranks = [&](const std::function<void(int, c10::intrusive_ptr<c10d::Backend>)>& body) {
-    auto store = c10::make_intrusive<c10d::HashStore>();
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kWorld; ++r) {
-      threads.emplace_back([&, r] {
-        auto options = c10d::ProcessGroupGloo::Options::create();
-        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-        body(r, c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, kWorld, options));
-      });
-    }
-    for (auto& t : threads) t.join();
-  };
   auto make = [&](int r, c10::intrusive_ptr<c10d::Backend> backend, Mlp& model,
                   torch::optim::Optimizer& opt) {
     runtime::EngineOptions engine = Quiet(paths[r]);
@@ -322,7 +309,7 @@ TEST(LowDiffTest, TwoGlooRanksApplyTheSameGradientAndRestoreBitExact) {
   std::vector<Mlp> models, fresh;
   for (int r = 0; r < kWorld; ++r) models.push_back(MakeMlp(11));
   for (int r = 0; r < kWorld; ++r) fresh.push_back(MakeMlp(50 + static_cast<std::uint64_t>(r)));
-  on_ranks([&](int r, c10::intrusive_ptr<c10d::Backend> backend) {
+  OnGlooRanks(kWorld, [&](int r, c10::intrusive_ptr<c10d::Backend> backend) {
     Mlp& model = models[static_cast<std::size_t>(r)];
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
     auto ld = make(r, backend, model, adam);
@@ -336,7 +323,7 @@ TEST(LowDiffTest, TwoGlooRanksApplyTheSameGradientAndRestoreBitExact) {
   for (std::uint64_t k = 1; k <= kSteps; ++k) {
     ASSERT_EQ(Difference(trained[0][k], trained[1][k]), "") << "ranks differ after step " << k;
   }
-  on_ranks([&](int r, c10::intrusive_ptr<c10d::Backend> backend) {
+  OnGlooRanks(kWorld, [&](int r, c10::intrusive_ptr<c10d::Backend> backend) {
     Mlp& model = fresh[static_cast<std::size_t>(r)];
     torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
     auto ld = make(r, backend, model, adam);
