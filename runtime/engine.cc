@@ -8,8 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <sys/mman.h>
+
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -87,7 +90,7 @@ void AtomicAdd(std::atomic<double>& target, double value) {
 
 // Epoch in flight. Created and destroyed by the training thread; workers
 // reach it through the jobs they run, and the training thread destroys it
-// only after every job finished (outstanding_jobs == 0).
+// only after every one of its jobs finished (`jobs` == 0).
 struct Epoch {
   std::uint64_t epoch = 0;
   std::uint64_t iteration = 0;
@@ -113,6 +116,71 @@ struct Epoch {
   double held_released_seconds = 0;
   // Requeues and device-stream jobs of this epoch's tasks (Engine::Impl).
   std::unique_ptr<UnitTaskExecutor> executor;
+  // Jobs queued for this epoch and not yet finished (Impl::jobs_mutex).
+  std::uint64_t jobs = 0;
+  // Committed or abandoned: the training thread may reap it once its jobs
+  // finished (release by the finishing thread, acquire by the reaper).
+  std::atomic<bool> done{false};
+
+  // Staged in host memory (EngineOptions::dram_staging_buffers): captured
+  // into `staging` while the previous epoch persisted. It has no pool epoch
+  // (`epoch` is 0) until the thread that commits the previous one begins it
+  // (`began`); parts copied before that wait in `copied_parts`.
+  bool staged = false;
+  int staging_buffer = -1;
+  std::byte* staging = nullptr;
+  std::mutex stage_mutex;  // orders `began` against `copied_parts`
+  std::atomic<bool> began{true};
+  std::vector<std::pair<UnitTask*, std::uint32_t>> copied_parts;
+};
+
+// Host memory of the slot's size for staged epochs, one mapping per buffer
+// (anonymous, faulted in by the first copies into it).
+class StagingBuffers {
+ public:
+  StagingBuffers() = default;
+  StagingBuffers(const StagingBuffers&) = delete;
+  StagingBuffers& operator=(const StagingBuffers&) = delete;
+  ~StagingBuffers() {
+    for (std::byte* buffer : buffers_) munmap(buffer, bytes_);
+  }
+  // kNoSpace naming the pool when the memory is not there.
+  Status Allocate(int count, std::uint64_t bytes, const std::string& pool) {
+    bytes_ = std::max<std::uint64_t>(bytes, 1);
+    for (int i = 0; i < count; ++i) {
+      void* mapped =
+          mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (mapped == MAP_FAILED) {
+        return Status(StatusCode::kNoSpace,
+                      "EngineOptions::dram_staging_buffers: cannot map " + std::to_string(bytes_) +
+                          " bytes of host memory for staging buffer " + std::to_string(i) +
+                          " of pool '" + pool + "'");
+      }
+      buffers_.push_back(static_cast<std::byte*>(mapped));
+      in_use_.push_back(false);
+    }
+    return Status::Ok();
+  }
+  // Training thread: a free buffer's index, or -1.
+  int Take() {
+    for (std::size_t i = 0; i < in_use_.size(); ++i) {
+      if (!in_use_[i]) {
+        in_use_[i] = true;
+        return static_cast<int>(i);
+      }
+    }
+    return -1;
+  }
+  void Give(int index) {
+    if (index >= 0) in_use_[static_cast<std::size_t>(index)] = false;
+  }
+  std::byte* data(int index) const { return buffers_[static_cast<std::size_t>(index)]; }
+  bool enabled() const { return !buffers_.empty(); }
+
+ private:
+  std::vector<std::byte*> buffers_;
+  std::vector<bool> in_use_;
+  std::uint64_t bytes_ = 0;
 };
 
 }  // namespace
@@ -175,12 +243,25 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<WorkerPinning>> pinning;
   std::uint64_t model_bytes = 0;
 
-  std::atomic<std::uint64_t> outstanding_jobs{0};
-  // True from BeginEpoch until the epoch committed or was abandoned. The
-  // release store in FinishEpoch pairs with the acquire loads that allow the
-  // training thread to start the next epoch or reap this one.
+  // Jobs queued on the arenas and not yet finished, all epochs together
+  // (each epoch counts its own too); guarded by jobs_mutex.
+  std::mutex jobs_mutex;
+  std::condition_variable jobs_finished;
+  std::uint64_t outstanding_jobs = 0;
+  // True from BeginEpoch until the epoch committed or was abandoned, and on
+  // through a staged epoch that the committing thread began right after it.
+  // The release store in FinishEpoch pairs with the acquire loads that allow
+  // the training thread to start the next epoch.
   std::atomic<bool> epoch_busy{false};
   std::unique_ptr<Epoch> current;  // training thread
+  // Training thread: a staged epoch, until `current` is reaped after it began.
+  std::unique_ptr<Epoch> staged;
+  // The staged epoch waiting for the epoch in flight to finish; whoever
+  // finishes that one begins it. Guarded by handover_mutex, which also
+  // orders it against epoch_busy going false.
+  std::mutex handover_mutex;
+  Epoch* pending_start = nullptr;
+  StagingBuffers staging;
 
   std::mutex error_mutex;  // guards first_error
   Status first_error;
@@ -189,7 +270,9 @@ struct Engine::Impl {
   bool closed = false;
   bool in_step = false;
   bool started_training = false;
-  bool capturing = false;  // the current step is captured by `current`
+  // The epoch capturing the current step (`current`, or `staged`); null
+  // between steps and in steps no epoch captures.
+  Epoch* capturing = nullptr;
   // Which captures wait for EndStep (EngineOptions::copy_start); set once
   // the pool, and so the model's size, is open.
   std::optional<CopyHoldBudget> hold_budget;
@@ -229,7 +312,7 @@ struct Engine::Impl {
       engine_.Enqueue(&epoch_, &task, part);
     }
     void RunOnDeviceStream(std::function<void()> job) override {
-      engine_.RunOnDeviceStream(std::move(job));
+      engine_.RunOnDeviceStream(&epoch_, std::move(job));
     }
     Result<DeviceEventPtr> IssueCopy(UnitTask& task, std::uint32_t part) override {
       return engine_.IssueCopy(epoch_, task, part);
@@ -270,27 +353,42 @@ struct Engine::Impl {
     return agreement ? Status::Ok() : recorded;
   }
 
+  void JobQueued(Epoch& epoch) {
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    outstanding_jobs += 1;
+    epoch.jobs += 1;
+  }
+  // Last touch of a job: the training thread may free `epoch` once its
+  // count is zero.
+  void JobFinished(Epoch& epoch) {
+    {
+      std::lock_guard<std::mutex> lock(jobs_mutex);
+      outstanding_jobs -= 1;
+      epoch.jobs -= 1;
+    }
+    jobs_finished.notify_all();
+  }
+  // Until `epoch`'s jobs (or, with nullptr, every job) finished.
+  void WaitForJobs(const Epoch* epoch) {
+    std::unique_lock<std::mutex> lock(jobs_mutex);
+    jobs_finished.wait(lock, [&] { return (epoch ? epoch->jobs : outstanding_jobs) == 0; });
+  }
+
   void Enqueue(Epoch* epoch, UnitTask* task, std::uint32_t part) {
-    outstanding_jobs.fetch_add(1, std::memory_order_relaxed);
+    JobQueued(*epoch);
     arena->enqueue([this, epoch, task, part] {
       RunPart(*epoch, *task, part);
-      // Last touch of the job: the training thread may free `epoch` once the
-      // count is zero.
-      if (outstanding_jobs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        outstanding_jobs.notify_all();
-      }
+      JobFinished(*epoch);
     });
   }
 
   // Runs `job` on the device stream; counted like worker jobs so an epoch is
   // reaped only after it finished.
-  void RunOnDeviceStream(std::function<void()> job) {
-    outstanding_jobs.fetch_add(1, std::memory_order_relaxed);
-    device_stream->enqueue([this, job = std::move(job)] {
+  void RunOnDeviceStream(Epoch* epoch, std::function<void()> job) {
+    JobQueued(*epoch);
+    device_stream->enqueue([this, epoch, job = std::move(job)] {
       job();
-      if (outstanding_jobs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        outstanding_jobs.notify_all();
-      }
+      JobFinished(*epoch);
     });
   }
 
@@ -320,14 +418,12 @@ struct Engine::Impl {
     DeviceEventPtr copy_done = issued.ok() ? *issued : nullptr;
     task.PublishCopyEvent(p, copy_done);
     Status copy_status = issued.status();
-    outstanding_jobs.fetch_add(1, std::memory_order_relaxed);
+    JobQueued(epoch);
     arena->enqueue([this, &epoch, &task, p, start, copy_done, copy_status] {
       Status status = copy_status;
       if (status.ok() && copy_done) status = device->Synchronize(*copy_done);
       FinishPart(epoch, task, p, status, SecondsSince(start));
-      if (outstanding_jobs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        outstanding_jobs.notify_all();
-      }
+      JobFinished(epoch);
     });
     return issued;
   }
@@ -390,6 +486,14 @@ struct Engine::Impl {
       status = pool->SealPart(*part.pool_part);
       persist = SecondsSince(snapshotted);
     }
+    PartPersisted(epoch, task, p, status, copy, persist);
+  }
+
+  // The end of part p's work in `epoch` (`status`: how its copy and persist
+  // went): the unit's last part releases the unit.
+  void PartPersisted(Epoch& epoch, UnitTask& task, std::uint32_t p, const Status& status,
+                     double copy, double persist) {
+    const bool encoded = !task.part(p).pool_part.has_value();
     if (!status.ok()) {
       RecordError(Status(status.code(), "checkpoint of unit '" + units[task.unit()].name +
                                             "' (epoch " + std::to_string(epoch.epoch) +
@@ -431,27 +535,119 @@ struct Engine::Impl {
     epoch.finished_ns.store(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - epoch.started).count(),
         std::memory_order_relaxed);
-    epoch_busy.store(false, std::memory_order_release);
-    epoch_busy.notify_all();
+    epoch.done.store(true, std::memory_order_release);
+    Epoch* next = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(handover_mutex);
+      next = std::exchange(pending_start, nullptr);
+      if (next == nullptr) epoch_busy.store(false, std::memory_order_release);
+    }
+    if (next == nullptr) {
+      epoch_busy.notify_all();
+    } else {
+      BeginStaged(*next);
+    }
+  }
+
+  // The staged epoch `epoch` becomes the pool's epoch in flight, on the
+  // thread that finished the previous one: the PM goes on without waiting
+  // for a step boundary. Its parts already copied are queued now, the
+  // others as their copies finish.
+  void BeginStaged(Epoch& epoch) {
+    if (!epoch.failed.load(std::memory_order_acquire) && TakeError().ok()) {
+      Result<std::uint64_t> number = pool->BeginEpoch(epoch.iteration);
+      if (number.ok()) {
+        epoch.epoch = *number;
+      } else {
+        RecordError(number.status());
+        epoch.failed.store(true, std::memory_order_relaxed);
+      }
+    } else {
+      epoch.failed.store(true, std::memory_order_relaxed);
+    }
+    std::vector<std::pair<UnitTask*, std::uint32_t>> copied;
+    {
+      std::lock_guard<std::mutex> lock(epoch.stage_mutex);
+      epoch.began.store(true, std::memory_order_release);
+      copied.swap(epoch.copied_parts);
+    }
+    epoch.began.notify_all();
+    for (const auto& [task, part] : copied) EnqueueDrain(epoch, *task, part);
+  }
+
+  std::byte* StagedBytes(const Epoch& epoch, const UnitTask::Part& part) const {
+    return epoch.staging + pool->layout().parts[*part.pool_part].slot_offset;
+  }
+
+  // Device stream: copies part p of a staged epoch's unit into its buffer;
+  // that is the unit's snapshot. Persisting waits for the epoch to begin.
+  void StagePart(Epoch& epoch, UnitTask& task, std::uint32_t p) {
+    (void)task.TryClaim(p);  // no strategy takes a staged part
+    const auto start = Clock::now();
+    NoteFirstClaim(epoch, task, start);
+    const UnitTask::Part& part = task.part(p);
+    Status status;
+    if (!epoch.failed.load(std::memory_order_relaxed)) {
+      if (ordered_by_events && task.update_event()) {
+        status = device->Synchronize(*task.update_event());
+      }
+      if (status.ok()) status = device->CopyToHost(StagedBytes(epoch, part), task.source(p), part.bytes);
+    }
+    task.MarkSnapshotted(p);
+    AtomicAdd(task.copy_seconds, SecondsSince(start));
+    if (!status.ok()) {
+      RecordError(Status(status.code(), "staging unit '" + units[task.unit()].name +
+                                            "' of the step " + std::to_string(epoch.iteration) +
+                                            " capture in host memory failed: " +
+                                            status.message()));
+      epoch.failed.store(true, std::memory_order_relaxed);
+    }
+    bool began;
+    {
+      std::lock_guard<std::mutex> lock(epoch.stage_mutex);
+      began = epoch.began.load(std::memory_order_relaxed);
+      if (!began) epoch.copied_parts.emplace_back(&task, p);
+    }
+    if (began) EnqueueDrain(epoch, task, p);
+  }
+
+  // Persists a staged part from its buffer into the slot.
+  void EnqueueDrain(Epoch& epoch, UnitTask& task, std::uint32_t p) {
+    JobQueued(epoch);
+    arena->enqueue([this, &epoch, &task, p] {
+      const auto start = Clock::now();
+      const UnitTask::Part& part = task.part(p);
+      const Status status = epoch.failed.load(std::memory_order_relaxed)
+                                ? Status::Ok()
+                                : pool->WritePart(*part.pool_part, StagedBytes(epoch, part));
+      PartPersisted(epoch, task, p, status, 0, SecondsSince(start));
+      JobFinished(epoch);
+    });
   }
 
   void WaitEpochIdle() {
     while (epoch_busy.load(std::memory_order_acquire)) {
       epoch_busy.wait(true, std::memory_order_acquire);
     }
-    std::uint64_t jobs = outstanding_jobs.load(std::memory_order_acquire);
-    while (jobs != 0) {
-      outstanding_jobs.wait(jobs, std::memory_order_acquire);
-      jobs = outstanding_jobs.load(std::memory_order_acquire);
-    }
+    WaitForJobs(nullptr);
   }
 
   // Training thread: once the epoch in flight is over, fold its profile into
-  // stats, the strategy and the policy inputs, and free it.
+  // stats, the strategy and the policy inputs, and free it; a staged epoch
+  // that began in the meantime takes its place.
   void ReapIfDone() {
-    if (!current || epoch_busy.load(std::memory_order_acquire)) return;
-    WaitEpochIdle();  // jobs are past their last access to `current`
-    Epoch& epoch = *current;
+    for (;;) {
+      if (!current && staged && staged->began.load(std::memory_order_acquire)) {
+        current = std::move(staged);
+      }
+      if (!current || !current->done.load(std::memory_order_acquire)) return;
+      WaitForJobs(current.get());  // its jobs are past their last access to it
+      Reap(*current);
+      current.reset();
+    }
+  }
+
+  void Reap(Epoch& epoch) {
     std::vector<UnitProfile> profiles;
     const bool committed = epoch.committed.load(std::memory_order_relaxed);
     double copied_bytes = 0, copy_seconds = 0;
@@ -494,6 +690,13 @@ struct Engine::Impl {
         stats.last_epoch_seconds = finished;
         stats.last_committed_iteration = epoch.iteration;
         committed_iteration = epoch.iteration;
+      } else {
+        stats.epochs_abandoned += 1;
+      }
+      // A staged epoch's copies went into host memory, not the PM or across
+      // the device link: its timings would mislead the policy, the hold
+      // budget and the strategy.
+      if (committed && !epoch.staged) {
         policy_inputs.snapshot_seconds = snapshot;
         policy_inputs.persist_seconds = std::max(0.0, finished - snapshot);
         policy_inputs.have_profile = true;
@@ -502,12 +705,10 @@ struct Engine::Impl {
              .copy_seconds = copy_seconds,
              .held_bytes = epoch.held_bytes,
              .held_drain_seconds = finished - epoch.held_released_seconds});
-      } else {
-        stats.epochs_abandoned += 1;
       }
     }
-    if (committed) strategy->OnEpochCommitted(profiles);
-    current.reset();
+    staging.Give(epoch.staging_buffer);
+    if (committed && !epoch.staged) strategy->OnEpochCommitted(profiles);
   }
 
   // The index in `units` of the front end's unit `unit`; nullopt for a
@@ -526,7 +727,7 @@ struct Engine::Impl {
   }
 
   Status Capture(std::uint32_t u) {
-    Epoch& epoch = *current;
+    Epoch& epoch = *capturing;
     const layout::SlotLayout& layout = pool->layout();
     const layout::UnitLayout& unit_layout = layout.units[u];
     std::vector<UnitTask::Part> parts;
@@ -570,6 +771,13 @@ struct Engine::Impl {
     epoch.captured_at[u] = Clock::now();
     epoch.tasks[u] = std::move(task);
     epoch.captured_count += 1;
+    if (epoch.staged) {
+      // The copy into host memory is the snapshot: no strategy, no hold.
+      for (std::uint32_t p = 0; p < raw->part_count(); ++p) {
+        RunOnDeviceStream(&epoch, [this, &epoch, raw, p] { StagePart(epoch, *raw, p); });
+      }
+      return Status::Ok();
+    }
     const auto prepare_start = Clock::now();
     // Encoded units read their live tensors inside the encoder: no strategy
     // can redirect that read, so their conflicts wait (strategy 2).
@@ -608,17 +816,44 @@ struct Engine::Impl {
     return prepared;
   }
 
-  // Hands the parts held for the end of the step to the workers (an
+  // Hands the parts `epoch` held for the end of the step to the workers (an
   // abandoned epoch's too: its jobs skip the copy but release the epoch).
-  void ReleaseHeldParts() {
-    for (const auto& [task, part] : held_parts) Enqueue(current.get(), task, part);
+  void ReleaseHeldParts(Epoch& epoch) {
+    for (const auto& [task, part] : held_parts) Enqueue(&epoch, task, part);
     held_parts.clear();
   }
 
-  // Abandons the epoch in flight from the training thread.
-  void AbandonCurrent() {
-    if (!current) return;
-    Epoch& epoch = *current;
+  // Abandons `epoch` (`current` or `staged`) from the training thread.
+  void AbandonEpoch(Epoch& epoch) {
+    if (epoch.staged && !epoch.began.load(std::memory_order_acquire)) {
+      bool withdrawn = false;
+      {
+        std::lock_guard<std::mutex> lock(handover_mutex);
+        if (pending_start == &epoch) {
+          pending_start = nullptr;
+          withdrawn = true;
+        }
+      }
+      if (withdrawn) {
+        // It never reaches the pool: wait for its copies, then drop it.
+        epoch.failed.store(true, std::memory_order_release);
+        WaitForJobs(&epoch);
+        if (capturing == &epoch) capturing = nullptr;
+        held_parts.clear();
+        staging.Give(epoch.staging_buffer);
+        {
+          std::lock_guard<std::mutex> lock(stats_mutex);
+          stats.epochs_abandoned += 1;
+        }
+        staged.reset();
+        return;
+      }
+      // The thread that finished the previous epoch is beginning it; once
+      // it has, the pool has an epoch to abandon like any other.
+      while (!epoch.began.load(std::memory_order_acquire)) {
+        epoch.began.wait(false, std::memory_order_acquire);
+      }
+    }
     epoch.failed.store(true, std::memory_order_release);
     std::uint32_t never_captured = static_cast<std::uint32_t>(units.size()) - epoch.captured_count;
     if (!epoch.step_ended) {
@@ -626,9 +861,58 @@ struct Engine::Impl {
       epoch.step_ended = true;
     }
     epoch.captured_count = static_cast<std::uint32_t>(units.size());
-    ReleaseHeldParts();
+    if (capturing == &epoch) {
+      ReleaseHeldParts(epoch);
+      capturing = nullptr;
+    }
     ReleaseUnits(epoch, never_captured);
-    capturing = false;
+  }
+
+  // Begins the epoch capturing step `step` (the pool epoch comes from the
+  // caller, or, staged, from BeginStaged).
+  std::unique_ptr<Epoch> NewEpoch(std::uint64_t step) {
+    auto epoch = std::make_unique<Epoch>();
+    const std::size_t n = units.size();
+    epoch->iteration = step;
+    epoch->started = Clock::now();
+    epoch->tasks.resize(n);
+    epoch->captured_at.resize(n);
+    epoch->persist_remaining = std::make_unique<std::atomic<std::uint32_t>[]>(n);
+    epoch->first_claim_ns = std::make_unique<std::atomic<std::int64_t>[]>(n);
+    for (std::size_t u = 0; u < n; ++u) epoch->first_claim_ns[u].store(-1);
+    epoch->next_update_gap.assign(n, -1.0);
+    epoch->conflicted.assign(n, false);
+    epoch->remaining.store(static_cast<std::uint32_t>(n + 1), std::memory_order_relaxed);
+    epoch->executor = std::make_unique<EpochExecutor>(*this, *epoch);
+    return epoch;
+  }
+
+  // A boundary that finds an epoch in flight: captures the step into a
+  // free staging buffer instead of skipping it. False when there is none,
+  // or when the epoch in flight finished meanwhile (the boundary can then
+  // open an epoch the usual way).
+  bool TryStage(std::uint64_t step) {
+    if (!staging.enabled() || staged) return false;
+    const int buffer = staging.Take();
+    if (buffer < 0) return false;
+    std::unique_ptr<Epoch> epoch = NewEpoch(step);
+    epoch->staged = true;
+    epoch->staging_buffer = buffer;
+    epoch->staging = staging.data(buffer);
+    epoch->began.store(false, std::memory_order_relaxed);
+    bool pending = false;
+    {
+      std::lock_guard<std::mutex> lock(handover_mutex);
+      pending = epoch_busy.load(std::memory_order_acquire);
+      if (pending) pending_start = epoch.get();
+    }
+    if (!pending) {
+      staging.Give(buffer);
+      return false;
+    }
+    capturing = epoch.get();
+    staged = std::move(epoch);
+    return true;
   }
 
   void AddBlocked(double seconds) { blocked_this_step += seconds; }
@@ -800,6 +1084,26 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   }
   impl->strategy =
       options.strategy ? options.strategy : std::make_shared<WaitForSnapshotStrategy>();
+  if (options.dram_staging_buffers != 0) {
+    const std::string why =
+        options.dram_staging_buffers < 0 || options.dram_staging_buffers > 2
+            ? "must be 0, 1 or 2"
+        : !encoded_units.empty()
+            ? "stages slot units only, and unit '" + impl->units[encoded_units[0]].name +
+                  "' is encoded"
+        : world_size > 1 ? "is for a single process, and this engine has " +
+                               std::to_string(world_size) + " ranks"
+        : impl->policy->wait_if_busy()
+            ? "stages boundaries a policy would skip, and policy '" + impl->policy->name() +
+                  "' waits for the epoch in flight instead (use continuous)"
+            : "";
+    if (!why.empty()) {
+      return Status(StatusCode::kInvalidArgument,
+                    "EngineOptions::dram_staging_buffers=" +
+                        std::to_string(options.dram_staging_buffers) + " " + why + " (" +
+                        options.pool_path + ")");
+    }
+  }
 
   layout::OpenOptions open_options;
   open_options.verify_data = options.verify_on_open;
@@ -812,6 +1116,14 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   PMSNAP_ASSIGN_OR_RETURN(
       impl->pool, OpenOrCreatePool(options, manifest, open_options, impl->agreement.get()));
   for (const auto& unit : impl->pool->layout().units) impl->model_bytes += unit.bytes;
+  if (options.dram_staging_buffers > 0) {
+    std::uint64_t slot_bytes = 0;
+    for (const layout::PartLayout& part : impl->pool->layout().parts) {
+      slot_bytes = std::max(slot_bytes, part.slot_offset + part.bytes);
+    }
+    PMSNAP_RETURN_IF_ERROR(
+        impl->staging.Allocate(options.dram_staging_buffers, slot_bytes, options.pool_path));
+  }
   impl->hold_budget.emplace(options.copy_start, impl->device->cpu_addressable(), impl->model_bytes,
                             options.workers);
   if (!impl->device->cpu_addressable()) {
@@ -923,29 +1235,25 @@ Status Engine::BeginStep(std::uint64_t step) {
     }
     impl.ReapIfDone();
     PMSNAP_RETURN_IF_ERROR(impl.TakeError());
-    if (!impl.epoch_busy.load(std::memory_order_acquire)) {
+    bool staged = false;
+    if (impl.epoch_busy.load(std::memory_order_acquire)) {
+      staged = impl.TryStage(step);
+      if (!staged) impl.ReapIfDone();  // the epoch in flight may just have finished
+    }
+    if (!staged && !impl.epoch_busy.load(std::memory_order_acquire)) {
       PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t epoch_number, impl.pool->BeginEpoch(step));
-      auto epoch = std::make_unique<Epoch>();
-      const std::size_t n = impl.units.size();
+      std::unique_ptr<Epoch> epoch = impl.NewEpoch(step);
       epoch->epoch = epoch_number;
-      epoch->iteration = step;
-      epoch->started = Clock::now();
-      epoch->tasks.resize(n);
-      epoch->captured_at.resize(n);
-      epoch->persist_remaining = std::make_unique<std::atomic<std::uint32_t>[]>(n);
-      epoch->first_claim_ns = std::make_unique<std::atomic<std::int64_t>[]>(n);
-      for (std::size_t u = 0; u < n; ++u) epoch->first_claim_ns[u].store(-1);
-      epoch->next_update_gap.assign(n, -1.0);
-      epoch->conflicted.assign(n, false);
-      epoch->remaining.store(static_cast<std::uint32_t>(n + 1), std::memory_order_relaxed);
-      epoch->executor = std::make_unique<Impl::EpochExecutor>(impl, *epoch);
       impl.current = std::move(epoch);
       impl.epoch_busy.store(true, std::memory_order_release);
-      impl.capturing = true;
+      impl.capturing = impl.current.get();
+    }
+    if (impl.capturing != nullptr) {
       impl.policy->OnEpochStarted(step);
       if (impl.agreement) impl.agreement->OnEpochOpened(step);
       std::lock_guard<std::mutex> lock(impl.stats_mutex);
       impl.stats.epochs_started += 1;
+      if (staged) impl.stats.epochs_staged += 1;
     }
   }
   impl.AddBlocked(SecondsSince(start));
@@ -966,19 +1274,23 @@ Status Engine::BeforeUpdate(std::uint32_t registered_unit) {
   if (!held) return impl.ReportMidStep(worker_error);  // another rank writes it
   const std::uint32_t unit = *held;
   Status result = worker_error;
-  if (result.ok() && impl.current) {
-    Epoch& epoch = *impl.current;
+  // The epoch in flight, and a staged one behind it: each may have
+  // captured the unit in an earlier step and not copied it yet.
+  for (Epoch* in_flight : {impl.current.get(), impl.staged.get()}) {
+    if (!result.ok() || in_flight == nullptr) continue;
+    Epoch& epoch = *in_flight;
     UnitTask* task = epoch.tasks[unit].get();
     // A captured unit from an earlier step: its next update would overwrite
     // the value the epoch is still copying.
-    if (task != nullptr && !(impl.capturing && !epoch.step_ended)) {
+    if (task != nullptr && !(impl.capturing == &epoch && !epoch.step_ended)) {
       if (epoch.next_update_gap[unit] < 0) {
         epoch.next_update_gap[unit] =
             std::chrono::duration<double>(start - epoch.captured_at[unit]).count();
       }
       if (!task->snapshotted()) {
         epoch.conflicted[unit] = true;
-        if (impl.units[unit].encoded) {
+        if (impl.units[unit].encoded || epoch.staged) {
+          // A staged copy runs on the device stream, ahead of nothing.
           task->WaitSnapshotted();
         } else {
           result = impl.strategy->Resolve(*task);
@@ -1010,9 +1322,7 @@ Status Engine::AfterUpdate(std::uint32_t registered_unit) {
   const std::uint32_t unit = *held;
   const auto start = Clock::now();
   Status result = Status::Ok();
-  if (impl.capturing && impl.current && impl.current->tasks[unit] == nullptr) {
-    result = impl.Capture(unit);
-  }
+  if (impl.capturing && impl.capturing->tasks[unit] == nullptr) result = impl.Capture(unit);
   impl.AddBlocked(SecondsSince(start));
   return result;
 }
@@ -1029,8 +1339,8 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
     impl.policy_inputs.update_seconds =
         std::chrono::duration<double>(start - impl.first_update_in_step).count();
   }
-  if (impl.capturing && impl.current) {
-    Epoch& epoch = *impl.current;
+  if (impl.capturing) {
+    Epoch& epoch = *impl.capturing;
     if (extra_state.size() > impl.pool->options().extra_state_capacity) {
       result = Status(StatusCode::kCapacityExceeded,
                       "extra state of " + std::to_string(extra_state.size()) +
@@ -1038,7 +1348,7 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
                           std::to_string(impl.pool->options().extra_state_capacity) +
                           " bytes (PoolOptions::extra_state_capacity); epoch for step " +
                           std::to_string(epoch.iteration) + " abandoned");
-      impl.AbandonCurrent();
+      impl.AbandonEpoch(epoch);
     } else {
       // Units without an update this step hold their post-step value now.
       // Every one is captured even after an error (the epoch then fails),
@@ -1051,10 +1361,11 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
       epoch.extra_state.assign(extra_state.begin(), extra_state.end());
       epoch.step_ended = true;
       epoch.held_released_seconds = SecondsSince(epoch.started);
-      impl.ReleaseHeldParts();
+      impl.ReleaseHeldParts(epoch);
+      impl.capturing = nullptr;
       impl.ReleaseUnits(epoch, 1);
     }
-    impl.capturing = false;
+    impl.capturing = nullptr;
   }
   impl.in_step = false;
   impl.hold_budget->OnStepEnd(Clock::now());
@@ -1071,7 +1382,7 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
 }
 
 bool Engine::CapturesThisStep() const {
-  return impl_->in_step && impl_->capturing && impl_->current != nullptr;
+  return impl_->in_step && impl_->capturing != nullptr;
 }
 
 bool Engine::EpochInFlight() const { return impl_->epoch_busy.load(std::memory_order_acquire); }
@@ -1079,7 +1390,7 @@ bool Engine::EpochInFlight() const { return impl_->epoch_busy.load(std::memory_o
 Status Engine::Flush() {
   Impl& impl = *impl_;
   PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));
-  if (impl.current && !impl.current->step_ended) {
+  if (impl.capturing != nullptr) {
     return Status(StatusCode::kFailedPrecondition, "Flush inside a step (call EndStep first)");
   }
   impl.WaitEpochIdle();
@@ -1093,8 +1404,12 @@ Status Engine::Close(CloseMode mode) {
   // In a forked child the parent's engine stays as it is: the parent owns
   // its pool and epoch.
   PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));
+  // The staged epoch first: abandoning the epoch in flight would begin it.
+  if (impl.staged && (mode == CloseMode::kAbandon || !impl.staged->step_ended)) {
+    impl.AbandonEpoch(*impl.staged);
+  }
   if (impl.current && (mode == CloseMode::kAbandon || !impl.current->step_ended)) {
-    impl.AbandonCurrent();
+    impl.AbandonEpoch(*impl.current);
   }
   impl.WaitEpochIdle();
   impl.ReapIfDone();

@@ -11,6 +11,11 @@ std::string Stats::Summary() const {
   if (held_bytes > 0) {
     std::snprintf(held, sizeof(held), ", %.1f MB copied after their step", held_bytes / 1e6);
   }
+  char staged[64] = "";
+  if (epochs_staged > 0) {
+    std::snprintf(staged, sizeof(staged), ", %llu staged in host memory",
+                  static_cast<unsigned long long>(epochs_staged));
+  }
   char queues[160] = "";
   if (device_queues.compute_waits_on_copies > 0 || device_queues.staging_peak_bytes > 0) {
     std::snprintf(queues, sizeof(queues),
@@ -21,13 +26,13 @@ std::string Stats::Summary() const {
                   device_queues.staging_peak_bytes > 0 ? ", staged through pinned memory" : "");
   }
   std::snprintf(buf, sizeof(buf),
-                "pmsnap: %llu steps, %llu checkpoints committed (%.1f/min, last iteration %llu), "
+                "pmsnap: %llu steps, %llu checkpoints committed (%.1f/min, last iteration %llu%s), "
                 "%.1f MB written (+%.1f MB embedding chunks%s), %llu conflicts%s, training thread "
                 "blocked %.3f ms/step "
                 "(conflicts %.3f s, boundaries %.3f s) [%s%s%s, %s, %s]",
                 static_cast<unsigned long long>(steps),
                 static_cast<unsigned long long>(epochs_committed), checkpoints_per_minute(),
-                static_cast<unsigned long long>(last_committed_iteration), bytes_written / 1e6,
+                static_cast<unsigned long long>(last_committed_iteration), staged, bytes_written / 1e6,
                 encoded_bytes_written / 1e6, held, static_cast<unsigned long long>(conflicts), queues,
                 blocked_ms_per_step, conflict_wait_seconds, boundary_wait_seconds, device.c_str(),
                 pm.empty() ? "" : ", ", pm.c_str(),

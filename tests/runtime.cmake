@@ -1,5 +1,7 @@
 # runtime: Engine pipeline, devices, policies.
 pmsnap_add_pool_test(runtime_engine_test SOURCES runtime_engine_test.cc LIBS pmsnap::runtime)
+pmsnap_add_pool_test(runtime_engine_staging_test SOURCES runtime_engine_staging_test.cc
+                     LIBS pmsnap::runtime)
 pmsnap_add_pool_test(runtime_engine_fork_test SOURCES runtime_engine_fork_test.cc
                      LIBS pmsnap::runtime)
 pmsnap_add_test(runtime_device_test SOURCES runtime_device_test.cc LIBS pmsnap::runtime)

@@ -23,6 +23,8 @@
 //                      next update of a weight waits for its own snapshot
 //   pmsnap-S-cont      CheckpointedOptimizer, strategy S in {1,2,3,4,adaptive},
 //   pmsnap-S-kK        continuous mode or every-K
+//   pmsnap-adaptive-cont-staged  continuous, a boundary that finds the epoch in
+//                      flight captured into host memory (dram_staging_buffers=2)
 //   pmsnap-hooks-only  control: steps through the hooks, never checkpoints; its
 //                      distance from `none` is hook cost plus the VM's noise
 // The overhead target's cell (mlp/host) runs none, none-libtorch,

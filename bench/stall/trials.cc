@@ -45,6 +45,8 @@ std::vector<MethodSpec> AllMethods(const Options& o) {
     if (k > 1) m.push_back({"pmsnap-adaptive-k" + std::to_string(k), 5, "adaptive", false, k});
   m.push_back({"pmsnap-hooks-only", 5, "adaptive", false, 1, true});
   m.push_back({"pmsnap-adaptive-k1-backward", 5, "adaptive", false, 1, false, false, true});
+  // Continuous, a busy boundary captured into host memory (two buffers).
+  m.push_back({"pmsnap-adaptive-cont-staged", 5, "adaptive", true, 1, false, false, false, 2});
   if (o.methods.empty()) return m;
   std::vector<MethodSpec> picked;
   for (const auto& spec : m)
@@ -75,6 +77,7 @@ runtime::EngineOptions PmsnapOptions(const Context& c, const MethodSpec& m) {
   else
     e.policy = std::make_shared<runtime::EveryKPolicy>(m.k);
   e.strategy = conflict::MakeStrategy(m.strategy);
+  e.dram_staging_buffers = m.staging_buffers;
   e.print_summary = false;  // the table reports it
   return e;
 }

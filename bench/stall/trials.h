@@ -29,6 +29,7 @@ struct MethodSpec {
   bool never_checkpoints = false;  // pmsnap control: the hooks run, no epoch ever opens
   bool libtorch_step = false;      // none-libtorch: libtorch's own optimizer.step()
   bool in_backward = false;        // pmsnap: each parameter updated inside backward
+  int staging_buffers = 0;         // pmsnap: EngineOptions::dram_staging_buffers
 };
 
 // The overhead target is a few percent, inside a round's noise on a

@@ -132,6 +132,12 @@ class CheckpointedOptimizer(UpdateInBackward):
         step() (gradient accumulation) raise InvalidArgumentError instead of
         silently changing the result. Copies start right after each update
         (copy_start "after-update") unless copy_start says otherwise.
+      dram_staging_buffers: continuous mode only (single process, no
+        embedding tables): 1 or 2 host-memory buffers of the checkpoint's
+        size. A step that finds the previous checkpoint still being written
+        is captured into one and written the moment that checkpoint commits,
+        so on PM slower than the training loop checkpoints follow each other
+        without the PM idling until the next step. Default 0 (off).
       copy_start: when a captured weight's copy starts: "auto" (host: the
         step's last captures wait for its end), "after-update" or
         "after-step"; see runtime::CopyStart.
@@ -192,7 +198,8 @@ class CheckpointedOptimizer(UpdateInBackward):
                  embedding_policy=None, quantize_bits=None, expected_resumes=1.0, retain=None,
                  embedding_options=None, embedding_rows="auto", update_in_backward=False,
                  copy_start=None, process_group=None, sharding=None, replicas=1,
-                 init_from=None, worker_cpus=None, step_groups=4, chunk_heap_bytes=None):
+                 init_from=None, worker_cpus=None, step_groups=4, chunk_heap_bytes=None,
+                 dram_staging_buffers=0):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -250,7 +257,7 @@ class CheckpointedOptimizer(UpdateInBackward):
             check_free_space=check_free_space, reserve_bytes=reserve_bytes,
             print_summary=print_summary, coordinator=self._coordinator,
             shard_replicated_state=sharding == "replicated", replicas=replicas,
-            worker_cpus=list(worker_cpus or []))
+            worker_cpus=list(worker_cpus or []), dram_staging_buffers=int(dram_staging_buffers))
         if chunk_heap_bytes is not None:
             self._engine_kwargs["chunk_heap_bytes"] = int(chunk_heap_bytes)
         self._cuda = self._device_name.startswith("cuda")

@@ -210,6 +210,7 @@ py::dict StatsToDict(const runtime::Stats& stats, bool per_step) {
   d["epochs_started"] = stats.epochs_started;
   d["epochs_committed"] = stats.epochs_committed;
   d["epochs_abandoned"] = stats.epochs_abandoned;
+  d["epochs_staged"] = stats.epochs_staged;
   d["bytes_written"] = stats.bytes_written;
   d["encoded_bytes_written"] = stats.encoded_bytes_written;
   d["conflicts"] = stats.conflicts;
@@ -275,7 +276,8 @@ class PyEngine {
            const std::optional<diff::EmbeddingOptions>& embedding_options,
            const std::string& copy_start, std::shared_ptr<runtime::Coordinator> coordinator,
            std::uint64_t model_fingerprint, bool shard_replicated_state, int replicas,
-           std::uintptr_t cuda_stream, const std::vector<int>& worker_cpus) {
+           std::uintptr_t cuda_stream, const std::vector<int>& worker_cpus,
+           int dram_staging_buffers) {
     runtime::EngineOptions options;
     options.pool_path = pool;
     options.pool_options.part_bytes = part_bytes;
@@ -294,6 +296,7 @@ class PyEngine {
     options.model_fingerprint = model_fingerprint;
     options.shard_replicated_state = shard_replicated_state;
     options.replicas = replicas;
+    options.dram_staging_buffers = dram_staging_buffers;
     std::vector<runtime::UnitRegistration> registrations = ToRegistrations(units, encoded_units);
     if (!encoded_units.empty()) {
       checkpointer_ = std::make_shared<diff::EmbeddingCheckpointer>(
@@ -1057,7 +1060,7 @@ PYBIND11_MODULE(_pmsnap, m) {
                     const std::vector<std::string>&,
                     const std::optional<pmsnap::diff::EmbeddingOptions>&, const std::string&,
                     std::shared_ptr<pmsnap::runtime::Coordinator>, std::uint64_t, bool, int,
-                    std::uintptr_t, const std::vector<int>&>(),
+                    std::uintptr_t, const std::vector<int>&, int>(),
            py::arg("pool"), py::arg("units"), py::kw_only(), py::arg("device") = "host",
            py::arg("policy") = "continuous", py::arg("every") = 1,
            py::arg("checkfreq_overhead") = 0.035, py::arg("strategy") = "adaptive",
@@ -1070,7 +1073,7 @@ PYBIND11_MODULE(_pmsnap, m) {
            py::arg("coordinator") = nullptr, py::arg("model_fingerprint") = 0,
            py::arg("shard_replicated_state") = false, py::arg("replicas") = 1,
            py::arg("cuda_stream") = 0,
-           py::arg("worker_cpus") = std::vector<int>{},
+           py::arg("worker_cpus") = std::vector<int>{}, py::arg("dram_staging_buffers") = 0,
            // The Python coordinator's methods must outlive the engine's calls.
            py::keep_alive<1, 20>(),
            "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])]; "

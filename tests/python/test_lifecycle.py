@@ -245,3 +245,44 @@ def test_steps_no_epoch_captures_run_in_one_optimizer_call_and_change_no_bit(poo
     iteration, extra = restored.restore()
     assert iteration == 6 and extra["step"] == 6
     restored.close()
+
+
+def test_continuous_mode_stages_busy_steps_in_host_memory_and_restores_them(pool_path,
+                                                                            monkeypatch):
+    """On PM slower than the loop (simulated), a step that finds the previous
+    checkpoint still being written is captured into host memory and written
+    right after it; restore brings back exactly the newest committed step."""
+    monkeypatch.setenv("PMSNAP_PM_WRITE_GBPS", "0.001")  # ~12 ms per checkpoint
+
+    def fresh():
+        model = make_model(seed=3)
+        return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    model, opt = fresh()
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, mode="continuous",
+                                      dram_staging_buffers=2) as copt:
+        for step in range(30):
+            train_step(model, copt, step)
+        copt.flush()
+        s = copt.stats()
+    assert s["epochs_staged"] > 0, s["summary"]
+    assert "staged in host memory" in s["summary"]
+    committed = pmsnap.read_pool(pool_path)["latest"]["iteration"]
+    assert committed == s["last_committed_iteration"]
+    ref_model, ref_opt = fresh()
+    for step in range(committed):
+        train_step(ref_model, ref_opt, step)
+    model, opt = fresh()
+    iteration, _ = pmsnap.restore(pool_path, model, opt)
+    assert iteration == committed
+    assert_same_training_state(ref_model, ref_opt, model, opt)
+
+
+def test_staging_with_a_policy_that_waits_is_refused(pool_path):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    copt = pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1,
+                                        dram_staging_buffers=1)
+    # The engine opens with the first step.
+    with pytest.raises(pmsnap.InvalidArgumentError, match="dram_staging_buffers=1.*continuous"):
+        train_step(model, copt, 0)

@@ -147,6 +147,21 @@ struct EngineOptions {
   // data position under DDP). 1 <= replicas <= world size; the pools record
   // it, and reopening with another value is kModelMismatch.
   int replicas = 1;
+  // Host-memory staging for a policy that skips busy boundaries (continuous
+  // mode): a boundary that finds the previous epoch still persisting no
+  // longer goes uncaptured. Its step is captured into one of this many
+  // buffers of the slot's size (copies on the device-stream thread, right
+  // after each unit's update; a unit's next update waits for its copy), and
+  // that epoch begins persisting from the buffer the moment the epoch in
+  // flight commits, on the committing thread. The PM then never idles
+  // between epochs when an epoch takes longer than an iteration, which is
+  // where a capture that can only start at a step boundary would leave it
+  // idle for up to an iteration. 0: off (the default); 1: every other epoch
+  // is staged; 2: back to back. Costs this many times the model's slot
+  // bytes of host memory, allocated at Open (faulted in by the first
+  // staging copies). Single process, slot units only: kInvalidArgument from
+  // Open with an encoder, several ranks, or a policy that waits when busy.
+  int dram_staging_buffers = 0;
 };
 
 enum class CloseMode {

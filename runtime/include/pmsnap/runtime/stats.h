@@ -34,6 +34,9 @@ struct Stats {
   std::uint64_t epochs_started = 0;
   std::uint64_t epochs_committed = 0;
   std::uint64_t epochs_abandoned = 0;
+  // Of epochs_started: captured into host memory while the previous epoch
+  // was still persisting (EngineOptions::dram_staging_buffers).
+  std::uint64_t epochs_staged = 0;
   std::uint64_t bytes_written = 0;          // unit bytes persisted into slots
   std::uint64_t encoded_bytes_written = 0;  // chunk bytes written by the encoder
   std::uint64_t held_bytes = 0;  // captured bytes whose copies waited for EndStep (CopyStart)
