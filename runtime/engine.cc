@@ -23,6 +23,7 @@
 #include "detail/copy_hold_budget.h"
 #include "detail/engine_restore.h"
 #include "pmsnap/common/cpu_affinity.h"
+#include "pmsnap/common/page_prefault.h"
 #include "pmsnap/pmem_layout/checksum.h"
 
 namespace pmsnap::runtime {
@@ -134,14 +135,19 @@ struct Epoch {
   std::vector<std::pair<UnitTask*, std::uint32_t>> copied_parts;
 };
 
-// Host memory of the slot's size for staged epochs, one mapping per buffer
-// (anonymous, faulted in by the first copies into it).
+// Host memory of the slot's size for staged epochs, one anonymous mapping
+// per buffer, faulted in on a background thread from Open on: left to the
+// first staged copies, the faults (27K per iteration of the 1.1 GB MLP)
+// slowed them into conflicts (bench/RESULTS.md, "Staged epochs"). Not
+// MADV_HUGEPAGE: with THP defrag "madvise" (this VM) each huge-page fault
+// compacts memory synchronously, and the MLP's slowest iterations doubled.
 class StagingBuffers {
  public:
   StagingBuffers() = default;
   StagingBuffers(const StagingBuffers&) = delete;
   StagingBuffers& operator=(const StagingBuffers&) = delete;
   ~StagingBuffers() {
+    prefaulter_.reset();  // stops touching the buffers before they go
     for (std::byte* buffer : buffers_) munmap(buffer, bytes_);
   }
   // kNoSpace naming the pool when the memory is not there.
@@ -159,6 +165,9 @@ class StagingBuffers {
       buffers_.push_back(static_cast<std::byte*>(mapped));
       in_use_.push_back(false);
     }
+    std::vector<PrefaultRange> ranges;
+    for (std::byte* buffer : buffers_) ranges.push_back({buffer, bytes_});
+    prefaulter_ = std::make_unique<PagePrefaulter>(ranges);
     return Status::Ok();
   }
   // Training thread: a free buffer's index, or -1.
@@ -181,6 +190,7 @@ class StagingBuffers {
   std::vector<std::byte*> buffers_;
   std::vector<bool> in_use_;
   std::uint64_t bytes_ = 0;
+  std::unique_ptr<PagePrefaulter> prefaulter_;
 };
 
 }  // namespace
