@@ -16,7 +16,11 @@ spare cores would see.
 
 Writes bench/results/distributed.csv (one row per model and method),
 distributed_allreduce.csv (latency of pmsnap's epoch-agreement all-reduce)
-and distributed.png.
+and distributed.png; --tag NAME writes NAME.csv, NAME_allreduce.csv and
+NAME.png instead. With PMSNAP_PM_WRITE_GBPS / _READ_GBPS set (simulated PM,
+each rank's pool held to that rate), pmsnap's rows also give checkpoints
+per minute against the limit: the write rate over each rank's bytes per
+checkpoint, and at most one checkpoint per iteration.
 """
 
 import argparse
@@ -137,6 +141,7 @@ def run_rank(rank, model_name, method, kind, options, k, iters, warmup, workdir,
                                            part_bytes=1 << 20, **options)
     times, blocked, written = [], 0.0, 0
     pending = None
+    run_start = time.perf_counter()
     for step in range(1, warmup + iters + 1):
         g = torch.Generator().manual_seed(1000 * step + rank)
         start = time.perf_counter()
@@ -165,9 +170,13 @@ def run_rank(rank, model_name, method, kind, options, k, iters, warmup, workdir,
     if pending is not None:
         pending.result()
     restore_seconds = None
+    run_seconds = time.perf_counter() - run_start
+    committed, checkpoint_bytes, pm = 0, 0, ""
     if kind == "pmsnap":
         opt.flush()
         stats = opt.stats()
+        committed, pm = stats["epochs_committed"], stats["pm"]
+        checkpoint_bytes = stats["bytes_written"] / max(1, committed)
         blocked = stats["blocked_seconds"] * iters / max(1, stats["steps"])
         written = stats["bytes_written"] / max(1, stats["steps"])
         opt.close()
@@ -204,6 +213,9 @@ def run_rank(rank, model_name, method, kind, options, k, iters, warmup, workdir,
         "blocked_s_per_it": blocked / iters,
         "bytes_per_it": written,
         "restore_s": restore_seconds,
+        "checkpoints_per_min": 60 * committed / run_seconds,
+        "checkpoint_bytes": checkpoint_bytes,
+        "pm": pm,
     }
 
 
@@ -241,6 +253,7 @@ def main():
     parser.add_argument("--k", type=int, default=5, help="interval of the DCP/torch.save baselines")
     parser.add_argument("--models", default="mlp,transformer")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--tag", default="distributed", help="name of the CSV and PNG files")
     args = parser.parse_args()
     os.makedirs(RESULTS, exist_ok=True)
     rows = []
@@ -263,6 +276,18 @@ def main():
                                          if r["restore_s"] is not None)
                                if any(r["restore_s"] is not None for r in per_rank) else ""),
             }
+            pm = next((r["pm"] for r in per_rank if r["pm"]), "")
+            write_gbps = float(os.environ.get("PMSNAP_PM_WRITE_GBPS") or 0)
+            row["pm"] = pm
+            row["checkpoints_per_min"] = min(r["checkpoints_per_min"] for r in per_rank)
+            checkpoint_mb = max(r["checkpoint_bytes"] for r in per_rank) / 1e6
+            row["limit_per_min"] = ""
+            if kind == "pmsnap" and checkpoint_mb > 0:
+                # A checkpoint captures a step: at most one per iteration of `none`.
+                iterations_per_min = 60e3 / (none_time or row["iteration_ms"])
+                row["limit_per_min"] = (min(60 * write_gbps * 1e3 / checkpoint_mb,
+                                            iterations_per_min)
+                                        if write_gbps > 0 else iterations_per_min)
             if kind == "none":
                 none_time = row["iteration_ms"]
             row["overhead_pct"] = (100 * (row["iteration_ms"] / none_time - 1)
@@ -271,15 +296,15 @@ def main():
             print(f"{model_name:12s} {label:24s} {row['iteration_ms']:8.1f} ms/it "
                   f"overhead {overhead_text(row)}", flush=True)
     latency = spawn(allreduce_latency, lambda d: (d, 300))
-    with open(os.path.join(RESULTS, "distributed.csv"), "w", newline="") as f:
+    with open(os.path.join(RESULTS, f"{args.tag}.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    with open(os.path.join(RESULTS, "distributed_allreduce.csv"), "w", newline="") as f:
+    with open(os.path.join(RESULTS, f"{args.tag}_allreduce.csv"), "w", newline="") as f:
         f.write("ranks,median_us\n")
         f.write(f"{WORLD},{1e6 * max(latency):.1f}\n")
     print_table(rows, latency)
-    plot(rows)
+    plot(rows, args.tag)
 
 
 def overhead_text(row):
@@ -287,20 +312,27 @@ def overhead_text(row):
 
 
 def print_table(rows, latency):
-    print(f"\n2-rank DDP on gloo, CPU, 2 cores (see the docstring); overhead vs `none`")
-    header = ("model", "method", "ms/it", "overhead", "blocked ms/it", "MB/rank/it", "restore ms")
+    pm = next((r["pm"] for r in rows if r["pm"]), "")
+    print(f"\n2-rank DDP on gloo, CPU, 2 cores (see the docstring); overhead vs `none`"
+          + (f"; {pm} per rank" if pm else ""))
+    header = ("model", "method", "ms/it", "overhead", "blocked ms/it", "MB/rank/it", "restore ms",
+              "ckpt/min", "limit/min", "% of limit")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows:
         overhead = overhead_text(r)
         restore = "" if r["restore_ms"] == "" else f"{r['restore_ms']:.1f}"
+        limit = r["limit_per_min"]
+        rate = (f"{r['checkpoints_per_min']:.0f} | {limit:.0f} | "
+                f"{100 * r['checkpoints_per_min'] / limit:.0f}%" if limit else " | | ")
         print(f"| {r['model']} | {r['method']} | {r['iteration_ms']:.1f} | {overhead} | "
-              f"{r['blocked_ms_per_it']:.2f} | {r['mb_per_rank_per_it']:.2f} | {restore} |")
+              f"{r['blocked_ms_per_it']:.2f} | {r['mb_per_rank_per_it']:.2f} | {restore} | "
+              f"{rate} |")
     print(f"\nepoch-agreement all-reduce (3 int64, gloo side group): median "
           f"{1e6 * max(latency):.0f} us")
 
 
-def plot(rows):
+def plot(rows, tag):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -313,10 +345,12 @@ def plot(rows):
         mine = [r for r in rows if r["model"] == model and r["overhead_pct"] != ""
                 and r["method"] != "none"]
         ax.barh([r["method"] for r in mine], [r["overhead_pct"] for r in mine])
-        ax.set_title(f"{model}: overhead vs no checkpoint (2-rank DDP, CPU)")
+        pm = next((r["pm"] for r in rows if r["pm"]), "")
+        ax.set_title(f"{model}: overhead vs no checkpoint (2-rank DDP, CPU)"
+                     + (f"\n{pm}" if pm else ""), fontsize=9)
         ax.set_xlabel("%")
     fig.tight_layout()
-    fig.savefig(os.path.join(RESULTS, "distributed.png"), dpi=110)
+    fig.savefig(os.path.join(RESULTS, f"{tag}.png"), dpi=110)
 
 
 if __name__ == "__main__":
