@@ -5,11 +5,10 @@
 #include <tbb/task_arena.h>
 #include <tbb/task_scheduler_observer.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <sys/mman.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -146,9 +145,13 @@ class StagingBuffers {
   StagingBuffers() = default;
   StagingBuffers(const StagingBuffers&) = delete;
   StagingBuffers& operator=(const StagingBuffers&) = delete;
-  ~StagingBuffers() {
+  ~StagingBuffers() { Release(); }
+  // Unmaps every buffer (Close: none is in use any more).
+  void Release() {
     prefaulter_.reset();  // stops touching the buffers before they go
     for (std::byte* buffer : buffers_) munmap(buffer, bytes_);
+    buffers_.clear();
+    in_use_.clear();
   }
   // kNoSpace naming the pool when the memory is not there.
   Status Allocate(int count, std::uint64_t bytes, const std::string& pool) {
@@ -369,13 +372,13 @@ struct Engine::Impl {
     epoch.jobs += 1;
   }
   // Last touch of a job: the training thread may free `epoch` once its
-  // count is zero.
+  // count is zero, and the engine once every count is. Notified under the
+  // lock: a waiter that then returns and destroys the engine cannot meet a
+  // notify still running on the condition variable.
   void JobFinished(Epoch& epoch) {
-    {
-      std::lock_guard<std::mutex> lock(jobs_mutex);
-      outstanding_jobs -= 1;
-      epoch.jobs -= 1;
-    }
+    std::lock_guard<std::mutex> lock(jobs_mutex);
+    outstanding_jobs -= 1;
+    epoch.jobs -= 1;
     jobs_finished.notify_all();
   }
   // Until `epoch`'s jobs (or, with nullptr, every job) finished.
@@ -773,8 +776,9 @@ struct Engine::Impl {
     }
     // Parts a strategy releases (even before the initial jobs below are
     // queued) go back to the workers; a duplicate job finds the part claimed.
-    auto task =
-        std::make_unique<UnitTask>(u, epoch.epoch, device, epoch.executor.get(), std::move(parts));
+    // A staged epoch's number is written by the thread that begins it.
+    auto task = std::make_unique<UnitTask>(u, epoch.staged ? 0 : epoch.epoch, device,
+                                           epoch.executor.get(), std::move(parts));
     UnitTask* raw = task.get();
     raw->SetUpdateEvent(std::move(update_event));
     epoch.persist_remaining[u].store(raw->part_count(), std::memory_order_relaxed);
@@ -1431,6 +1435,7 @@ Status Engine::Close(CloseMode mode) {
   impl.pinning.clear();
   impl.arena->terminate();
   impl.device_stream->terminate();
+  impl.staging.Release();
   g_open_engines.fetch_sub(1, std::memory_order_relaxed);
   if (impl.options.print_summary) std::cerr << stats().Summary() << "\n";
   impl.pool.reset();

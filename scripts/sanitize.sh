@@ -56,6 +56,7 @@ tsan_tests=(runtime_engine_test runtime_device_test runtime_epoch_agreement_test
             runtime_engine_ranks_test runtime_sharding_test common_cpu_affinity_test
             runtime_copy_hold_budget_test runtime_engine_power_loss_test
             runtime_async_device_test runtime_staging_ring_test runtime_engine_fork_test
+            runtime_engine_staging_test
             manifest_test pool_roundtrip_test pool_bad_input_test
             pool_crash_test cli_test checksum_test pool_prefault_test pool_bad_env_test
             manifest_golden_test pool_power_loss_test pool_pm_bandwidth_test)

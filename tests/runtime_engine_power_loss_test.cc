@@ -9,12 +9,15 @@
 // newest epoch whose commit returned (or the one in flight), and the
 // Engine's restore brings back exactly what that epoch captured. On the host
 // the parts go through the fused copy-and-hash kernel; on the simulated
-// device through Pool::PartDestination, plain stores and SealPart.
+// device through Pool::PartDestination, plain stores and SealPart; staged
+// (continuous mode with host staging buffers on slow simulated PM), the
+// next epoch begins on the worker that commits the one before it.
 //
 // A test-only switch that drops the drain before the commit word must be
 // caught. $PMSNAP_POWER_LOSS_SCALE=N runs N times as many steps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -39,13 +42,18 @@ using pmsnap::testing::ToyModel;
 constexpr int kUnits = 3;
 constexpr std::int64_t kFloats = 1500;  // 6 KB tensors: two parts of 4 KiB each
 
-// The ToyModel on the host (every-step policy) or the simulated device
-// (continuous: busy boundaries are skipped, so epochs and steps drift apart).
+enum class Flow { kHostEveryStep, kSimulatedContinuous, kHostStaged };
+
+// The ToyModel on the host (every-step policy), on the simulated device
+// (continuous: busy boundaries are skipped, so epochs and steps drift
+// apart), or on the host in continuous mode with two staging buffers and PM
+// slow enough (1 MB/s, 36 ms an epoch) that boundaries find the epoch busy.
 class ToyPowerLossModel final : public PowerLossModel {
  public:
-  explicit ToyPowerLossModel(bool simulated_device)
-      : simulated_device_(simulated_device), model_(kUnits, kFloats) {
-    if (simulated_device_) device_ = std::make_unique<SimulatedDevice>(SimulatedDeviceOptions{});
+  explicit ToyPowerLossModel(Flow flow) : flow_(flow), model_(kUnits, kFloats) {
+    if (flow_ == Flow::kSimulatedContinuous) {
+      device_ = std::make_unique<SimulatedDevice>(SimulatedDeviceOptions{});
+    }
   }
 
   EngineOptions Options() const override {
@@ -55,7 +63,11 @@ class ToyPowerLossModel final : public PowerLossModel {
     options.pool_options.prefault_mapping = false;
     options.workers = 2;
     options.device = device_.get();
-    if (!simulated_device_) options.policy = std::make_shared<EveryKPolicy>(1);
+    if (flow_ == Flow::kHostEveryStep) options.policy = std::make_shared<EveryKPolicy>(1);
+    if (flow_ == Flow::kHostStaged) {
+      options.dram_staging_buffers = 2;
+      options.pool_options.pm_bandwidth.write_gbps = 0.001;
+    }
     return options;
   }
   std::vector<UnitRegistration> Registrations() override { return model_.Registrations(); }
@@ -68,12 +80,13 @@ class ToyPowerLossModel final : public PowerLossModel {
   // committed; a flush every third step makes sure several do, however
   // fast the steps run (how many more does depend on the machine).
   void AfterStep(Engine& engine, std::uint64_t k) override {
-    if (simulated_device_ && k % 3 == 0) {
+    staged_ = std::max(staged_, engine.stats().epochs_staged);
+    if (flow_ != Flow::kHostEveryStep && k % 3 == 0) {
       ASSERT_TRUE(engine.Flush().ok());
     }
   }
   std::unique_ptr<PowerLossModel> Fresh() const override {
-    auto fresh = std::make_unique<ToyPowerLossModel>(simulated_device_);
+    auto fresh = std::make_unique<ToyPowerLossModel>(flow_);
     fresh->model_.Zero();
     return fresh;
   }
@@ -81,9 +94,12 @@ class ToyPowerLossModel final : public PowerLossModel {
     if (!model_.HasHistory(k)) return "no history for iteration " + std::to_string(k);
     return static_cast<const ToyPowerLossModel&>(restored).model_.CompareLive(model_, k);
   }
+  // The most staged epochs one engine of the run counted.
+  std::uint64_t staged() const { return staged_; }
 
  private:
-  bool simulated_device_;
+  Flow flow_;
+  std::uint64_t staged_ = 0;
   std::unique_ptr<SimulatedDevice> device_;
   ToyModel model_;
 };
@@ -95,25 +111,41 @@ CaptureDensity Density() {
   return {.record_random_images = 3, .drain_stride = 2, .other_stride = 6};
 }
 
-class EnginePowerLossTest : public ::testing::TestWithParam<bool> {};
+class EnginePowerLossTest : public ::testing::TestWithParam<Flow> {};
 
 TEST_P(EnginePowerLossTest, EveryImageRestoresTheLastCommittedEpochBitExact) {
-  ToyPowerLossModel model(/*simulated_device=*/GetParam());
+  ToyPowerLossModel model(GetParam());
   const std::uint64_t steps = 6 * PowerLossScale();
   const EnginePowerLossOutcome outcome = RunEnginePowerLoss(model, steps, 3, 21, Density());
   ReportOutcome(outcome);
-  // Host: every step; simulated: at least steps 1 and 4 (after the first
+  // Host: every step; continuous: at least steps 1 and 4 (after the first
   // flush) and the first step after the restore.
-  EXPECT_GE(outcome.epochs_committed, GetParam() ? 3u : steps + 3);
+  EXPECT_GE(outcome.epochs_committed, GetParam() == Flow::kHostEveryStep ? steps + 3 : 3u);
   // Each commit alone is captured at its record's writes and their drains.
   EXPECT_GE(outcome.images, 20 * outcome.epochs_committed);
+  // Staged: the boundary after each flushed one finds that epoch persisting.
+  if (GetParam() == Flow::kHostStaged) {
+    EXPECT_GT(model.staged(), 0u);
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, EnginePowerLossTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "simulated" : "host"; });
+INSTANTIATE_TEST_SUITE_P(Flows, EnginePowerLossTest,
+                         ::testing::Values(Flow::kHostEveryStep, Flow::kSimulatedContinuous,
+                                           Flow::kHostStaged),
+                         [](const auto& info) -> std::string {
+                           switch (info.param) {
+                             case Flow::kHostEveryStep:
+                               return "host";
+                             case Flow::kSimulatedContinuous:
+                               return "simulated";
+                             case Flow::kHostStaged:
+                               return "host_staged";
+                           }
+                           return "unknown";
+                         });
 
 TEST(EnginePowerLossPlantedBugTest, DroppingTheDrainBeforeTheCommitWordIsCaught) {
-  ToyPowerLossModel model(/*simulated_device=*/false);
+  ToyPowerLossModel model(Flow::kHostEveryStep);
   ExpectDroppedCommitDrainCaught(model, 5, 3, 23);
 }
 

@@ -49,22 +49,30 @@
 namespace pmsnap::testing {
 
 // The engine's progress as the capture plan reads it, in one word:
-// committed epoch * 2 + (an epoch in flight). Written by the wrappers
-// below, read under the simulator's lock.
+// committed epoch * 4 + epochs started and not yet over (0-2: a staged
+// epoch can start while another is in flight, EngineOptions::
+// dram_staging_buffers). Written by the wrappers below, read under the
+// simulator's lock.
 class EngineProgress {
  public:
   std::uint64_t note() const { return word_.load(std::memory_order_acquire); }
-  static std::uint64_t CommittedOf(std::uint64_t note) { return note / 2; }
-  static bool InFlightOf(std::uint64_t note) { return (note & 1) != 0; }
+  static std::uint64_t CommittedOf(std::uint64_t note) { return note / 4; }
+  static bool InFlightOf(std::uint64_t note) { return note % 4 != 0; }
 
-  void Resumed(std::uint64_t last_committed) { word_.store(last_committed * 2); }
-  // Training thread, after BeginEpoch: the epoch numbered committed + 1.
+  void Resumed(std::uint64_t last_committed) { word_.store(last_committed * 4); }
+  // Training thread, after the engine started an epoch: the pool numbers it
+  // after the committed one and every one still open before it.
   void Started(std::uint64_t iteration) {
-    const std::uint64_t epoch = CommittedOf(word_.fetch_or(1)) + 1;
+    const std::uint64_t before = word_.fetch_add(1);
+    const std::uint64_t epoch = CommittedOf(before) + before % 4 + 1;
     iteration_of_epoch_[epoch] = iteration;  // a number reused after an abandon is overwritten
   }
-  void Committed(std::uint64_t epoch) { word_.store(epoch * 2); }
-  void Abandoned() { word_.store(CommittedOf(note()) * 2); }
+  void Committed(std::uint64_t epoch) {
+    Update([epoch](std::uint64_t w) { return epoch * 4 + (w % 4 == 0 ? 0 : w % 4 - 1); });
+  }
+  void Abandoned() {
+    Update([](std::uint64_t w) { return w % 4 == 0 ? w : w - 1; });
+  }
   // After the run: which iteration each epoch captured.
   std::optional<std::uint64_t> IterationOf(std::uint64_t epoch) const {
     auto it = iteration_of_epoch_.find(epoch);
@@ -73,6 +81,13 @@ class EngineProgress {
   }
 
  private:
+  template <typename Next>
+  void Update(Next next) {
+    std::uint64_t w = word_.load();
+    while (!word_.compare_exchange_weak(w, next(w))) {
+    }
+  }
+
   std::atomic<std::uint64_t> word_{0};
   std::map<std::uint64_t, std::uint64_t> iteration_of_epoch_;  // training thread
 };
