@@ -15,6 +15,7 @@
 #include <string>
 
 #include "pmsnap/pmem_layout/pool.h"
+#include "pmsnap/runtime/device.h"
 #include "pmsnap/runtime/engine.h"
 #include "testutil/temp_pool.h"
 #include "testutil/toy_model.h"
@@ -184,6 +185,36 @@ TEST_P(StagingTest, CloseInsideAStagedStepAbandonsItAndFinishesTheEpochBefore) {
   auto latest = (*pool)->Latest();
   ASSERT_TRUE(latest.ok());
   EXPECT_LT(latest->iteration(), k);
+}
+
+// Behind a device link (simulated), the staged copies cross the link into
+// host memory on the device-stream thread, as slowly as the link allows:
+// the next update of a unit waits for its copy there.
+TEST(StagingDeviceTest, OnASimulatedDeviceStagedEpochsHoldTheirOwnStepsValues) {
+  TempPoolPath path("engine-staging-simulated");
+  ToyModel model(kUnits, kFloats);
+  SimulatedDeviceOptions sim;
+  sim.copy_bandwidth_gbps = 0.3;
+  SimulatedDevice device(sim);
+  EngineOptions options = StagingOptions(path.path(), 2);
+  options.device = &device;
+  auto engine = OpenOrDie(options, model);
+  ASSERT_NE(engine, nullptr);
+  std::uint64_t checked = 0;
+  for (std::uint64_t k = 1; k <= 60; ++k) {
+    ASSERT_TRUE(model.Step(*engine, k).ok());
+    if (k % 9 == 0) {
+      ASSERT_TRUE(engine->Flush().ok());
+      ExpectNewestEpochMatches(engine->pool(), model, checked);
+      checked = engine->pool().Latest()->iteration();
+    }
+  }
+  ASSERT_TRUE(engine->Flush().ok());
+  ExpectNewestEpochMatches(engine->pool(), model, checked);
+  const Stats stats = engine->stats();
+  EXPECT_GT(stats.epochs_staged, 0u) << stats.Summary();
+  EXPECT_THAT(stats.Summary(), HasSubstr("simulated"));
+  ASSERT_TRUE(engine->Close().ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Buffers, StagingTest, ::testing::Values(1, 2),
