@@ -82,6 +82,21 @@ std::uint64_t StepUntilStaged(Engine& engine, ToyModel& model, std::uint64_t k) 
   return 0;
 }
 
+// Trains `steps` steps; every ninth, and at the end, the newest epoch must
+// hold its own step's values and be no older than the one checked before
+// (Flush first: an epoch in flight could overwrite the slot compared).
+void TrainCheckingEveryNinthStep(Engine& engine, ToyModel& model, std::uint64_t steps) {
+  std::uint64_t checked = 0;
+  for (std::uint64_t k = 1; k <= steps; ++k) {
+    ASSERT_TRUE(model.Step(engine, k).ok());
+    if (k % 9 == 0 || k == steps) {
+      ASSERT_TRUE(engine.Flush().ok());
+      ExpectNewestEpochMatches(engine.pool(), model, checked);
+      checked = engine.pool().Latest()->iteration();
+    }
+  }
+}
+
 class StagingTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(StagingTest, EveryCommittedEpochHoldsItsOwnStepsValues) {
@@ -89,19 +104,7 @@ TEST_P(StagingTest, EveryCommittedEpochHoldsItsOwnStepsValues) {
   ToyModel model(kUnits, kFloats);
   auto engine = OpenOrDie(StagingOptions(path.path(), GetParam()), model);
   ASSERT_NE(engine, nullptr);
-  std::uint64_t checked = 0;
-  for (std::uint64_t k = 1; k <= 120; ++k) {
-    ASSERT_TRUE(model.Step(*engine, k).ok());
-    // Whatever committed last (Flush: an epoch in flight could overwrite
-    // the slot being compared).
-    if (k % 9 == 0) {
-      ASSERT_TRUE(engine->Flush().ok());
-      ExpectNewestEpochMatches(engine->pool(), model, checked);
-      checked = engine->pool().Latest()->iteration();
-    }
-  }
-  ASSERT_TRUE(engine->Flush().ok());
-  ExpectNewestEpochMatches(engine->pool(), model, checked);
+  TrainCheckingEveryNinthStep(*engine, model, 120);
   const Stats stats = engine->stats();
   EXPECT_GT(stats.epochs_staged, 0u) << stats.Summary();
   EXPECT_GT(stats.epochs_committed, stats.epochs_staged) << stats.Summary();
@@ -200,17 +203,7 @@ TEST(StagingDeviceTest, OnASimulatedDeviceStagedEpochsHoldTheirOwnStepsValues) {
   options.device = &device;
   auto engine = OpenOrDie(options, model);
   ASSERT_NE(engine, nullptr);
-  std::uint64_t checked = 0;
-  for (std::uint64_t k = 1; k <= 60; ++k) {
-    ASSERT_TRUE(model.Step(*engine, k).ok());
-    if (k % 9 == 0) {
-      ASSERT_TRUE(engine->Flush().ok());
-      ExpectNewestEpochMatches(engine->pool(), model, checked);
-      checked = engine->pool().Latest()->iteration();
-    }
-  }
-  ASSERT_TRUE(engine->Flush().ok());
-  ExpectNewestEpochMatches(engine->pool(), model, checked);
+  TrainCheckingEveryNinthStep(*engine, model, 60);
   const Stats stats = engine->stats();
   EXPECT_GT(stats.epochs_staged, 0u) << stats.Summary();
   EXPECT_THAT(stats.Summary(), HasSubstr("simulated"));
