@@ -11,7 +11,7 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
 "$bench" --workloads=transformer --devices=host,simulated \
-  --methods=pmsnap-adaptive-k1,torch-save-k2,checkfreq-k1 --k=2 --sweep=1 \
+  --methods=pmsnap-adaptive-k1,pmsnap-adaptive-cont-staged,torch-save-k2,checkfreq-k1 --k=2 --sweep=1 \
   --tf-dim=64 --tf-layers=1 --tf-heads=2 --tf-seq=8 --tf-batch=2 \
   --iters=4 --warmup=1 --repeats=1 --target-rounds=1 --trial-seconds=0.05 \
   --restore-rounds=2 --out="$out" --no-plot --dir="${PMSNAP_POOL_DIR:-/dev/shm}"
@@ -20,7 +20,7 @@ fail() { echo "bench_stall_smoke: $*" >&2; exit 1; }
 restores="$out/stall_restore.csv"
 [[ -s "$restores" ]] || fail "no $restores"
 for device in host simulated; do
-  for method in none torch-save-k2 checkfreq-k1 pmsnap-adaptive-k1; do
+  for method in none torch-save-k2 checkfreq-k1 pmsnap-adaptive-k1 pmsnap-adaptive-cont-staged; do
     grep -q "^transformer,$device,$method," "$out/stall.csv" ||
       fail "stall.csv has no row for $device/$method"
   done
