@@ -167,7 +167,8 @@ class LowDiffMethod:
     def __init__(self, ctx, compressor):
         self.ctx = ctx
         self.ld = lowdiff.LowDiff(ctx.optimizer, ctx.pool, ctx.ddp, compressor,
-                                  full_every=ctx.args.full_every, batch=ctx.args.batch,
+                                  full_every=ctx.args.full_every or None,
+                                  batch=ctx.args.batch or None,
                                   mtbf_seconds=3600, workers=1, part_bytes=1 << 20)
 
     def step(self, step):
@@ -334,8 +335,10 @@ def main():
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--iters", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--full-every", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--full-every", type=int, default=10,
+                        help="full checkpoint interval 1/f (0: f* of Eq. 10, re-tuned as run)")
+    parser.add_argument("--batch", type=int, default=2,
+                        help="differentials per chunk b (0: b* of Eq. 10, re-tuned as run)")
     parser.add_argument("--max-diffs", type=int, default=32)
     parser.add_argument("--ranks", type=int, default=WORLD,
                         help="DDP ranks (2: the issue's setting; 1 leaves a core of this 2-core "
@@ -396,11 +399,13 @@ def wasted_rows(model_name, rows, recs, args):
                           world_size=WORLD)
             cfg = _pmsnap.optimal_configuration(
                 **{k: v for k, v in common.items() if k != "load_full_seconds"})
-            cases = [("full every iteration (f=1, b=1)", 1.0, 1.0),
-                     (f"LowDiff as run (f=1/{args.full_every}, b={args.batch})",
-                      1 / args.full_every, args.batch),
-                     (f"LowDiff at Eq. 10 (f*={cfg['f_star']:.3g}, b*={cfg['b_star']:.3g})",
-                      cfg["f_star"], cfg["b_star"])]
+            cases = [("full every iteration (f=1, b=1)", 1.0, 1.0)]
+            if args.full_every and args.batch:
+                cases.append((f"LowDiff as run (f=1/{args.full_every}, b={args.batch})",
+                              1 / args.full_every, args.batch))
+            cases += [
+                      (f"LowDiff at Eq. 10 (f*={cfg['f_star']:.3g}, b*={cfg['b_star']:.3g})",
+                       cfg["f_star"], cfg["b_star"])]
             for name, f, b in cases:
                 out.append({"model": model_name, "method": row["method"], "mtbf_h": mtbf_h,
                             "configuration": name,
