@@ -604,7 +604,9 @@ struct Engine::Impl {
       if (ordered_by_events && task.update_event()) {
         status = device->Synchronize(*task.update_event());
       }
-      if (status.ok()) status = device->CopyToHost(StagedBytes(epoch, part), task.source(p), part.bytes);
+      if (status.ok()) {
+        status = device->CopyToHost(StagedBytes(epoch, part), task.source(p), part.bytes);
+      }
     }
     task.MarkSnapshotted(p);
     AtomicAdd(task.copy_seconds, SecondsSince(start));
