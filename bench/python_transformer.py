@@ -23,6 +23,14 @@ pmsnap trial checkpoints every timed iteration ("28 of 30"). Methods:
   hooks-only   pmsnap's grouped step and hooks with a checkpoint interval
                longer than the run (no commit): what the Python stepping
                costs without copies
+  pmsnap-cont  continuous mode instead of every=1 (a checkpoint whenever the
+               previous one is durable), pinned
+  pmsnap-cont-staged  continuous with dram_staging_buffers=2: a step that
+               finds the previous checkpoint still being written is staged
+               in host memory (run these two under simulated PM, e.g.
+               PMSNAP_PM_WRITE_GBPS=0.8, where the table's "% of PM limit"
+               compares checkpoints per minute with the write rate over the
+               bytes per checkpoint)
 
 The training thread is pinned to the first allowed CPU in every method (when
 the process may use two or more), so all methods compare on equal terms.
@@ -74,9 +82,14 @@ def run_trial(method, args, pool_dir, trial, worker_cpus):
         kwargs = dict(pool=pool, model=model, capture_rng=False)
         if method == "hooks-only":
             kwargs["every"] = 10 ** 9  # never reached: no checkpoint
+        elif method.startswith("pmsnap-cont"):
+            kwargs["mode"] = "continuous"
+            if method == "pmsnap-cont-staged":
+                kwargs["dram_staging_buffers"] = 2
         else:
             kwargs["every"] = 1
-        if method in ("pmsnap", "pmsnap-per-param") and worker_cpus:
+        if method in ("pmsnap", "pmsnap-per-param", "pmsnap-cont",
+                      "pmsnap-cont-staged") and worker_cpus:
             kwargs["worker_cpus"] = worker_cpus
         if method == "pmsnap-per-param":
             kwargs["step_groups"] = None
@@ -95,18 +108,21 @@ def run_trial(method, args, pool_dir, trial, worker_cpus):
             times.append(time.perf_counter() - start)
         commits = 0
         blocked = 0.0
+        checkpoint_bytes = 0.0
         if method != "plain":
             stepper.close()
             s = stepper.stats()
             commits = s["epochs_committed"]
             blocked = s["blocked_seconds"] / max(1, s["steps"])
+            checkpoint_bytes = s["bytes_written"] / max(1, commits)
     finally:
         if os.path.exists(pool):
             os.remove(pool)
     timed = times[args.warmup:]
     return dict(mean_ms=1e3 * statistics.mean(timed), median_ms=1e3 * statistics.median(timed),
                 step_cpu_ms=1e3 * statistics.median(step_cpu[args.warmup:]),
-                commits=commits, blocked_ms=1e3 * blocked)
+                commits=commits, blocked_ms=1e3 * blocked,
+                ckpt_per_min=60 * commits / sum(times), checkpoint_mb=checkpoint_bytes / 1e6)
 
 
 def main():
@@ -118,7 +134,8 @@ def main():
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods",
-                        default="plain,pmsnap,pmsnap-nopin,pmsnap-per-param,hooks-only")
+                        default="plain,pmsnap,pmsnap-nopin,pmsnap-per-param,hooks-only",
+                        help="also pmsnap-cont, pmsnap-cont-staged")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "python_transformer.csv"))
     args = parser.parse_args()
     methods = args.methods.split(",")
@@ -159,22 +176,31 @@ def main():
     with open(args.out, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["round", "method", "mean_ms", "median_ms",
                                                "step_cpu_ms", "overhead_pct", "commits",
-                                               "blocked_ms"])
+                                               "blocked_ms", "ckpt_per_min", "checkpoint_mb"])
         writer.writeheader()
         for r in rows:
             writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v)
                              for k, v in r.items()})
 
-    print(f"\n{'method':<17} {'mean ms/it':>11} {'overhead % (median, range over rounds)':>40} "
-          f"{'step() CPU ms':>14} {'commits':>8} {'blocked ms/it':>14}")
+    write_gbps = float(os.environ.get("PMSNAP_PM_WRITE_GBPS") or 0)
+    if write_gbps:
+        print(f"\nsimulated PM: {write_gbps} GB/s write (PMSNAP_PM_WRITE_GBPS)")
+    print(f"\n{'method':<19} {'mean ms/it':>11} {'overhead % (median, range over rounds)':>40} "
+          f"{'step() CPU ms':>14} {'commits':>8} {'blocked ms/it':>14} {'ckpt/min':>9}"
+          + (f" {'% of PM limit':>14}" if write_gbps else ""))
     for method in methods:
         mine = [r for r in rows if r["method"] == method]
         over = sorted(r["overhead_pct"] for r in mine)
-        print(f"{method:<17} {statistics.median(r['mean_ms'] for r in mine):11.2f} "
+        rate = statistics.median(r["ckpt_per_min"] for r in mine)
+        limit = ""
+        mb = statistics.median(r["checkpoint_mb"] for r in mine)
+        if write_gbps and mb > 0:
+            limit = f" {100 * rate / (60 * write_gbps * 1e3 / mb):13.0f}%"
+        print(f"{method:<19} {statistics.median(r['mean_ms'] for r in mine):11.2f} "
               f"{statistics.median(over):+15.2f} ({over[0]:+.2f} .. {over[-1]:+.2f}){'':>8} "
               f"{statistics.median(r['step_cpu_ms'] for r in mine):14.2f} "
               f"{statistics.median(r['commits'] for r in mine):8.0f} "
-              f"{statistics.median(r['blocked_ms'] for r in mine):14.3f}")
+              f"{statistics.median(r['blocked_ms'] for r in mine):14.3f} {rate:9.0f}{limit}")
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end; CSV: {args.out}")
 
 
