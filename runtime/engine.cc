@@ -131,6 +131,7 @@ struct Epoch {
   std::byte* staging = nullptr;
   std::mutex stage_mutex;  // orders `began` against `copied_parts`
   std::atomic<bool> began{true};
+  std::atomic<std::int64_t> began_ns{0};  // since `started`, for stats
   std::vector<std::pair<UnitTask*, std::uint32_t>> copied_parts;
 };
 
@@ -578,6 +579,9 @@ struct Engine::Impl {
     } else {
       epoch.failed.store(true, std::memory_order_relaxed);
     }
+    epoch.began_ns.store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - epoch.started).count(),
+        std::memory_order_relaxed);
     std::vector<std::pair<UnitTask*, std::uint32_t>> copied;
     {
       std::lock_guard<std::mutex> lock(epoch.stage_mutex);
@@ -696,13 +700,14 @@ struct Engine::Impl {
           us.last_persist_seconds = profile.persist_seconds;
           us.total_copy_seconds += profile.copy_seconds;
           us.total_persist_seconds += profile.persist_seconds;
-          us.strategy_counts[static_cast<int>(strategy->choice(u))] += 1;
+          if (!epoch.staged) us.strategy_counts[static_cast<int>(strategy->choice(u))] += 1;
         }
       }
       const double finished = epoch.finished_ns.load() * 1e-9;
       const double snapshot = epoch.snapshot_done_ns.load() * 1e-9;
       if (committed) {
-        stats.last_epoch_seconds = finished;
+        // A staged epoch from its beginning in the pool, not from its capture.
+        stats.last_epoch_seconds = finished - epoch.began_ns.load() * 1e-9;
         stats.last_committed_iteration = epoch.iteration;
         committed_iteration = epoch.iteration;
       } else {
@@ -1257,6 +1262,10 @@ Status Engine::BeginStep(std::uint64_t step) {
       if (!staged) impl.ReapIfDone();  // the epoch in flight may just have finished
     }
     if (!staged && !impl.epoch_busy.load(std::memory_order_acquire)) {
+      // The epoch in flight may have finished since the reap above (its
+      // last job may still be running): reap it, and a staged one it
+      // began, before `current` takes the new epoch.
+      impl.ReapIfDone();
       PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t epoch_number, impl.pool->BeginEpoch(step));
       std::unique_ptr<Epoch> epoch = impl.NewEpoch(step);
       epoch->epoch = epoch_number;

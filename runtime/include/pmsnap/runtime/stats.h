@@ -46,7 +46,7 @@ struct Stats {
   double conflict_wait_seconds = 0;       // of which waiting for snapshots
   double boundary_wait_seconds = 0;   // of which waiting for the previous epoch (fixed intervals)
   double in_device_copy_seconds = 0;  // of which in-device copies by strategies
-  double last_epoch_seconds = 0;      // capture start -> commit
+  double last_epoch_seconds = 0;      // capture start (staged: pool begin) -> commit
   std::uint64_t last_committed_iteration = 0;
   std::uint64_t peak_device_extra_bytes = 0;
   // The device's queues (Device::queue_stats): compute-stream waits for
