@@ -137,7 +137,8 @@ class CheckpointedOptimizer(UpdateInBackward):
         size. A step that finds the previous checkpoint still being written
         is captured into one and written the moment that checkpoint commits,
         so on PM slower than the training loop checkpoints follow each other
-        without the PM idling until the next step. Default 0 (off).
+        without the PM idling until the next step (with many small tensors,
+        workers=2 keeps the PM busier). Default 0 (off).
       copy_start: when a captured weight's copy starts: "auto" (host: the
         step's last captures wait for its end), "after-update" or
         "after-step"; see runtime::CopyStart.
