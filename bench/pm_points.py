@@ -18,7 +18,10 @@ tables written in full, differentially and differentially with 4-bit
 quantization (bytes ratios measured by bench/embedding: full 63.69 MB per
 interval, intermittent differential 15.05, intermittent + 4-bit 4.84).
 
-    python3 bench/pm_points.py [results dir]   # writes pm_points.csv there
+    python3 bench/pm_points.py [results dir] [prefix]   # writes pm_points.csv there
+
+`prefix` (default stall_pm_) picks the runs: stall_pm_quiet_ reads
+stall_pm_quiet_<point>.csv and writes stall_pm_quiet_points.csv.
 
 Everything here is simulated PM: pools in DRAM held to the modelled rates.
 """
@@ -45,15 +48,16 @@ def read_csv(path):
 def main():
     results = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results")
+    prefix = sys.argv[2] if len(sys.argv) > 2 else "stall_pm_"
     rows = []
     for name, label, write, read in POINTS:
-        path = os.path.join(results, f"stall_pm_{name}.csv")
+        path = os.path.join(results, f"{prefix}{name}.csv")
         if not os.path.exists(path):
             print(f"{label}: no {path}; run the stall benchmark for it first")
             continue
         stall = read_csv(path)
         restores = {}
-        restore_path = os.path.join(results, f"stall_pm_{name}_restore.csv")
+        restore_path = os.path.join(results, f"{prefix}{name}_restore.csv")
         if os.path.exists(restore_path):
             for r in read_csv(restore_path):
                 restores[(r["workload"], r["method"])] = r
@@ -87,7 +91,8 @@ def main():
                 restore_at_read_rate_ms=restore_bytes / (read * 1e9) * 1e3,
                 pm=r.get("pm", "")))
     if rows:
-        out = os.path.join(results, "pm_points.csv")
+        out = os.path.join(results, "pm_points.csv" if prefix == "stall_pm_"
+                           else f"{prefix}points.csv")
         with open(out, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
             writer.writeheader()
