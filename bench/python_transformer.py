@@ -92,8 +92,7 @@ def run_trial(method, args, pool_dir, trial, worker_cpus):
                 kwargs["workers"] = 2
         else:
             kwargs["every"] = 1
-        if method in ("pmsnap", "pmsnap-per-param", "pmsnap-cont", "pmsnap-cont-staged",
-                      "pmsnap-cont-staged-w2") and worker_cpus:
+        if method not in ("pmsnap-nopin", "hooks-only") and worker_cpus:
             kwargs["worker_cpus"] = worker_cpus
         if method == "pmsnap-per-param":
             kwargs["step_groups"] = None

@@ -859,8 +859,7 @@ struct Engine::Impl {
         // It never reaches the pool: wait for its copies, then drop it.
         epoch.failed.store(true, std::memory_order_release);
         WaitForJobs(&epoch);
-        if (capturing == &epoch) capturing = nullptr;
-        held_parts.clear();
+        if (capturing == &epoch) capturing = nullptr;  // staged captures hold no parts
         staging.Give(epoch.staging_buffer);
         {
           std::lock_guard<std::mutex> lock(stats_mutex);
@@ -1257,10 +1256,7 @@ Status Engine::BeginStep(std::uint64_t step) {
     impl.ReapIfDone();
     PMSNAP_RETURN_IF_ERROR(impl.TakeError());
     bool staged = false;
-    if (impl.epoch_busy.load(std::memory_order_acquire)) {
-      staged = impl.TryStage(step);
-      if (!staged) impl.ReapIfDone();  // the epoch in flight may just have finished
-    }
+    if (impl.epoch_busy.load(std::memory_order_acquire)) staged = impl.TryStage(step);
     if (!staged && !impl.epoch_busy.load(std::memory_order_acquire)) {
       // The epoch in flight may have finished since the reap above (its
       // last job may still be running): reap it, and a staged one it

@@ -19,10 +19,13 @@
 #include "pmsnap/runtime/engine.h"
 #include "testutil/temp_pool.h"
 #include "testutil/toy_model.h"
+#include "testutil/toy_model_checks.h"
 
 namespace pmsnap::runtime {
 namespace {
 
+using pmsnap::testing::ExpectNewestEpochMatchesHistory;
+using pmsnap::testing::ExpectPoolMatchesHistory;
 using pmsnap::testing::TempPoolPath;
 using pmsnap::testing::ToyModel;
 using ::testing::HasSubstr;
@@ -62,15 +65,6 @@ std::unique_ptr<Engine> OpenOrDie(const EngineOptions& options, ToyModel& model)
   return engine.ok() ? std::move(*engine) : nullptr;
 }
 
-// The pool's newest epoch equals the model after that epoch's step.
-void ExpectNewestEpochMatches(const layout::Pool& pool, const ToyModel& model,
-                              std::uint64_t min_iteration) {
-  auto latest = pool.Latest();
-  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
-  EXPECT_GE(latest->iteration(), min_iteration);
-  EXPECT_EQ(model.CompareWithHistory(*latest), "");
-}
-
 // Steps from `k` on until a step is captured in host memory (at most 200
 // steps); returns that step, or 0 if none was.
 std::uint64_t StepUntilStaged(Engine& engine, ToyModel& model, std::uint64_t k) {
@@ -91,7 +85,7 @@ void TrainCheckingEveryNinthStep(Engine& engine, ToyModel& model, std::uint64_t 
     ASSERT_TRUE(model.Step(engine, k).ok());
     if (k % 9 == 0 || k == steps) {
       ASSERT_TRUE(engine.Flush().ok());
-      ExpectNewestEpochMatches(engine.pool(), model, checked);
+      ExpectNewestEpochMatchesHistory(engine.pool(), model, checked);
       checked = engine.pool().Latest()->iteration();
     }
   }
@@ -126,7 +120,7 @@ TEST_P(StagingTest, AStagedStepCommitsLastAndRestoresBitExactAfterLaterUpdates) 
     // what the staged epoch persists.
     ASSERT_TRUE(model.Step(*engine, staged + 1).ok());
     ASSERT_TRUE(engine->Flush().ok());
-    ExpectNewestEpochMatches(engine->pool(), model, staged);
+    ExpectNewestEpochMatchesHistory(engine->pool(), model, staged);
     ASSERT_TRUE(engine->Close().ok());
   }
   ToyModel fresh(kUnits, kFloats);
@@ -151,9 +145,7 @@ TEST_P(StagingTest, CloseAbandonWithAStagedEpochKeepsTheLastCommitAndNeverHangs)
   ASSERT_NE(StepUntilStaged(*engine, model, 2), 0u);
   ASSERT_TRUE(engine->Close(CloseMode::kAbandon).ok());
   EXPECT_GE(engine->stats().epochs_abandoned, 1u) << engine->stats().Summary();
-  auto pool = layout::Pool::Open(path.path());
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  ExpectNewestEpochMatches(**pool, model, 1);
+  ExpectPoolMatchesHistory(path.path(), model, 1);
 }
 
 TEST_P(StagingTest, CloseInsideAStagedStepAbandonsItAndFinishesTheEpochBefore) {

@@ -22,10 +22,12 @@
 #include "testutil/temp_pool.h"
 #include "testutil/test_devices.h"
 #include "testutil/toy_model.h"
+#include "testutil/toy_model_checks.h"
 
 namespace pmsnap::runtime {
 namespace {
 
+using pmsnap::testing::ExpectPoolMatchesHistory;
 using pmsnap::testing::FailingDevice;
 using pmsnap::testing::MemcpyDevice;
 using pmsnap::testing::TempPoolPath;
@@ -63,17 +65,6 @@ double LinkSlowerThanTheSteps(int units, std::int64_t floats_per_unit) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kSteps;
   const double unit_bytes = 2.0 * sizeof(float) * static_cast<double>(floats_per_unit);
   return std::min(0.3, unit_bytes / (4 * step_seconds) / 1e9);
-}
-
-// Reopens the pool read-only-ish and compares its newest epoch with history.
-void ExpectPoolMatchesHistory(const std::string& path, const ToyModel& model,
-                              std::uint64_t min_iteration) {
-  auto pool = layout::Pool::Open(path);
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  auto latest = (*pool)->Latest();
-  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
-  EXPECT_GE(latest->iteration(), min_iteration);
-  EXPECT_EQ(model.CompareWithHistory(*latest), "");
 }
 
 TEST(EngineTest, EveryStepWithFlushCommitsExactlyThePostStepValues) {

@@ -257,6 +257,7 @@ def main():
     args = parser.parse_args()
     os.makedirs(RESULTS, exist_ok=True)
     rows = []
+    write_gbps = float(os.environ.get("PMSNAP_PM_WRITE_GBPS") or 0)  # simulated PM, if set
     for model_name in args.models.split(","):
         model, _ = make_model(model_name)
         state_bytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
@@ -277,7 +278,6 @@ def main():
                                if any(r["restore_s"] is not None for r in per_rank) else ""),
             }
             pm = next((r["pm"] for r in per_rank if r["pm"]), "")
-            write_gbps = float(os.environ.get("PMSNAP_PM_WRITE_GBPS") or 0)
             row["pm"] = pm
             row["checkpoints_per_min"] = min(r["checkpoints_per_min"] for r in per_rank)
             checkpoint_mb = max(r["checkpoint_bytes"] for r in per_rank) / 1e6
