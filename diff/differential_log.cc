@@ -220,6 +220,7 @@ Result<std::unique_ptr<DifferentialLog>> DifferentialLog::Open(layout::Pool& poo
     }
   }
   log->stats_.live_chunks = live.size();
+  log->NoteHeapLocked();  // no other thread yet
   log->live_ = std::move(live);
   log->worker_ = std::thread([raw = log.get()] { raw->Run(); });
   return log;
@@ -353,12 +354,18 @@ Status DifferentialLog::Retire(std::uint64_t full_iteration) {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.chunks_freed += freed;
   stats_.live_chunks = live.size();
+  NoteHeapLocked();
   return Status::Ok();
 }
 
 DifferentialLogStats DifferentialLog::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
+}
+
+void DifferentialLog::NoteHeapLocked() {
+  stats_.heap_used_bytes = pool_.chunk_heap().used_bytes();
+  stats_.heap_capacity_bytes = pool_.chunk_heap().capacity_bytes();
 }
 
 void DifferentialLog::Run() {
@@ -395,6 +402,7 @@ void DifferentialLog::Run() {
     stats_.write_seconds += Seconds(start);
     stats_.bytes_written += sizeof(h) + body.out.size();
     ++stats_.batches_written;
+    NoteHeapLocked();
     stats_.durable += count;
     stats_.last_durable_iteration = first + count - 1;
     stats_.buffered -= count;

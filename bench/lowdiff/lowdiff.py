@@ -17,8 +17,12 @@ parameters) and `mlp` (same file). Optimizer AdamW. Methods (METHODS):
   lowdiff-plus        LowDiff+ (pmsnap.LowDiffPlus, every iteration): only the
                       gradients leave the device; a host replica stepped by
                       the same optimizer commits to the pool
+  lowdiff-plus-sharded  LowDiff+ with sharding="replicated": each rank copies,
+                      steps and persists only its share of the replica
 
-Each method's overhead is against its own baseline (the compressed methods
+ms/it is training time per measured iteration (the mean, so the steps that
+take full checkpoints count; the CSV also has the median step). Each
+method's overhead is against its own baseline (the compressed methods
 against the same hook without checkpointing). LowDiff runs with full
 checkpoints every --full-every iterations and batches of --batch (fixed, so
 runs compare; Eq. 10's f*, b* from the run's measurements are reported).
@@ -26,6 +30,14 @@ Bytes moved off the device are what a GPU would copy to the host per
 iteration: SIMULATED (this is a CPU run; the numbers are the bytes the
 method hands to pmsnap: whole state for full checkpoints, the compressed
 gradient for LowDiff).
+
+--rounds R runs the method list R times, alternating, and takes each
+round's overhead against that round's baseline; the _summary CSV has the
+median and range over the rounds and where the slowest rank's time went:
+its training thread's CPU, every other thread's CPU (gloo's, pmsnap's
+workers': on this 2-core machine with 2 ranks that CPU is taken from
+training) and the waits pmsnap reports (the engine's blocked time, the
+differential log's copy wait), each against the baseline's.
 
 Recovery: one process restores a pool holding a full checkpoint plus n
 differentials (n = 1..--max-diffs), sequential replay (AdamW, and SGD) and
@@ -78,7 +90,15 @@ def state_bytes(model):
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-class NoCheckpoint:
+class Runner:
+    """What every method's runner shares: the pmsnap waits (seconds so far)
+    it can report; none by default."""
+
+    def waits(self):
+        return {}
+
+
+class NoCheckpoint(Runner):
     def __init__(self, ctx, compressor=None):
         self.ctx = ctx
         self.compressor = compressor
@@ -98,7 +118,7 @@ class NoCheckpoint:
         pass
 
 
-class Full:
+class Full(Runner):
     """pmsnap CheckpointedOptimizer (every=1, or the CheckFreq policy)."""
 
     def __init__(self, ctx, **options):
@@ -109,6 +129,9 @@ class Full:
     def step(self, step):
         self.opt.step()
         self.opt.zero_grad()
+
+    def waits(self):
+        return {"engine_blocked": self.opt.stats()["blocked_seconds"]}
 
     def finish(self):
         self.opt.flush()
@@ -121,7 +144,7 @@ class Full:
         self.opt.close()
 
 
-class CheckFreqStyle:
+class CheckFreqStyle(Runner):
     """CheckFreq's two phases (Mohan et al., FAST'21) at one checkpoint per
     iteration: snapshot (the training thread copies model and optimizer
     state into host memory, after waiting for the previous persist, as
@@ -163,7 +186,7 @@ class CheckFreqStyle:
         pass
 
 
-class LowDiffMethod:
+class LowDiffMethod(Runner):
     def __init__(self, ctx, compressor):
         self.ctx = ctx
         self.ld = lowdiff.LowDiff(ctx.optimizer, ctx.pool, ctx.ddp, compressor,
@@ -174,6 +197,11 @@ class LowDiffMethod:
     def step(self, step):
         self.ld.step()
         self.ld.zero_grad()
+
+    def waits(self):
+        s = self.ld.stats()
+        return {"engine_blocked": s["engine"]["blocked_seconds"],
+                "log_copy_wait": s["log"]["copy_wait_seconds"] if "log" in s else 0.0}
 
     def finish(self):
         self.ld.flush()
@@ -191,20 +219,23 @@ class LowDiffMethod:
         self.ld.close()
 
 
-class LowDiffPlusMethod:
+class LowDiffPlusMethod(Runner):
     """pmsnap.LowDiffPlus (every=1): DDP's synchronized buckets snapshotted
     while backward runs, the optimizer applied to a host replica that
     commits to the pool every iteration (bench/lowdiff/lowdiff_plus.py adds
     its restore time)."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, **options):
         self.ctx = ctx
         self.plus = pmsnap.LowDiffPlus(ctx.ddp, ctx.optimizer, ctx.pool, every=1, workers=1,
-                                       part_bytes=1 << 20)
+                                       part_bytes=1 << 20, **options)
 
     def step(self, step):
         self.plus.step()
         self.ctx.optimizer.zero_grad()
+
+    def waits(self):
+        return {"snapshot_wait": self.plus.stats()["lowdiff_plus"]["training_wait_seconds"]}
 
     def finish(self):
         self.plus.flush()
@@ -235,6 +266,9 @@ METHODS = {
                      "LowDiff, top-k 1%"),
     "lowdiff-plus": (lambda c: LowDiffPlusMethod(c), "none",
                      "LowDiff+: gradients off the device, replica committed every iteration"),
+    "lowdiff-plus-sharded": (lambda c: LowDiffPlusMethod(c, sharding="replicated"), "none",
+                             "LowDiff+, the replica sharded over the ranks (each steps and "
+                             "persists its share)"),
 }
 
 
@@ -251,16 +285,28 @@ def run_rank(rank, model_name, method, args, workdir, results):
     times = []
     for step in range(1, args.warmup + args.iters + 1):
         g = torch.Generator().manual_seed(1000 * step + rank)
+        if step == args.warmup + 1:
+            # Where the measured iterations' time goes: this (training)
+            # thread's CPU, every other thread's (gloo, pmsnap's workers),
+            # and the waits pmsnap reports.
+            cpu0, process0, waits0 = time.thread_time(), time.process_time(), runner.waits()
         start = time.perf_counter()
         ddp(make_batch(g)).square().mean().backward()
         runner.step(step)
         if step > args.warmup:
             times.append(time.perf_counter() - start)
+    main_cpu, process_cpu = time.thread_time() - cpu0, time.process_time() - process0
+    waits = {k: (v - waits0[k]) / args.iters for k, v in runner.waits().items()}
     out = runner.finish()
     runner.close()
     dist.barrier()
     dist.destroy_process_group()
-    results[rank] = dict(out, iteration_s=statistics.median(times))
+    # The mean is training time per iteration, full checkpoints' steps and
+    # all; the median shows the typical (differential-only) step.
+    results[rank] = dict(out, iteration_s=statistics.mean(times),
+                         iteration_median_s=statistics.median(times),
+                         training_cpu_s=main_cpu / args.iters,
+                         other_cpu_s=(process_cpu - main_cpu) / args.iters, waits=waits)
 
 
 def spawn(target, args):
@@ -343,6 +389,9 @@ def main():
     parser.add_argument("--ranks", type=int, default=WORLD,
                         help="DDP ranks (2: the issue's setting; 1 leaves a core of this 2-core "
                              "machine to pmsnap's threads, as a GPU run leaves the host's cores)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every method this many times, alternating, each round's "
+                             "overheads against that round's baselines (medians in _summary.csv)")
     parser.add_argument("--tag", default="lowdiff", help="CSV/PNG name prefix under bench/results")
     args = parser.parse_args()
     WORLD = args.ranks
@@ -351,37 +400,87 @@ def main():
     for model_name in args.models.split(","):
         model, _ = make_model(model_name)
         model_bytes = state_bytes(model)
-        by_method = {}
-        for method in args.methods.split(","):
-            factory, baseline, description = METHODS[method]
-            per_rank = spawn(run_rank, (model_name, method, args))
-            slow = max(per_rank, key=lambda r: r["iteration_s"])
-            row = {"model": model_name, "method": method, "description": description,
-                   "baseline": baseline, "ranks": WORLD, "model_mb": model_bytes / 1e6,
-                   "iteration_ms": 1e3 * slow["iteration_s"],
-                   "persisted_mb_per_it": max(r["persisted"] for r in per_rank) / 1e6,
-                   "off_device_mb_per_it_simulated": max(r["off_device"] for r in per_rank) / 1e6,
-                   "f_star": slow.get("f_star", ""), "b_star": slow.get("b_star", "")}
-            base = by_method.get(baseline)
-            row["overhead_pct"] = (100 * (row["iteration_ms"] / base["iteration_ms"] - 1)
-                                   if base is not None and baseline != method else "")
-            by_method[method] = row
-            rows.append(row)
-            if slow.get("inputs"):
-                row["_inputs"] = slow["inputs"]
-            print(f"{model_name:6s} {method:18s} {row['iteration_ms']:8.1f} ms/it  overhead "
-                  f"{fmt_pct(row['overhead_pct']):>8s}  persisted {row['persisted_mb_per_it']:.3f} "
-                  f"MB/it  off-device {row['off_device_mb_per_it_simulated']:.3f} MB/it "
-                  f"(simulated)", flush=True)
+        for round_no in range(1, args.rounds + 1):
+            by_method = {}
+            for method in args.methods.split(","):
+                row = measure(model_name, model_bytes, method, round_no, args, by_method)
+                rows.append(row)
+                print(f"{model_name:6s} round {round_no} {method:18s} {row['iteration_ms']:8.1f} "
+                      f"ms/it  overhead {fmt_pct(row['overhead_pct']):>8s}  training CPU "
+                      f"{row['training_cpu_ms']:.1f} ms/it, other threads "
+                      f"{row['other_cpu_ms']:.1f} ms/it, pmsnap waits "
+                      f"{sum(row['_waits'].values()):.2f} ms/it  persisted "
+                      f"{row['persisted_mb_per_it']:.3f} MB/it  off-device "
+                      f"{row['off_device_mb_per_it_simulated']:.3f} MB/it (simulated)", flush=True)
         recs = recovery(model_name, args.max_diffs)
         rec_rows += recs
         wasted += wasted_rows(model_name, rows, recs, args)
     write_csv(f"{args.tag}.csv", [{k: v for k, v in r.items() if not k.startswith("_")}
                                   for r in rows])
+    summary = summary_rows(rows)
+    write_csv(f"{args.tag}_summary.csv", summary)
     write_csv(f"{args.tag}_recovery.csv", rec_rows)
     write_csv(f"{args.tag}_wasted.csv", wasted)
-    print_tables(rows, rec_rows, wasted)
-    plot(rows, rec_rows, args.tag)
+    print_tables(rows, rec_rows, wasted, summary)
+    plot(summary, rec_rows, args.tag)
+
+
+def measure(model_name, model_bytes, method, round_no, args, by_method):
+    """One run of `method` (both ranks); its row, with the overhead against
+    the baseline measured earlier in the same round (by_method) and where
+    the slowest rank's time went, per iteration: the training thread's CPU,
+    every other thread's CPU (on this 2-core machine another thread's CPU
+    is taken from training), and the waits pmsnap reports."""
+    _, baseline, description = METHODS[method]
+    per_rank = spawn(run_rank, (model_name, method, args))
+    slow = max(per_rank, key=lambda r: r["iteration_s"])
+    row = {"model": model_name, "round": round_no, "method": method, "description": description,
+           "baseline": baseline, "ranks": WORLD, "model_mb": model_bytes / 1e6,
+           "iteration_ms": 1e3 * slow["iteration_s"],
+           "iteration_median_ms": 1e3 * slow["iteration_median_s"],
+           "training_cpu_ms": 1e3 * slow["training_cpu_s"],
+           "other_cpu_ms": 1e3 * slow["other_cpu_s"],
+           "engine_blocked_ms": 1e3 * slow["waits"].get("engine_blocked", 0.0),
+           "log_copy_wait_ms": 1e3 * slow["waits"].get("log_copy_wait", 0.0),
+           "persisted_mb_per_it": max(r["persisted"] for r in per_rank) / 1e6,
+           "off_device_mb_per_it_simulated": max(r["off_device"] for r in per_rank) / 1e6,
+           "f_star": slow.get("f_star", ""), "b_star": slow.get("b_star", "")}
+    row["_waits"] = {k: 1e3 * v for k, v in slow["waits"].items()}
+    base = by_method.get(baseline)
+    row["overhead_pct"] = (100 * (row["iteration_ms"] / base["iteration_ms"] - 1)
+                           if base is not None and baseline != method else "")
+    by_method[method] = row
+    if slow.get("inputs"):
+        row["_inputs"] = slow["inputs"]
+    return row
+
+
+def summary_rows(rows):
+    """Per model and method over the rounds: the median overhead and its
+    range, and the medians of the time breakdown against the baseline's."""
+    out = []
+    keys = list(dict.fromkeys((r["model"], r["method"]) for r in rows))
+    for model, method in keys:
+        mine = [r for r in rows if (r["model"], r["method"]) == (model, method)]
+        base = [r for r in rows if (r["model"], r["method"]) == (model, mine[0]["baseline"])]
+
+        def med(field, rs=mine):
+            return statistics.median(r[field] for r in rs)
+
+        overheads = [r["overhead_pct"] for r in mine if r["overhead_pct"] != ""]
+        out.append({"model": model, "method": method, "baseline": mine[0]["baseline"],
+                    "rounds": len(mine), "iteration_ms": med("iteration_ms"),
+                    "iteration_median_ms": med("iteration_median_ms"),
+                    "overhead_pct_median": statistics.median(overheads) if overheads else "",
+                    "overhead_pct_min": min(overheads) if overheads else "",
+                    "overhead_pct_max": max(overheads) if overheads else "",
+                    "training_cpu_ms": med("training_cpu_ms"),
+                    "training_cpu_delta_ms": med("training_cpu_ms") - med("training_cpu_ms", base),
+                    "other_cpu_ms": med("other_cpu_ms"),
+                    "other_cpu_delta_ms": med("other_cpu_ms") - med("other_cpu_ms", base),
+                    "engine_blocked_ms": med("engine_blocked_ms"),
+                    "log_copy_wait_ms": med("log_copy_wait_ms")})
+    return out
 
 
 def wasted_rows(model_name, rows, recs, args):
@@ -390,7 +489,7 @@ def wasted_rows(model_name, rows, recs, args):
     full_restore = statistics.median(r["full_restore_ms"] for r in recs) / 1e3
     for row in rows:
         inputs = row.get("_inputs")
-        if row["model"] != model_name or not inputs:
+        if row["model"] != model_name or not inputs or row["round"] != args.rounds:
             continue
         for mtbf_h in (1, 10):
             common = dict(write_bandwidth=inputs["write_bandwidth"], full_bytes=inputs["full_bytes"],
@@ -427,15 +526,29 @@ def write_csv(name, rows):
         writer.writerows(rows)
 
 
-def print_tables(rows, recs, wasted):
+def print_tables(rows, recs, wasted, summary):
     print(f"\n{WORLD}-rank DDP, gloo, CPU (2 cores); overhead vs each method's own baseline; "
           f"off-device bytes: {SIMULATED}")
-    print("| model | method | ms/it | overhead | persisted MB/it | off-device MB/it (simulated) |")
-    print("|---|---|---|---|---|---|")
+    print("| model | round | method | ms/it | overhead | persisted MB/it | off-device MB/it "
+          "(simulated) |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['method']} | {r['iteration_ms']:.1f} | "
+        print(f"| {r['model']} | {r['round']} | {r['method']} | {r['iteration_ms']:.1f} | "
               f"{fmt_pct(r['overhead_pct'])} (vs {r['baseline']}) | {r['persisted_mb_per_it']:.3f} | "
               f"{r['off_device_mb_per_it_simulated']:.3f} |")
+    print("\nWhere the slowest rank's time went, per iteration (medians over the rounds; "
+          "deltas against the baseline's medians)")
+    print("| model | method | rounds | ms/it | overhead median (min..max) | training CPU ms "
+          "(delta) | other threads' CPU ms (delta) | engine blocked ms | log copy wait ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in summary:
+        spread = ("" if r["overhead_pct_median"] == "" else
+                  f"{fmt_pct(r['overhead_pct_median'])} ({r['overhead_pct_min']:+.1f}.."
+                  f"{r['overhead_pct_max']:+.1f})")
+        print(f"| {r['model']} | {r['method']} | {r['rounds']} | {r['iteration_ms']:.1f} | "
+              f"{spread} | {r['training_cpu_ms']:.1f} ({r['training_cpu_delta_ms']:+.1f}) | "
+              f"{r['other_cpu_ms']:.1f} ({r['other_cpu_delta_ms']:+.1f}) | "
+              f"{r['engine_blocked_ms']:.2f} | {r['log_copy_wait_ms']:.2f} |")
     print("\nRecovery: full checkpoint + n differentials (one process)")
     print("| model | optimizer | merge | n | restore ms | of which replay ms |")
     print("|---|---|---|---|---|---|")
@@ -450,23 +563,26 @@ def print_tables(rows, recs, wasted):
               f"{r['wasted_s_per_h']:.2f} |")
 
 
-def plot(rows, recs, tag="lowdiff"):
+def plot(summary, recs, tag="lowdiff"):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    models = sorted({r["model"] for r in rows})
+    models = sorted({r["model"] for r in summary})
     fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 8), squeeze=False)
     for col, model in enumerate(models):
-        mine = [r for r in rows if r["model"] == model and r["overhead_pct"] != ""]
+        mine = [r for r in summary if r["model"] == model and r["overhead_pct_median"] != ""]
         ax = axes[0][col]
-        ax.barh([f"{r['method']} (vs {r['baseline']})" for r in mine],
-                [r["overhead_pct"] for r in mine])
+        medians = [r["overhead_pct_median"] for r in mine]
+        ax.barh([f"{r['method']} (vs {r['baseline']})" for r in mine], medians,
+                xerr=[[m - r["overhead_pct_min"] for m, r in zip(medians, mine)],
+                      [r["overhead_pct_max"] - m for m, r in zip(medians, mine)]])
         ax.axvline(1.0, color="gray", linestyle="--", linewidth=0.8)
         ax.set_title(f"{model}: overhead, one checkpoint per iteration")
-        ax.set_xlabel("% vs own no-checkpoint run (2-rank DDP, CPU)")
+        ax.set_xlabel("% vs own no-checkpoint run (2-rank DDP, CPU; median, min..max over "
+                      "rounds)")
         ax = axes[1][col]
         for (opt, merge) in sorted({(r["optimizer"], r["merge"]) for r in recs
                                     if r["model"] == model}):

@@ -46,6 +46,7 @@ moments depend on every earlier gradient; momentum too) replays sequentially.
 Thread-safety: one training thread, like CheckpointedOptimizer.
 """
 
+import contextlib
 import math
 import pickle
 import time
@@ -326,7 +327,11 @@ class LowDiff:
         process group's).
       merge: "sequential" (default; bit-exact for every optimizer) or
         "parallel" (plain SGD only, see the module doc).
-      chunk_heap_bytes: the pool's budget for differential chunks.
+      chunk_heap_bytes: the pool's budget for differential chunks. The log
+        keeps every differential since the second-newest full checkpoint, up
+        to 2 * full_every + batch of them, so a tuned full_every is capped to
+        what fits (stats()["heap_max_full_every"]); a fixed one that does not
+        fit fails with NoSpaceError naming both settings.
       Other keyword arguments go to CheckpointedOptimizer (device, workers...).
     """
 
@@ -391,6 +396,8 @@ class LowDiff:
         self._full_iterations = []  # committed full checkpoints seen, oldest first
         self._pending_full = 1  # the first step's full checkpoint
         self.bytes_handed = 0  # compressed bytes handed to the log (all steps)
+        self.chunk_heap_bytes = int(chunk_heap_bytes)
+        self._heap_max_full_every = None
 
     @property
     def iteration(self):
@@ -416,14 +423,16 @@ class LowDiff:
             pieces, keep = _pieces_of(records, extra_state or {},
                                       _extra.param_group_hyperparameters(self.optimizer))
             self.bytes_handed += sum(p[1] for p in pieces)
-            self._log.append(step, pieces)
+            with self._heap_advice():
+                self._log.append(step, pieces)
         self.ckpt.step(extra_state=extra_state)
         if self._log is None:
             # The first step opened the pool with a full checkpoint of it.
             self._log = self.ckpt._engine.open_differential_log(self.batch, self._resume_after)
             self.ckpt._engine.set_every(self.full_every)
         else:
-            self._log.wait_copied(step)
+            with self._heap_advice():
+                self._log.wait_copied(step)
             del keep
         now = time.perf_counter()
         self._observe(now - began, now)
@@ -434,6 +443,10 @@ class LowDiff:
         if self._last_step_end is not None:
             self._iteration_seconds = ema(self._iteration_seconds, now - self._last_step_end)
         self._last_step_end = now
+        if (self._tune_full or self._tune_batch) and self._config is not None \
+                and self._heap_max_full_every is None:
+            # Tuned before a differential was appended: cap it once one is.
+            self._apply_heap_limits()
         step = self.ckpt.iteration
         if step % self.full_every == 0:
             self._pending_full = step  # its epoch commits in the background
@@ -462,12 +475,61 @@ class LowDiff:
                     merge_seconds=self._merge_seconds, mtbf_seconds=self.mtbf_seconds,
                     iteration_seconds=self._iteration_seconds, world_size=self.world_size)
 
+    @contextlib.contextmanager
+    def _heap_advice(self):
+        """A full chunk heap, explained in LowDiff's terms."""
+        try:
+            yield
+        except _pmsnap.NoSpaceError as e:
+            raise make_error(_pmsnap.NoSpaceError,
+                             f"{e}; LowDiff keeps every differential since the second-newest "
+                             f"full checkpoint (full_every={self.full_every}, batch={self.batch}, "
+                             f"up to {2 * self.full_every + self.batch} differentials): raise "
+                             f"chunk_heap_bytes (now {self.chunk_heap_bytes}) or lower "
+                             "full_every") from e
+
+    def _heap_limits(self):
+        """(longest full interval, largest batch) whose retained
+        differentials (up to 2 * interval + batch) fill at most 3/4 of the
+        chunk heap, and whose one chunk at most 1/4 of it, at the sizes
+        measured so far; None before a differential was appended."""
+        log = self._log.stats()
+        if not log["appended"]:
+            return None
+        per_differential = self.bytes_handed / log["appended"]
+        if log["live_chunks"]:
+            # What the heap really charges (headers, allocation rounding).
+            per_differential = max(per_differential,
+                                   log["heap_used_bytes"] / (log["live_chunks"] * log["batch"]))
+        heap = log["heap_capacity_bytes"]
+        max_batch = max(1, int(0.25 * heap / per_differential))
+        batch = min(self.batch, max_batch)
+        max_interval = max(1, int((0.75 * heap / per_differential - batch) // 2))
+        return max_interval, max_batch
+
+    def _apply_heap_limits(self):
+        """Caps a tuned full_every and batch to the chunk heap (once sizes are known)."""
+        limits = self._heap_limits()
+        if limits is None:
+            return
+        self._heap_max_full_every, max_batch = limits
+        if self._tune_batch and self.batch > max_batch:
+            self.batch = max_batch
+            self._log.set_batch(self.batch)
+        if self._tune_full and self.full_every > self._heap_max_full_every:
+            self.full_every = self._heap_max_full_every
+            self.ckpt._engine.set_every(self.full_every)
+
     def _retune(self, stats):
         inputs = self._inputs(stats)
         if inputs is None:
             return
-        self._config = dict(_pmsnap.optimal_configuration(**inputs, max_batch=self.max_batch),
-                            inputs=inputs)
+        caps = {"max_batch": self.max_batch}
+        limits = self._heap_limits()
+        if limits is not None:
+            self._heap_max_full_every = limits[0]
+            caps = {"max_interval": limits[0], "max_batch": min(self.max_batch, limits[1])}
+        self._config = dict(_pmsnap.optimal_configuration(**inputs, **caps), inputs=inputs)
         if self._tune_full and self._config["full_interval"] != self.full_every:
             self.full_every = int(self._config["full_interval"])
             self.ckpt._engine.set_every(self.full_every)
@@ -588,6 +650,8 @@ class LowDiff:
         log's, and the Eq. 10 configuration with its measured inputs."""
         out = {"engine": self.ckpt.stats(), "compressor": self.compressor.name,
                "full_every": self.full_every, "batch": self.batch,
+               "heap_max_full_every": self._heap_max_full_every,
+               "chunk_heap_bytes": self.chunk_heap_bytes,
                "max_loss": self.batch - 1, "mtbf_seconds": self.mtbf_seconds,
                "world_size": self.world_size, "bytes_handed": self.bytes_handed}
         if self._log is not None:

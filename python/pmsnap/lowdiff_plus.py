@@ -75,6 +75,18 @@ it into the model and optimizer; nothing is replayed. A crash loses the
 iterations whose replica update had not committed (at most two: the snapshot
 buffers bound the lag).
 
+Sharding (sharding="replicated", several ranks). Under DDP every rank's
+replica is the same, so the ranks split it: the replica's CheckpointedOptimizer
+gives each parameter an owner rank (balanced by bytes, as for any sharded
+pool), and from the first committed iteration on each rank copies only the
+gradients of the parameters it owns and steps only those in its replica. The
+replica's CPU update, the gradient copies and the bytes persisted per rank
+all drop to about 1/N (replicas=R: R/N). The other parameters of a rank's
+replica are left behind; `replica_shard` names the ones it keeps current. A
+restore reads every parameter from its owner's pool and gives the whole
+model to every rank, so the training model, the training optimizer and every
+rank's replica are complete again after it.
+
 What the replica cannot see: anything done to the gradients between
 backward() and step() (clipping, GradScaler's unscale_, manual edits). The
 replica applies the gradients DDP synchronized; a training loop that changes
@@ -195,6 +207,10 @@ class LowDiffPlus:
         self._copies_queued = 0         # gradients queued this iteration
         self._copies_done = 0           # of those, copied
         self._replica_done = self.iteration  # last iteration the replica applied
+        # Parameter indices this rank's replica steps (sharding); None: all.
+        # Set by the replica thread once its engine is open, read by the
+        # snapshot thread (a stale None only copies more).
+        self._shard = None
         self._error = None              # first error of a thread
         self._closed = False
         self._stats = {"iterations": 0, "gradient_bytes_snapshotted": 0,
@@ -293,6 +309,7 @@ class LowDiffPlus:
         self._copy_state(self.replica_optimizer, self._replica_named, self.optimizer,
                          self._named, None)
         self.iteration = self._replica_done = iteration
+        self._shard = self._written_shard()
         return iteration, extra
 
     def flush(self):
@@ -346,8 +363,19 @@ class LowDiffPlus:
 
     @property
     def replica(self):
-        """[(name, replica parameter)] (host tensors; read them after flush())."""
+        """[(name, replica parameter)] (host tensors; read them after flush()).
+        Sharded, only the parameters in replica_shard are current."""
         return list(self._replica_named)
+
+    @property
+    def replica_shard(self):
+        """Names of the parameters this rank's replica keeps current and its
+        pool holds: all of them unless sharding="replicated" splits the
+        replica over several ranks (known from the first committed
+        iteration, or restore(), on; all before)."""
+        shard = self._shard
+        return [name for i, (name, _) in enumerate(self._replica_named)
+                if shard is None or i in shard]
 
     def __enter__(self):
         return self
@@ -436,17 +464,20 @@ class LowDiffPlus:
                 # Buffer iteration % 2 is free once the replica applied iteration - 2.
                 self._wait_for_replica(iteration - 2, raise_error=False)
                 buffer = self._buffers[iteration % 2]
+                shard = self._shard
+                copied_pairs = [(i, g) for i, g in pairs if shard is None or i in shard]
                 if event is not None:
                     with torch.cuda.stream(stream):
                         stream.wait_event(event)
-                        for index, gradient in pairs:
+                        for index, gradient in copied_pairs:
                             buffer[index].copy_(gradient.view_as(buffer[index]),
                                                 non_blocking=True)
                     stream.synchronize()
                 else:
-                    for index, gradient in pairs:
+                    for index, gradient in copied_pairs:
                         buffer[index].copy_(gradient.view_as(buffer[index]))
-                copied = sum(buffer[i].numel() * buffer[i].element_size() for i, _ in pairs)
+                copied = sum(buffer[i].numel() * buffer[i].element_size()
+                             for i, _ in copied_pairs)
                 with self._lock:
                     self._copies_done += len(pairs)
                     self._stats["gradient_bytes_snapshotted"] += copied
@@ -474,14 +505,26 @@ class LowDiffPlus:
         for group, values in zip(self.replica_optimizer.param_groups, hyperparameters):
             group.update(values)
         buffer = self._buffers[iteration % 2]
-        for (_, rp), gradient, has in zip(self._replica_named, buffer, with_gradient):
-            rp.grad = gradient if has else None
+        shard = self._shard
+        for i, ((_, rp), gradient, has) in enumerate(zip(self._replica_named, buffer,
+                                                         with_gradient)):
+            rp.grad = gradient if has and (shard is None or i in shard) else None
         self._checkpointer.rng_of_step = rng
         try:
             self._checkpointer.step(extra_state=extra_state)
         finally:
             for _, rp in self._replica_named:
                 rp.grad = None
+        if shard is None:
+            self._shard = self._written_shard()
+
+    def _written_shard(self):
+        """Indices of the parameters this rank's pool holds when the replica
+        is sharded over several ranks; None when it holds all of them."""
+        written = self._checkpointer.written_units()
+        if written is None:
+            return None
+        return frozenset(i for i, (name, _) in enumerate(self._replica_named) if name in written)
 
     def _wait_for_replica(self, iteration, raise_error=True):
         with self._lock:

@@ -294,8 +294,7 @@ class CheckpointedOptimizer(UpdateInBackward):
         with _distributed.together(self._coordinator):
             if os.path.exists(self.pool):
                 info = _pmsnap.read_pool(self.pool)
-                check_pool_names(info, self._named, self.pool,
-                                 sharded=sharding is not None and self._coordinator is not None)
+                check_pool_names(info, self._named, self.pool, sharded=self._sharded)
                 check_pool_tables(info, self._tables, self.pool)
                 if info["latest"] is not None:
                     self._pool_latest = info["latest"]["iteration"]
@@ -383,7 +382,7 @@ class CheckpointedOptimizer(UpdateInBackward):
         if self._engine is not None or self._closed:
             raise make_error(_pmsnap.FailedPreconditionError,
                              "restore() must come before the first step() and before close()")
-        sharded = self._engine_kwargs["shard_replicated_state"] and self._coordinator is not None
+        sharded = self._sharded
         info = None
         with _distributed.together(self._coordinator):
             if os.path.exists(self.pool):
@@ -415,6 +414,20 @@ class CheckpointedOptimizer(UpdateInBackward):
         self._pool_latest = self.iteration
         self.extra_state = dict(blob["user"])
         return self.iteration, self._user_view(blob)
+
+    @property
+    def _sharded(self):
+        """sharding="replicated" over several ranks: each rank writes its share."""
+        return self._engine_kwargs["shard_replicated_state"] and self._coordinator is not None
+
+    def written_units(self):
+        """Names of the units (parameters) this rank's pool holds when
+        sharding="replicated" splits them over several ranks; None when the
+        pool holds every unit (no sharding, one rank) or is not open yet
+        (before the first step() or restore()). Training thread."""
+        if not self._sharded or self._engine is None:
+            return None
+        return {u["name"] for u in self._stats_of(self._engine).get("units", [])}
 
     def flush(self):
         """Waits until the checkpoint in flight has committed (or failed)."""

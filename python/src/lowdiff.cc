@@ -55,6 +55,8 @@ py::dict StatsOf(const diff::DifferentialLogStats& s) {
   d["bytes_written"] = s.bytes_written;
   d["chunks_freed"] = s.chunks_freed;
   d["live_chunks"] = s.live_chunks;
+  d["heap_used_bytes"] = s.heap_used_bytes;
+  d["heap_capacity_bytes"] = s.heap_capacity_bytes;
   d["batch"] = s.batch;
   d["max_loss"] = s.max_loss;
   d["write_seconds"] = s.write_seconds;

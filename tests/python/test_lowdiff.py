@@ -213,6 +213,51 @@ def test_stats_report_eq10_from_the_measured_inputs(world_of_one, pool_path):
     ld.close()
 
 
+def test_a_fixed_full_interval_the_chunk_heap_cannot_hold_fails_naming_both_settings(
+        world_of_one, pool_path):
+    model, ddp = make_ddp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    # Dense top-k: ~7 KB per differential, a 64 KiB heap holds a few.
+    ld = lowdiff.LowDiff(opt, pool_path, ddp, lowdiff.TopK(1.0), full_every=1000, batch=1,
+                         chunk_heap_bytes=64 << 10, workers=1)
+    with pytest.raises(pmsnap.NoSpaceError) as e:
+        train(ld, ddp, 1, 40)
+    message = str(e.value)
+    assert pool_path in message and "chunk heap full" in message
+    assert "full_every=1000" in message and "raise chunk_heap_bytes (now 65536)" in message
+    ld.close(abandon=True)
+
+
+def test_a_tuned_full_interval_and_batch_are_capped_to_what_the_chunk_heap_holds(
+        world_of_one, pool_path):
+    model, ddp = make_ddp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    heap = 1 << 20
+    # A long MTBF makes Eq. 10 ask for a full checkpoint every ~10^8
+    # iterations and batches of 64: far more differentials than 1 MiB holds.
+    ld = lowdiff.LowDiff(opt, pool_path, ddp, lowdiff.TopK(1.0), mtbf_seconds=1e9,
+                         initial_full_every=4, chunk_heap_bytes=heap, workers=1)
+    steps = 120
+    train(ld, ddp, 1, steps)
+    stats = ld.stats()
+    cap = stats["heap_max_full_every"]
+    assert cap is not None and stats["full_every"] <= cap < round(1 / stats["f_star"])
+    assert stats["engine"]["epochs_committed"] >= 3  # full checkpoints at the capped interval
+    log = stats["log"]
+    assert log["heap_capacity_bytes"] == heap and 0 < log["heap_used_bytes"] <= heap
+    assert stats["batch"] < 64 and log["batch"] == stats["batch"]
+    ld.close()
+    model2, ddp2 = make_ddp(seed=1)
+    opt2 = torch.optim.Adam(model2.parameters(), lr=1e-2)
+    ld2 = lowdiff.LowDiff(opt2, pool_path, ddp2, lowdiff.TopK(1.0), chunk_heap_bytes=heap,
+                          workers=1)
+    n, extra, _ = ld2.restore()
+    assert n == steps and extra["batch"] == steps
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+    ld2.close()
+
+
 def test_eq10_binding_matches_a_hand_computation():
     c = _pmsnap.optimal_configuration(write_bandwidth=2e9, full_bytes=1.2e9, merge_seconds=0.05,
                                       mtbf_seconds=3600, iteration_seconds=0.5, world_size=8)

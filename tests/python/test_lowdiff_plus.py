@@ -130,6 +130,94 @@ def test_replica_equals_the_trained_model_bitwise_in_two_rank_ddp(pool_path, kin
         assert torch.equal(a, b)  # DDP kept the ranks equal, and so did the replicas
 
 
+def _sharded_replica_run(rank, world, pool, steps, restore_after):
+    """Trains `steps` iterations with a sharded replica; then, in a fresh
+    LowDiffPlus over a model with other values, restores from the ranks'
+    pools. Returns what each rank saw."""
+    torch.set_num_threads(1)
+    model = make_model()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.001)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    plus = pmsnap.LowDiffPlus(ddp, optimizer, pool, sharding="replicated")
+    assert len(plus.replica_shard) == len(list(model.parameters()))  # before the first commit
+    for step in range(1, steps + 1):
+        x, y = batch(step, rank)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        plus.step(extra_state={"batch": step})
+        optimizer.zero_grad()
+    plus.flush()
+    shard = plus.replica_shard
+    named = dict(model.named_parameters())
+    # The shard's parameters and state are current, bitwise; the others
+    # stopped at the first iterations (their gradients are not even copied).
+    stale = [name for name, rp in plus.replica if not torch.equal(rp, named[name].detach())]
+    assert sorted(stale) == sorted(set(named) - set(shard)), (stale, shard)
+    for name, rp in plus.replica:
+        # Stepped once or twice (the iterations before the shares were known), not since.
+        replica_steps = int(plus.replica_optimizer.state[rp]["step"])
+        assert replica_steps == steps if name in shard else replica_steps <= 2, (name, replica_steps)
+    for name, rp in plus.replica:
+        if name in shard:
+            for key, value in optimizer.state[named[name]].items():
+                assert torch.equal(torch.as_tensor(value),
+                                   torch.as_tensor(plus.replica_optimizer.state[rp][key])), name
+    snapshotted = plus.stats()["lowdiff_plus"]["gradient_bytes_snapshotted"]
+    plus.close()
+    trained = {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    fresh = make_model(seed=7)
+    fresh_ddp = DistributedDataParallel(fresh, bucket_cap_mb=0.001)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2, weight_decay=0.1)
+    again = pmsnap.LowDiffPlus(fresh_ddp, fresh_opt, pool, sharding="replicated")
+    iteration, extra = again.restore()
+    restored_whole = all(torch.equal(p.detach(), trained[name])
+                         for name, p in fresh.named_parameters())
+    replica_whole = all(torch.equal(rp, trained[name]) for name, rp in again.replica)
+    state_whole = all(
+        torch.equal(torch.as_tensor(v), torch.as_tensor(optimizer.state[named[name]][k]))
+        for name, p in fresh.named_parameters() for k, v in fresh_opt.state[p].items())
+    # Training goes on from the restored state, the shard as before.
+    for step in range(iteration + 1, iteration + restore_after + 1):
+        x, y = batch(step, rank)
+        torch.nn.functional.mse_loss(fresh_ddp(x), y).backward()
+        again.step(extra_state={"batch": step})
+        fresh_opt.zero_grad()
+    again.close()
+    return {"shard": shard, "snapshotted": snapshotted, "iteration": iteration,
+            "batch": extra["batch"], "restored_whole": restored_whole,
+            "replica_whole": replica_whole, "state_whole": state_whole,
+            "shard_after_restore": again.replica_shard,
+            "final": {n: p.detach().clone() for n, p in fresh.named_parameters()}}
+
+
+def test_a_sharded_replica_steps_only_its_share_and_restores_the_whole_model(pool_path):
+    template = pool_path.replace(".pool", ".{rank}.pool")
+    steps = 6
+    try:
+        results = run_ranks(2, functools.partial(_sharded_replica_run, pool=template,
+                                                 steps=steps, restore_after=2))
+    finally:
+        for r in range(2):
+            if os.path.exists(template.format(rank=r)):
+                os.remove(template.format(rank=r))
+    names = [name for name, _ in make_model().named_parameters()]
+    shards = [set(r["shard"]) for r in results]
+    # Each parameter in exactly one rank's share, and every rank has some.
+    assert all(shards) and not (shards[0] & shards[1]) and shards[0] | shards[1] == set(names)
+    sizes = {name: p.numel() * 4 for name, p in make_model().named_parameters()}
+    for r, shard in zip(results, shards):
+        # The shares are known once iteration 1 committed: iteration 1, and
+        # 2 if its backward ran before that, copy every gradient; from 3 on
+        # (its copy waits for the replica of 1) only the rank's own.
+        whole, own = sum(sizes.values()), sum(sizes[n] for n in shard)
+        assert whole + (steps - 1) * own <= r["snapshotted"] <= 2 * whole + (steps - 2) * own
+        assert (r["iteration"], r["batch"]) == (steps, steps)
+        assert r["restored_whole"] and r["replica_whole"] and r["state_whole"], r
+        assert set(r["shard_after_restore"]) == shard
+    for name in names:
+        assert torch.equal(results[0]["final"][name], results[1]["final"][name]), name
+
+
 def test_restore_continues_bit_exact_and_other_readers_open_the_pool(pool_path):
     def train(model, optimizer, plus, first, last):
         for step in range(first, last + 1):

@@ -97,6 +97,10 @@ struct DifferentialLogStats {
   std::uint64_t bytes_written = 0;    // their payload bytes
   std::uint64_t chunks_freed = 0;     // by Retire and Open's truncation
   std::uint64_t live_chunks = 0;      // differential chunks in the pool now
+  // The pool's chunk heap (all its chunks) as of the last write, Retire or
+  // Open: bytes charged, and the budget (PoolOptions::chunk_heap_bytes).
+  std::uint64_t heap_used_bytes = 0;
+  std::uint64_t heap_capacity_bytes = 0;
   std::uint32_t batch = 1;            // b in force
   std::uint32_t max_loss = 0;         // b - 1: differentials a crash may lose beyond a write in flight
   double write_seconds = 0;           // worker time in Alloc + copy + Seal
@@ -165,6 +169,9 @@ class DifferentialLog {
   DifferentialLog(layout::Pool& pool, DifferentialLogOptions options);
   void Run();
   Status Fail(Status status);
+  // Copies the chunk heap's figures into stats_ (mutex_ held), while the
+  // pool is surely open: stats() stays valid after the pool closed.
+  void NoteHeapLocked();
 
   layout::Pool& pool_;
   std::string pool_path_;
