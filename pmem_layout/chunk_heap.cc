@@ -95,10 +95,14 @@ Result<std::unique_ptr<ChunkHeap>> ChunkHeap::Load(std::unique_ptr<State> state)
 
 const std::string& ChunkHeap::list_problem() const { return state_->list_problem; }
 
+std::uint64_t ChunkHeap::ChargedBytesFor(std::uint64_t payload_bytes) {
+  return ChargedBytes(sizeof(ChunkHeader) + payload_bytes);
+}
+
 Result<ChunkInfo> ChunkHeap::Alloc(std::uint64_t bytes, std::uint64_t epoch, std::uint64_t tag) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
-  const std::uint64_t needed = ChargedBytes(sizeof(ChunkHeader) + bytes);
+  const std::uint64_t needed = ChargedBytesFor(bytes);
   const std::uint64_t used = s.root->used_bytes;
   const std::uint64_t capacity = s.capacity;
   if (used > capacity || needed > capacity - used) {
@@ -246,7 +250,7 @@ Status ChunkHeap::Free(std::uint64_t chunk_id) {
       if (pmemobj_tx_add_range_direct(&next.prev_offset, 8) != 0) return errno ? errno : EIO;
       next.prev_offset = chunk.prev_offset;
     }
-    heap.used_bytes -= std::min(heap.used_bytes, ChargedBytes(sizeof(ChunkHeader) + chunk.bytes));
+    heap.used_bytes -= std::min(heap.used_bytes, ChunkHeap::ChargedBytesFor(chunk.bytes));
     heap.count -= std::min<std::uint64_t>(heap.count, 1);
     return pmemobj_tx_free(PMEMoid{s.pool_uuid_lo, chunk_id});
   });

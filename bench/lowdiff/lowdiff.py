@@ -14,6 +14,8 @@ parameters) and `mlp` (same file). Optimizer AdamW. Methods (METHODS):
   lowdiff-powersgd    LowDiff, PowerSGD rank 4: a differential every iteration
   none-topk           DDP with LowDiff's top-k hook (1%), no checkpoint (baseline)
   lowdiff-topk        LowDiff, top-k 1% with error feedback
+  lowdiff-topk-sharded  the same with sharding="replicated": each rank writes
+                      its share of every full checkpoint
   lowdiff-plus        LowDiff+ (pmsnap.LowDiffPlus, every iteration): only the
                       gradients leave the device; a host replica stepped by
                       the same optimizer commits to the pool
@@ -187,12 +189,12 @@ class CheckFreqStyle(Runner):
 
 
 class LowDiffMethod(Runner):
-    def __init__(self, ctx, compressor):
+    def __init__(self, ctx, compressor, **options):
         self.ctx = ctx
         self.ld = lowdiff.LowDiff(ctx.optimizer, ctx.pool, ctx.ddp, compressor,
                                   full_every=ctx.args.full_every or None,
                                   batch=ctx.args.batch or None,
-                                  mtbf_seconds=3600, workers=1, part_bytes=1 << 20)
+                                  mtbf_seconds=3600, workers=1, part_bytes=1 << 20, **options)
 
     def step(self, step):
         self.ld.step()
@@ -264,6 +266,9 @@ METHODS = {
                   "top-k 1% hook, no checkpoint"),
     "lowdiff-topk": (lambda c: LowDiffMethod(c, lowdiff.TopK(0.01)), "none-topk",
                      "LowDiff, top-k 1%"),
+    "lowdiff-topk-sharded": (lambda c: LowDiffMethod(c, lowdiff.TopK(0.01),
+                                                     sharding="replicated"), "none-topk",
+                             "LowDiff, top-k 1%, full checkpoints sharded over the ranks"),
     "lowdiff-plus": (lambda c: LowDiffPlusMethod(c), "none",
                      "LowDiff+: gradients off the device, replica committed every iteration"),
     "lowdiff-plus-sharded": (lambda c: LowDiffPlusMethod(c, sharding="replicated"), "none",

@@ -23,7 +23,10 @@ checkpoint that costs no extra compression. LowDiff:
   * tunes f and b with Eq. 10 from measured W (pool write rate of full
     checkpoints), S (full checkpoint bytes) and R_D (one differential's merge:
     the optimizer step on its gradient, measured every step), the iteration
-    time, and the configured MTBF M and world size N (stats());
+    time, and the configured MTBF M and world size N (stats()), at step 10
+    and at every full checkpoint's step; with several ranks every rank takes
+    the smallest f-interval and b any rank proposes (each rank's engine must
+    ask for the same full checkpoints), capped to the chunk heap;
   * restore(): the newest full checkpoint (every rank the same, as
     CheckpointedOptimizer.restore), then each retained differential in order:
     decompress, then the optimizer's own step on the decompressed gradient.
@@ -67,6 +70,11 @@ _DTYPES = {torch.float32: 1, torch.int64: 2, torch.float16: 3, torch.bfloat16: 4
            torch.float64: 5, torch.int32: 6, torch.uint8: 7}
 _FROM_CODE = {v: k for k, v in _DTYPES.items()}
 _EXTRA_CODE = 255  # pickled {"user": extra_state, "param_groups": hyperparameters} of the step
+
+# Eq. 10 is first applied at this step (step 1's full checkpoint has
+# usually committed by then: its W and S are measured), then at every full
+# checkpoint's step: steps that are the same on every rank.
+_FIRST_TUNE_STEP = 10
 
 # Kinds of a bucket's record (its descriptor piece's first entry).
 _DENSE, _POWERSGD, _TOPK = 0, 1, 2
@@ -332,7 +340,9 @@ class LowDiff:
         to 2 * full_every + batch of them, so a tuned full_every is capped to
         what fits (stats()["heap_max_full_every"]); a fixed one that does not
         fit fails with NoSpaceError naming both settings.
-      Other keyword arguments go to CheckpointedOptimizer (device, workers...).
+      Other keyword arguments go to CheckpointedOptimizer (device, workers...;
+        sharding="replicated" splits each full checkpoint over the ranks, while
+        every rank logs every differential).
     """
 
     def __init__(self, optimizer, pool, ddp_model, compressor, *, full_every=None, batch=None,
@@ -398,6 +408,14 @@ class LowDiff:
         self.bytes_handed = 0  # compressed bytes handed to the log (all steps)
         self.chunk_heap_bytes = int(chunk_heap_bytes)
         self._heap_max_full_every = None
+        # Ranks agree on tuned values over a gloo group of LowDiff's own
+        # (created on every rank together, as LowDiff itself is).
+        self._tune_group = None
+        if (self._tune_full or self._tune_batch) and self.ckpt._coordinator is not None:
+            group = kwargs.get("process_group")
+            ranks = (dist.get_process_group_ranks(group) if group is not None
+                     else list(range(dist.get_world_size())))
+            self._tune_group = dist.new_group(ranks=ranks, backend="gloo")
 
     @property
     def iteration(self):
@@ -443,17 +461,23 @@ class LowDiff:
         if self._last_step_end is not None:
             self._iteration_seconds = ema(self._iteration_seconds, now - self._last_step_end)
         self._last_step_end = now
-        if (self._tune_full or self._tune_batch) and self._config is not None \
-                and self._heap_max_full_every is None:
-            # Tuned before a differential was appended: cap it once one is.
-            self._apply_heap_limits()
         step = self.ckpt.iteration
-        if step % self.full_every == 0:
+        full_step = step % self.full_every == 0
+        if full_step:
             self._pending_full = step  # its epoch commits in the background
+        self._retire_behind_committed_full()
+        # The same steps on every rank (full_every is agreed), so the ranks
+        # can agree on what they tune: every rank must ask the engine for
+        # the same full checkpoints (EpochAgreement).
+        if full_step or step == _FIRST_TUNE_STEP:
+            self._retune()
+
+    def _retire_behind_committed_full(self):
+        """Once the pending full checkpoint committed, frees the differentials
+        older than the second-newest one (this rank's log only)."""
         if self._pending_full is None:
             return
-        stats = self.ckpt._engine.stats()
-        committed = stats["last_committed_iteration"]
+        committed = self.ckpt._engine.stats()["last_committed_iteration"]
         if committed < self._pending_full:
             return
         self._pending_full = None
@@ -464,7 +488,6 @@ class LowDiff:
                 # may have to roll back to it (damaged slot, or another rank
                 # one checkpoint behind).
                 self._log.retire(self._full_iterations[-2])
-            self._retune(stats)
 
     def _inputs(self, stats):
         epochs = stats["epochs_committed"]
@@ -489,53 +512,75 @@ class LowDiff:
                              "full_every") from e
 
     def _heap_limits(self):
-        """(longest full interval, largest batch) whose retained
-        differentials (up to 2 * interval + batch) fill at most 3/4 of the
-        chunk heap, and whose one chunk at most 1/4 of it, at the sizes
-        measured so far; None before a differential was appended."""
+        """(max_batch, max_interval(batch)) that keep the chunk heap at most
+        3/4 full at the measured differential size: one chunk of b
+        differentials within 1/16 of the heap (so that about ten chunks, a
+        full interval of ~4.5 b, fit), and the up to 2 * interval + b
+        retained differentials (plus the chunk being filled and a
+        truncation mark) within 3/4. None before a differential exists."""
         log = self._log.stats()
-        if not log["appended"]:
+        if log["durable"]:
+            per_differential = log["bytes_written"] / log["durable"]  # headers included
+        elif log["appended"]:
+            per_differential = self.bytes_handed / log["appended"]
+        else:
             return None
-        per_differential = self.bytes_handed / log["appended"]
-        if log["live_chunks"]:
-            # What the heap really charges (headers, allocation rounding).
-            per_differential = max(per_differential,
-                                   log["heap_used_bytes"] / (log["live_chunks"] * log["batch"]))
         heap = log["heap_capacity_bytes"]
-        max_batch = max(1, int(0.25 * heap / per_differential))
-        batch = min(self.batch, max_batch)
-        max_interval = max(1, int((0.75 * heap / per_differential - batch) // 2))
-        return max_interval, max_batch
 
-    def _apply_heap_limits(self):
-        """Caps a tuned full_every and batch to the chunk heap (once sizes are known)."""
-        limits = self._heap_limits()
-        if limits is None:
-            return
-        self._heap_max_full_every, max_batch = limits
-        if self._tune_batch and self.batch > max_batch:
-            self.batch = max_batch
-            self._log.set_batch(self.batch)
-        if self._tune_full and self.full_every > self._heap_max_full_every:
-            self.full_every = self._heap_max_full_every
-            self.ckpt._engine.set_every(self.full_every)
+        def charged(batch):
+            return _pmsnap.chunk_charged_bytes(math.ceil(batch * per_differential))
 
-    def _retune(self, stats):
-        inputs = self._inputs(stats)
-        if inputs is None:
+        max_batch = next((b for b in range(self.max_batch, 0, -1) if charged(b) <= heap / 16), 1)
+
+        def max_interval(batch):
+            chunks = int(0.75 * heap // charged(batch)) - 2
+            return max(1, (chunks * batch - batch) // 2)
+
+        return max_batch, max_interval
+
+    def _retune(self):
+        """Eq. 10 from this rank's measurements (for stats), capped to the
+        chunk heap; with several ranks the tuned full_every and batch are the
+        smallest any rank proposes (a collective: called at the same steps on
+        every rank)."""
+        proposal = None
+        inputs = self._inputs(self.ckpt._engine.stats())
+        if inputs is not None:
+            limits = self._heap_limits()
+            caps = {"max_batch": self.max_batch}
+            if limits is not None:
+                caps["max_batch"] = min(self.max_batch, limits[0])
+                batch = (int(_pmsnap.optimal_configuration(**inputs, **caps)["batch"])
+                         if self._tune_batch else self.batch)
+                self._heap_max_full_every = caps["max_interval"] = limits[1](batch)
+            self._config = dict(_pmsnap.optimal_configuration(**inputs, **caps), inputs=inputs)
+            proposal = (int(self._config["full_interval"]), int(self._config["batch"]))
+        if not (self._tune_full or self._tune_batch):
             return
-        caps = {"max_batch": self.max_batch}
-        limits = self._heap_limits()
-        if limits is not None:
-            self._heap_max_full_every = limits[0]
-            caps = {"max_interval": limits[0], "max_batch": min(self.max_batch, limits[1])}
-        self._config = dict(_pmsnap.optimal_configuration(**inputs, **caps), inputs=inputs)
-        if self._tune_full and self._config["full_interval"] != self.full_every:
-            self.full_every = int(self._config["full_interval"])
+        agreed = self._smallest_over_ranks(proposal)
+        if agreed is None:
+            return  # no rank has measured a full checkpoint yet
+        full_every, batch = agreed
+        if self._tune_full and full_every != self.full_every:
+            self.full_every = full_every
             self.ckpt._engine.set_every(self.full_every)
-        if self._tune_batch and self._config["batch"] != self.batch:
-            self.batch = int(self._config["batch"])
+        if self._tune_batch and batch != self.batch:
+            self.batch = batch
             self._log.set_batch(self.batch)
+
+    def _smallest_over_ranks(self, proposal):
+        """The element-wise smallest (full_every, batch) any rank proposes
+        (None: this rank has none); None if no rank has one. Alone: proposal."""
+        if self._tune_group is None:
+            return proposal
+        none = 2 ** 62
+        values = torch.tensor(list(proposal) if proposal is not None else [none, none],
+                              dtype=torch.int64)
+        # A gloo group of LowDiff's own: the engine's agreement keeps an
+        # all-reduce of its coordinator in flight across the step.
+        dist.all_reduce(values, op=dist.ReduceOp.MIN, group=self._tune_group)
+        full_every, batch = values.tolist()
+        return None if full_every == none else (full_every, batch)
 
     def restore(self, restore_rng=True):
         """Restores the newest full checkpoint and replays the differentials

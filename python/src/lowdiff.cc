@@ -9,6 +9,7 @@
 
 #include "errors.h"
 #include "pmsnap/diff/differential_log.h"
+#include "pmsnap/pmem_layout/chunk_heap.h"
 
 namespace py = pybind11;
 
@@ -142,6 +143,9 @@ void RegisterLowDiff(py::module_& m) {
           py::arg("batch"))
       .def("stats", [](const DifferentialLog& log) { return StatsOf(log.stats()); });
 
+  m.def("chunk_charged_bytes", &layout::ChunkHeap::ChargedBytesFor, py::arg("payload_bytes"),
+        "Heap bytes a chunk of payload_bytes is charged against the chunk heap's budget "
+        "(layout::ChunkHeap::ChargedBytesFor).");
   m.def(
       "optimal_configuration",
       [](double w, double s, double rd, double m_, double it, std::uint32_t n,

@@ -12,10 +12,14 @@ import glob
 import os
 import subprocess
 import sys
+import tempfile
+import traceback
 import uuid
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 torch.set_num_threads(1)
 
@@ -33,6 +37,38 @@ def pool_path():
     for leftover in [path] + glob.glob(glob.escape(path) + ".creating-*"):
         if os.path.exists(leftover):
             os.remove(leftover)
+
+
+def _rank_main(rank, world, init_file, body, results):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                                world_size=world)
+        try:
+            results[rank] = ("ok", body(rank, world))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        results[rank] = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+
+
+def run_ranks(world, body, start_method="fork"):
+    """Runs body(rank, world) in `world` gloo processes; returns their results
+    (asserting every rank returned).
+
+    "fork" takes any body (lambdas too) but must run before the calling
+    process opens any pmsnap engine: pmsnap refuses engines in a child forked
+    after that (oneTBB's workers are not copied; README, "Python"). ctest runs
+    the files that fork in processes of their own or before any test that
+    opens an engine. "spawn" starts fresh interpreters, so it works at any
+    time, for bodies that pickle (module-level functions, functools.partial)."""
+    with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(_rank_main, args=(world, os.path.join(d, "init"), body, results),
+                           nprocs=world, join=True, start_method=start_method)
+        out = [results[r] for r in range(world)]
+    for status, value in out:
+        assert status == "ok", value
+    return [value for _, value in out]
 
 
 def torchrun(trainer, out, steps, extra, expect_kill=False, world=2):

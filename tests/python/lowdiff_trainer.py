@@ -11,6 +11,8 @@ SIGKILLs itself a fraction of its own measured step time after that step.
   --reference: the same training with the same compressor hook and the
   plain optimizer, no pmsnap; writes the state after every step to
   reference_rank<r>.pt (what a restore to iteration n must equal).
+  --sharded: full checkpoints sharded over the ranks (each rank's pool holds
+  its share of them, and every differential).
   --check-decompress: after every backward, the decompression of this
   step's records must equal the gradients DDP produced, bitwise.
 """
@@ -54,6 +56,8 @@ def main():
     parser.add_argument("--full-every", type=int, default=7)
     parser.add_argument("--batch", type=int, default=3)
     parser.add_argument("--kill", default="")
+    parser.add_argument("--sharded", action="store_true",
+                        help="full checkpoints sharded over the ranks (sharding=\"replicated\")")
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--check-decompress", action="store_true")
     args = parser.parse_args()
@@ -73,7 +77,8 @@ def main():
         opt = None
     else:
         opt = lowdiff.LowDiff(optimizer, args.pool, ddp, compressor, full_every=args.full_every,
-                              batch=args.batch, workers=1)
+                              batch=args.batch, workers=1,
+                              sharding="replicated" if args.sharded else None)
         try:
             n, extra, info = opt.restore()
             assert extra["batch"] == n, (extra, n)

@@ -16,7 +16,7 @@ import pmsnap
 from pmsnap import cpr
 
 from test_cpr import BATCH, DIM, ROWS, batch_ids
-from test_distributed import run_ranks
+from conftest import run_ranks
 
 
 class RankModel(torch.nn.Module):

@@ -3,45 +3,14 @@ ranks in separate processes on this machine (torch.multiprocessing)."""
 
 import os
 import tempfile
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import pmsnap
+from conftest import run_ranks
 from pmsnap import distributed as pmdist
-
-
-def _rank_main(rank, world, init_file, body, results):
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                                world_size=world)
-        try:
-            results[rank] = ("ok", body(rank, world))
-        finally:
-            dist.destroy_process_group()
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        results[rank] = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-
-
-def run_ranks(world, body):
-    """Runs body(rank, world) in `world` gloo processes; returns their results.
-
-    The processes are forked (the bodies are lambdas, which "spawn" cannot
-    pickle), so this must run before the calling process opens any pmsnap
-    engine: pmsnap refuses engines in a child forked after that (oneTBB's
-    workers are not copied; README, "Python"). ctest runs the files that use
-    it in processes of their own or before any test that opens an engine."""
-    with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
-        results = manager.dict()
-        mp.start_processes(_rank_main, args=(world, os.path.join(d, "init"), body, results),
-                           nprocs=world, join=True, start_method="fork")
-        out = [results[r] for r in range(world)]
-    for status, value in out:
-        assert status == "ok", value
-    return [value for _, value in out]
 
 
 def _collectives(rank, world):

@@ -9,6 +9,7 @@ iteration, bit for bit, on every rank, for PowerSGD and top-k. In one
 process (a world of one): the loss bound of batched writes, parallel against
 sequential merge, Eq. 10 in stats, and bad configurations."""
 
+import functools
 import os
 import random
 
@@ -34,9 +35,10 @@ def test_decompression_equals_the_gradient_ddp_gave_the_optimizer(tmp_path, comp
     torchrun(tmp_path, ["--reference", "--check-decompress", "--compressor", compressor])
 
 
-@pytest.mark.parametrize("compressor", ["powersgd", "topk"])
+@pytest.mark.parametrize("compressor,sharded", [("powersgd", False), ("topk", False),
+                                                ("topk", True)])
 def test_sigkilled_ranks_restore_bit_exact_to_the_uninterrupted_run(tmp_path, pool_path,
-                                                                     compressor):
+                                                                     compressor, sharded):
     full_every, batch = 7, 3
     reference = tmp_path / "reference"
     torchrun(reference, ["--reference", "--compressor", compressor])
@@ -57,7 +59,7 @@ def test_sigkilled_ranks_restore_bit_exact_to_the_uninterrupted_run(tmp_path, po
             kill = f"{rng.randrange(WORLD)}:{step}:{rng.uniform(0, 1.5):.2f}"
             out = tmp_path / f"trial{trial}"
             args = ["--pool", template, "--compressor", compressor, "--full-every",
-                    str(full_every), "--batch", str(batch)]
+                    str(full_every), "--batch", str(batch)] + (["--sharded"] if sharded else [])
             torchrun(out, args + ["--kill", kill], expect_kill=True)
             torchrun(out, args)
             for r in range(WORLD):
@@ -256,6 +258,37 @@ def test_a_tuned_full_interval_and_batch_are_capped_to_what_the_chunk_heap_holds
     for a, b in zip(model.parameters(), model2.parameters()):
         assert torch.equal(a, b)
     ld2.close()
+
+
+def _tuned_ranks_run(rank, world, pool, steps):
+    torch.set_num_threads(1)
+    model, ddp = make_ddp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    # Each rank measures its own W, R_D and iteration time; the MTBFs differ
+    # by 1000x so that the ranks' Eq. 10 intervals surely differ too.
+    ld = lowdiff.LowDiff(opt, pool, ddp, lowdiff.TopK(0.25), mtbf_seconds=60 * 1000 ** rank,
+                         initial_full_every=5, workers=1)
+    train(ld, ddp, 1, steps)
+    stats = ld.stats()
+    own = max(1, round(1 / stats["f_star"]))
+    ld.close()
+    return {"full_every": stats["full_every"], "batch": stats["batch"], "own": own,
+            "committed": stats["engine"]["epochs_committed"]}
+
+
+def test_ranks_tune_to_the_same_full_interval_though_their_measurements_differ(pool_path):
+    template = pool_path.replace(".pool", ".{rank}.pool")
+    try:
+        results = conftest.run_ranks(2, functools.partial(_tuned_ranks_run, pool=template,
+                                                          steps=60), start_method="spawn")
+    finally:
+        for r in range(2):
+            if os.path.exists(template.format(rank=r)):
+                os.remove(template.format(rank=r))
+    a, b = results
+    assert a["own"] != b["own"], results  # the ranks alone would have disagreed
+    assert a["full_every"] == b["full_every"] == min(a["own"], b["own"]), results
+    assert a["batch"] == b["batch"] and a["committed"] == b["committed"], results
 
 
 def test_eq10_binding_matches_a_hand_computation():

@@ -8,30 +8,20 @@ import functools
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
+import conftest
 import pmsnap
 from conftest import make_model
-from test_distributed import _rank_main
 
 
 def run_ranks(world, body):
-    """test_distributed.run_ranks, but in spawned processes: this process has
-    run engines, and a child forked after oneTBB started its worker threads
-    has none (its copies would never run)."""
-    with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
-        results = manager.dict()
-        mp.start_processes(_rank_main, args=(world, os.path.join(d, "init"), body, results),
-                           nprocs=world, join=True, start_method="spawn")
-        out = [results[r] for r in range(world)]
-    for status, value in out:
-        assert status == "ok", value
-    return [value for _, value in out]
+    """In spawned processes: this process has run engines, and a child
+    forked after oneTBB started its worker threads has none."""
+    return conftest.run_ranks(world, body, start_method="spawn")
 
 
 def batch(step, rank=0):

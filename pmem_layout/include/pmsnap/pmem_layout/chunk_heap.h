@@ -50,6 +50,10 @@ class ChunkHeap {
   ChunkHeap(const ChunkHeap&) = delete;
   ChunkHeap& operator=(const ChunkHeap&) = delete;
 
+  // Heap bytes a chunk of `payload_bytes` is charged against the budget:
+  // its header and libpmemobj's rounding included (4 KiB units up to
+  // 64 KiB, whole 256 KiB chunks above). Pure; for planning what fits.
+  static std::uint64_t ChargedBytesFor(std::uint64_t payload_bytes);
   // Allocates and links an unsealed chunk of `bytes` payload bytes for
   // `epoch`. kNoSpace when the budget (capacity_bytes) cannot hold it, with
   // needed and free bytes; also when the budget has room but libpmemobj
