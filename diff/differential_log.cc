@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "detail/byte_codec.h"
+#include "pmsnap/pmem_layout/chunk_heap.h"
 
 namespace pmsnap::diff {
 namespace {
@@ -533,6 +534,63 @@ Result<Configuration> OptimalConfiguration(const ConfigurationInputs& in, std::u
   c.batch = static_cast<std::uint32_t>(
       std::clamp(std::round(c.b_star), 1.0, static_cast<double>(std::max<std::uint32_t>(1, max_batch))));
   return c;
+}
+
+namespace {
+std::uint64_t ChargedChunk(const HeapBounds& bounds, std::uint32_t batch) {
+  return layout::ChunkHeap::ChargedBytesFor(
+      static_cast<std::uint64_t>(std::ceil(batch * bounds.differential_bytes)));
+}
+}  // namespace
+
+std::uint64_t HeapBounds::MaxInterval(std::uint32_t batch) const {
+  batch = std::max<std::uint32_t>(1, batch);
+  // Beside the retained chunks: the one being filled and a truncation mark.
+  const double chunks = std::floor(0.75 * static_cast<double>(heap_bytes) /
+                                   static_cast<double>(ChargedChunk(*this, batch))) - 2;
+  const double interval = std::floor((chunks * batch - batch) / 2);
+  return interval < 1 ? 1 : static_cast<std::uint64_t>(interval);
+}
+
+Result<HeapBounds> BoundsOfHeap(double differential_bytes, std::uint64_t heap_bytes,
+                                std::uint32_t max_batch) {
+  if (!(differential_bytes > 0) || !std::isfinite(differential_bytes) || heap_bytes == 0) {
+    return Status(StatusCode::kInvalidArgument,
+                  "heap bounds need a positive differential size and heap, got " +
+                      std::to_string(differential_bytes) + " bytes per differential and a heap of " +
+                      std::to_string(heap_bytes) + " bytes");
+  }
+  HeapBounds bounds;
+  bounds.differential_bytes = differential_bytes;
+  bounds.heap_bytes = heap_bytes;
+  bounds.max_batch = 1;
+  for (std::uint32_t b = std::max<std::uint32_t>(1, max_batch); b >= 1; --b) {
+    if (static_cast<double>(ChargedChunk(bounds, b)) <= static_cast<double>(heap_bytes) / 16) {
+      bounds.max_batch = b;
+      break;
+    }
+  }
+  return bounds;
+}
+
+double MeasuredDifferentialBytes(const DifferentialLogStats& stats, std::uint64_t bytes_handed) {
+  if (stats.durable > 0) {
+    return static_cast<double>(stats.bytes_written) / static_cast<double>(stats.durable);
+  }
+  if (stats.appended > 0) {
+    return static_cast<double>(bytes_handed) / static_cast<double>(stats.appended);
+  }
+  return 0;
+}
+
+Result<Configuration> OptimalConfigurationWithin(const ConfigurationInputs& in,
+                                                 const HeapBounds& bounds,
+                                                 std::uint32_t max_batch,
+                                                 std::optional<std::uint32_t> fixed_batch) {
+  const std::uint32_t batch_cap = std::min(max_batch, bounds.max_batch);
+  PMSNAP_ASSIGN_OR_RETURN(const Configuration unbounded, OptimalConfiguration(in, batch_cap));
+  const std::uint32_t batch = fixed_batch.value_or(unbounded.batch);
+  return OptimalConfiguration(in, batch_cap, bounds.MaxInterval(batch));
 }
 
 double WastedSeconds(const ConfigurationInputs& in, double f, double b, double training_seconds) {

@@ -263,13 +263,22 @@ void LowDiff::Observe(double step_seconds) {
   merge_seconds_ = ema(merge_seconds_, step_seconds);
   if (last_step_end_ > 0) iteration_seconds_ = ema(iteration_seconds_, now - last_step_end_);
   last_step_end_ = now;
+  if (!log_) return;
   const std::uint64_t step = checkpointed_->iteration();
-  if (step % full_every_ == 0) pending_full_ = step;  // commits in the background
-  if (!pending_full_ || !log_) return;
-  const runtime::Stats stats = checkpointed_->stats();
-  if (stats.last_committed_iteration < *pending_full_) return;
+  const bool full_step = step % full_every_ == 0;
+  if (full_step) pending_full_ = step;  // commits in the background
+  RetireBehindCommittedFull();
+  // The same steps on every rank (full_every_ is agreed), so the ranks can
+  // agree on what they tune: every rank's engine must ask for the same
+  // full checkpoints (runtime::EpochAgreement).
+  if (full_step || step == kFirstTuneStep) Retune();
+}
+
+void LowDiff::RetireBehindCommittedFull() {
+  if (!pending_full_) return;
+  const std::uint64_t committed = checkpointed_->stats().last_committed_iteration;
+  if (committed < *pending_full_) return;
   pending_full_.reset();
-  const std::uint64_t committed = stats.last_committed_iteration;
   if (!full_iterations_.empty() && full_iterations_.back() == committed) return;
   full_iterations_.push_back(committed);
   if (full_iterations_.size() >= 2) {
@@ -277,27 +286,58 @@ void LowDiff::Observe(double step_seconds) {
     // roll back to it (a damaged slot, another rank one checkpoint behind).
     (void)log_->Retire(full_iterations_[full_iterations_.size() - 2]);
   }
-  if (stats.epochs_committed == 0 || stats.last_epoch_seconds <= 0 || iteration_seconds_ <= 0) {
-    return;
+}
+
+void LowDiff::Retune() {
+  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
+  std::int64_t proposal[2] = {kNone, kNone};  // full interval, batch
+  const runtime::Stats stats = checkpointed_->stats();
+  if (stats.epochs_committed > 0 && stats.last_epoch_seconds > 0 && iteration_seconds_ > 0) {
+    diff::ConfigurationInputs in;
+    in.full_bytes = static_cast<double>(stats.bytes_written) / stats.epochs_committed;
+    in.write_bandwidth = in.full_bytes / stats.last_epoch_seconds;
+    in.merge_seconds = merge_seconds_;
+    in.mtbf_seconds = options_.mtbf_seconds;
+    in.iteration_seconds = iteration_seconds_;
+    in.world_size = static_cast<std::uint32_t>(world_);
+    const diff::DifferentialLogStats log = log_->stats();
+    auto bounds = diff::BoundsOfHeap(diff::MeasuredDifferentialBytes(log, bytes_handed_),
+                                     log.heap_capacity_bytes, options_.max_batch);
+    std::optional<std::uint32_t> fixed_batch;
+    if (options_.batch != 0) fixed_batch = batch_;
+    auto config = bounds.ok() ? diff::OptimalConfigurationWithin(in, *bounds, options_.max_batch,
+                                                                 fixed_batch)
+                              : diff::OptimalConfiguration(in, options_.max_batch);
+    if (config.ok()) {
+      tuned_ = true;
+      config_ = *config;
+      inputs_ = in;
+      if (bounds.ok()) heap_max_full_every_ = bounds->MaxInterval(fixed_batch.value_or(config->batch));
+      proposal[0] = static_cast<std::int64_t>(config_.full_interval);
+      proposal[1] = config_.batch;
+    }
   }
-  diff::ConfigurationInputs in;
-  in.full_bytes = static_cast<double>(stats.bytes_written) / stats.epochs_committed;
-  in.write_bandwidth = in.full_bytes / stats.last_epoch_seconds;
-  in.merge_seconds = merge_seconds_;
-  in.mtbf_seconds = options_.mtbf_seconds;
-  in.iteration_seconds = iteration_seconds_;
-  in.world_size = static_cast<std::uint32_t>(world_);
-  auto config = diff::OptimalConfiguration(in, options_.max_batch);
-  if (!config.ok()) return;
-  tuned_ = true;
-  config_ = *config;
-  inputs_ = in;
-  if (options_.full_every == 0 && config_.full_interval != full_every_) {
-    full_every_ = config_.full_interval;
+  if (options_.full_every != 0 && options_.batch != 0) return;
+  if (options_.gradient_group && world_ > 1) {
+    // The smallest any rank proposes, the same on every rank.
+    std::vector<torch::Tensor> values{torch::tensor({proposal[0], proposal[1]}, torch::kInt64)};
+    c10d::AllreduceOptions min;
+    min.reduceOp = c10d::ReduceOp::MIN;
+    try {
+      options_.gradient_group->allreduce(values, min)->wait();
+    } catch (const c10::Error&) {
+      return;  // keeps the values in force; the next collective reports the group's failure
+    }
+    proposal[0] = values[0][0].item<std::int64_t>();
+    proposal[1] = values[0][1].item<std::int64_t>();
+  }
+  if (proposal[0] == kNone) return;  // no rank has measured a full checkpoint yet
+  if (options_.full_every == 0 && static_cast<std::uint64_t>(proposal[0]) != full_every_) {
+    full_every_ = static_cast<std::uint64_t>(proposal[0]);
     policy_->set_every(full_every_);
   }
-  if (options_.batch == 0 && config_.batch != batch_) {
-    batch_ = config_.batch;
+  if (options_.batch == 0 && static_cast<std::uint32_t>(proposal[1]) != batch_) {
+    batch_ = static_cast<std::uint32_t>(proposal[1]);
     (void)log_->SetBatch(batch_);
   }
 }
@@ -435,6 +475,7 @@ LowDiffStats LowDiff::stats() const {
   s.max_loss = batch_ - 1;
   s.world_size = static_cast<std::uint32_t>(world_);
   s.tuned = tuned_;
+  s.heap_max_full_every = heap_max_full_every_;
   s.f_star = config_.f_star;
   s.b_star = config_.b_star;
   s.inputs = inputs_;

@@ -240,6 +240,49 @@ TEST(DifferentialLogTest, OptimalConfigurationMatchesEquationTenByHand) {
   EXPECT_THAT(bad.status().message(), HasSubstr("merge time R_D"));
 }
 
+TEST(DifferentialLogTest, HeapBoundsKeepTheRetainedDifferentialsWithinTheChunkHeap) {
+  // 7000-byte differentials in a 1 MiB heap. A chunk of b is charged
+  // 7000 b + 144 (chunk and allocation headers), in 4 KiB units up to 64 KiB
+  // and in 256 KiB chunks above.
+  auto bounds = BoundsOfHeap(7000, 1 << 20);
+  ASSERT_TRUE(bounds.ok()) << bounds.status().ToString();
+  // b = 9: 63144 -> 64 KiB = heap / 16; b = 10: 70144 -> 256 KiB.
+  EXPECT_EQ(bounds->max_batch, 9u);
+  // b = 9: 768 KiB / 64 KiB = 12 chunks, 10 beside the filling one and a
+  // truncation mark: 2 I + 9 <= 90 -> I = 40.
+  EXPECT_EQ(bounds->MaxInterval(9), 40u);
+  // b = 4: 28144 -> 28 KiB; 27 chunks, 25 retained: 2 I + 4 <= 100 -> I = 48.
+  EXPECT_EQ(bounds->MaxInterval(4), 48u);
+  // b = 20 (fixed above the bound): one 256 KiB chunk retained at most.
+  EXPECT_EQ(bounds->MaxInterval(20), 1u);
+
+  ConfigurationInputs in;  // Eq. 10 alone: interval 1440, b 12 (test above)
+  in.write_bandwidth = 2e9;
+  in.full_bytes = 1.2e9;
+  in.merge_seconds = 0.05;
+  in.mtbf_seconds = 3600;
+  in.iteration_seconds = 0.5;
+  auto tuned = OptimalConfigurationWithin(in, *bounds, 64, std::nullopt);
+  ASSERT_TRUE(tuned.ok()) << tuned.status().ToString();
+  EXPECT_EQ(tuned->batch, 9u);
+  EXPECT_EQ(tuned->full_interval, 40u);
+  EXPECT_NEAR(tuned->f_star, 6.944444e-4, 1e-9);  // reported as Eq. 10 gives it
+  auto fixed = OptimalConfigurationWithin(in, *bounds, 64, 4u);
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_EQ(fixed->full_interval, 48u);
+
+  DifferentialLogStats log;
+  EXPECT_EQ(MeasuredDifferentialBytes(log, 0), 0);
+  log.appended = 4;
+  EXPECT_EQ(MeasuredDifferentialBytes(log, 24000), 6000);  // pieces' bytes before any chunk
+  log.durable = 3;
+  log.bytes_written = 21300;
+  EXPECT_EQ(MeasuredDifferentialBytes(log, 24000), 7100);  // then the chunks' payload
+  auto bad = BoundsOfHeap(0, 1 << 20);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("positive differential size"));
+}
+
 TEST(DifferentialLogTest, ParallelMergeEqualsSequentialWhereSumsAreExact) {
   for (std::size_t n : {1u, 2u, 5u, 8u, 13u}) {
     std::mt19937 rng(static_cast<std::uint32_t>(n));

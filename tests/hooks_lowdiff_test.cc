@@ -341,5 +341,43 @@ TEST(LowDiffTest, TwoGlooRanksApplyTheSameGradientAndRestoreBitExact) {
   }
 }
 
+// Each rank measures its own W, R_D and iteration time, and the MTBFs differ
+// 1000x here, so alone the ranks would tune different intervals; every
+// rank's engine must ask for the same full checkpoints.
+TEST(LowDiffTest, TwoGlooRanksTuneToTheSameFullIntervalThoughTheirMeasurementsDiffer) {
+  UseOneTorchThread();
+  constexpr int kWorld = 2;
+  constexpr std::uint64_t kSteps = 24;
+  TempPoolPath pool0("lowdiff_tune_rank0"), pool1("lowdiff_tune_rank1");
+  const std::string paths[kWorld] = {pool0.path(), pool1.path()};
+  std::vector<LowDiffStats> stats(kWorld);
+  std::vector<Mlp> models;
+  for (int r = 0; r < kWorld; ++r) models.push_back(MakeMlp(13));
+  OnGlooRanks(kWorld, [&](int r, c10::intrusive_ptr<c10d::Backend> backend) {
+    Mlp& model = models[static_cast<std::size_t>(r)];
+    torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+    runtime::EngineOptions engine = Quiet(paths[r]);
+    engine.coordinator = std::make_shared<C10dCoordinator>(backend);
+    LowDiffOptions options;
+    options.topk_ratio = 0.25;
+    options.initial_full_every = 3;
+    options.mtbf_seconds = r == 0 ? 60 : 60000;
+    options.gradient_group = backend;
+    auto ld = LowDiff::Create(*model, adam, engine, options);
+    ASSERT_TRUE(ld.ok()) << ld.status().ToString();
+    for (std::uint64_t k = 1; k <= kSteps; ++k) TrainStep(**ld, model, adam, k, r);
+    stats[static_cast<std::size_t>(r)] = (*ld)->stats();
+    ASSERT_TRUE((*ld)->Close().ok());
+  });
+  ASSERT_TRUE(stats[0].tuned && stats[1].tuned);
+  const auto own = [](const LowDiffStats& s) {
+    return static_cast<std::uint64_t>(std::max(1.0, std::round(1 / s.f_star)));
+  };
+  ASSERT_NE(own(stats[0]), own(stats[1]));  // alone they would disagree
+  EXPECT_EQ(stats[0].full_every, stats[1].full_every);
+  EXPECT_EQ(stats[0].full_every, std::min(own(stats[0]), own(stats[1])));
+  EXPECT_EQ(stats[0].batch, stats[1].batch);
+}
+
 }  // namespace
 }  // namespace pmsnap::hooks

@@ -511,50 +511,27 @@ class LowDiff:
                              f"chunk_heap_bytes (now {self.chunk_heap_bytes}) or lower "
                              "full_every") from e
 
-    def _heap_limits(self):
-        """(max_batch, max_interval(batch)) that keep the chunk heap at most
-        3/4 full at the measured differential size: one chunk of b
-        differentials within 1/16 of the heap (so that about ten chunks, a
-        full interval of ~4.5 b, fit), and the up to 2 * interval + b
-        retained differentials (plus the chunk being filled and a
-        truncation mark) within 3/4. None before a differential exists."""
-        log = self._log.stats()
-        if log["durable"]:
-            per_differential = log["bytes_written"] / log["durable"]  # headers included
-        elif log["appended"]:
-            per_differential = self.bytes_handed / log["appended"]
-        else:
-            return None
-        heap = log["heap_capacity_bytes"]
-
-        def charged(batch):
-            return _pmsnap.chunk_charged_bytes(math.ceil(batch * per_differential))
-
-        max_batch = next((b for b in range(self.max_batch, 0, -1) if charged(b) <= heap / 16), 1)
-
-        def max_interval(batch):
-            chunks = int(0.75 * heap // charged(batch)) - 2
-            return max(1, (chunks * batch - batch) // 2)
-
-        return max_batch, max_interval
-
     def _retune(self):
-        """Eq. 10 from this rank's measurements (for stats), capped to the
-        chunk heap; with several ranks the tuned full_every and batch are the
+        """Eq. 10 from this rank's measurements (for stats), capped to what
+        the chunk heap holds (diff::OptimalConfigurationWithin: one chunk
+        within 1/16 of the heap, the retained differentials within 3/4);
+        with several ranks the tuned full_every and batch are the
         smallest any rank proposes (a collective: called at the same steps on
         every rank)."""
         proposal = None
         inputs = self._inputs(self.ckpt._engine.stats())
         if inputs is not None:
-            limits = self._heap_limits()
-            caps = {"max_batch": self.max_batch}
-            if limits is not None:
-                caps["max_batch"] = min(self.max_batch, limits[0])
-                batch = (int(_pmsnap.optimal_configuration(**inputs, **caps)["batch"])
-                         if self._tune_batch else self.batch)
-                self._heap_max_full_every = caps["max_interval"] = limits[1](batch)
-            self._config = dict(_pmsnap.optimal_configuration(**inputs, **caps), inputs=inputs)
-            proposal = (int(self._config["full_interval"]), int(self._config["batch"]))
+            differential_bytes = self._log.differential_bytes(self.bytes_handed)
+            heap_bytes = self._log.stats()["heap_capacity_bytes"]
+            if differential_bytes > 0 and heap_bytes > 0:
+                config = _pmsnap.optimal_configuration_within_heap(
+                    **inputs, differential_bytes=differential_bytes, heap_bytes=heap_bytes,
+                    max_batch=self.max_batch, fixed_batch=None if self._tune_batch else self.batch)
+                self._heap_max_full_every = config["heap_max_interval"]
+            else:
+                config = _pmsnap.optimal_configuration(**inputs, max_batch=self.max_batch)
+            self._config = dict(config, inputs=inputs)
+            proposal = (int(config["full_interval"]), int(config["batch"]))
         if not (self._tune_full or self._tune_batch):
             return
         agreed = self._smallest_over_ranks(proposal)

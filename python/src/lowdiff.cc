@@ -9,7 +9,6 @@
 
 #include "errors.h"
 #include "pmsnap/diff/differential_log.h"
-#include "pmsnap/pmem_layout/chunk_heap.h"
 
 namespace py = pybind11;
 
@@ -87,6 +86,15 @@ std::vector<std::span<const float>> Spans(const std::vector<std::uintptr_t>& del
   return out;
 }
 
+py::dict ConfigurationDict(const diff::Configuration& c) {
+  py::dict d;
+  d["f_star"] = c.f_star;
+  d["b_star"] = c.b_star;
+  d["full_interval"] = c.full_interval;
+  d["batch"] = c.batch;
+  return d;
+}
+
 }  // namespace
 
 py::list ReadDifferentialsOf(const layout::Pool& pool, std::uint64_t after) {
@@ -141,23 +149,41 @@ void RegisterLowDiff(py::module_& m) {
           "set_batch",
           [](DifferentialLog& log, std::uint32_t b) { ThrowIfError(log.SetBatch(b)); },
           py::arg("batch"))
-      .def("stats", [](const DifferentialLog& log) { return StatsOf(log.stats()); });
+      .def("stats", [](const DifferentialLog& log) { return StatsOf(log.stats()); })
+      .def(
+          "differential_bytes",
+          [](const DifferentialLog& log, std::uint64_t bytes_handed) {
+            return diff::MeasuredDifferentialBytes(log.stats(), bytes_handed);
+          },
+          py::arg("bytes_handed"),
+          "Mean bytes per differential so far (diff::MeasuredDifferentialBytes); 0 before any.");
 
-  m.def("chunk_charged_bytes", &layout::ChunkHeap::ChargedBytesFor, py::arg("payload_bytes"),
-        "Heap bytes a chunk of payload_bytes is charged against the chunk heap's budget "
-        "(layout::ChunkHeap::ChargedBytesFor).");
+  m.def(
+      "optimal_configuration_within_heap",
+      [](double w, double s, double rd, double m_, double it, std::uint32_t n,
+         double differential_bytes, std::uint64_t heap_bytes, std::uint32_t max_batch,
+         std::optional<std::uint32_t> fixed_batch) {
+        const diff::HeapBounds bounds =
+            ValueOrThrow(diff::BoundsOfHeap(differential_bytes, heap_bytes, max_batch));
+        diff::Configuration c = ValueOrThrow(diff::OptimalConfigurationWithin(
+            Inputs(w, s, rd, 0, m_, it, n), bounds, max_batch, fixed_batch));
+        py::dict d = ConfigurationDict(c);
+        d["heap_max_batch"] = bounds.max_batch;
+        d["heap_max_interval"] = bounds.MaxInterval(fixed_batch.value_or(c.batch));
+        return d;
+      },
+      py::arg("write_bandwidth"), py::arg("full_bytes"), py::arg("merge_seconds"),
+      py::arg("mtbf_seconds"), py::arg("iteration_seconds"), py::arg("world_size"),
+      py::arg("differential_bytes"), py::arg("heap_bytes"), py::arg("max_batch") = 64,
+      py::arg("fixed_batch") = std::nullopt,
+      "Eq. 10 within what the chunk heap holds (diff::OptimalConfigurationWithin): "
+      "{f_star, b_star, full_interval, batch, heap_max_batch, heap_max_interval}.");
   m.def(
       "optimal_configuration",
       [](double w, double s, double rd, double m_, double it, std::uint32_t n,
          std::uint32_t max_batch, std::uint64_t max_interval) {
-        diff::Configuration c = ValueOrThrow(
-            diff::OptimalConfiguration(Inputs(w, s, rd, 0, m_, it, n), max_batch, max_interval));
-        py::dict d;
-        d["f_star"] = c.f_star;
-        d["b_star"] = c.b_star;
-        d["full_interval"] = c.full_interval;
-        d["batch"] = c.batch;
-        return d;
+        return ConfigurationDict(ValueOrThrow(
+            diff::OptimalConfiguration(Inputs(w, s, rd, 0, m_, it, n), max_batch, max_interval)));
       },
       py::arg("write_bandwidth"), py::arg("full_bytes"), py::arg("merge_seconds"),
       py::arg("mtbf_seconds"), py::arg("iteration_seconds"), py::arg("world_size") = 1,

@@ -75,8 +75,10 @@ struct LowDiffOptions {
   double topk_ratio = 0.01;
   // Add what was not sent to the next step's gradient.
   bool error_feedback = true;
-  // Full checkpoint every full_every steps; 0: round(1/f*) of Eq. 10,
-  // re-tuned after every full checkpoint (initial_full_every until then).
+  // Full checkpoint every full_every steps; 0: round(1/f*) of Eq. 10 within
+  // what the chunk heap holds, tuned at step 10 and at every full
+  // checkpoint's step, the smallest any rank proposes (initial_full_every
+  // until then).
   std::uint64_t full_every = 0;
   std::uint64_t initial_full_every = 50;
   // Differentials per chunk (b); 0: round(b*) of Eq. 10, re-tuned
@@ -108,6 +110,10 @@ struct LowDiffStats {
   std::uint32_t max_loss = 0;      // b - 1
   std::uint32_t world_size = 1;    // N
   bool tuned = false;              // f*, b* and inputs below are set
+  // The longest full interval the chunk heap holds at the measured
+  // differential size (diff::HeapBounds); tuned values stay within it. 0:
+  // not measured yet.
+  std::uint64_t heap_max_full_every = 0;
   double f_star = 0;
   double b_star = 0;
   diff::ConfigurationInputs inputs;  // what the last tuning measured
@@ -173,6 +179,16 @@ class LowDiff {
           LowDiffOptions options);
   Status OpenLog(std::optional<std::uint64_t> resume_after);
   void Observe(double step_seconds);
+  // Once the pending full checkpoint committed, frees this rank's
+  // differentials older than the second-newest one.
+  void RetireBehindCommittedFull();
+  // Eq. 10 within the chunk heap from this rank's measurements; the tuned
+  // values the smallest any rank proposes (an all-reduce over
+  // gradient_group: called at the same steps on every rank).
+  void Retune();
+  // Eq. 10 is first applied here (step 1's full checkpoint has usually
+  // committed: W and S are measured), then at every full checkpoint's step.
+  static constexpr std::uint64_t kFirstTuneStep = 10;
   Status ReplayOne(const diff::Differential& differential, std::vector<std::byte>* extra_state);
 
   std::unique_ptr<CheckpointedOptimizer> checkpointed_;
@@ -196,6 +212,7 @@ class LowDiff {
   double iteration_seconds_ = 0;                   // EMA of Step to Step
   double last_step_end_ = 0;
   bool tuned_ = false;
+  std::uint64_t heap_max_full_every_ = 0;
   diff::Configuration config_;
   diff::ConfigurationInputs inputs_;
   std::uint64_t bytes_handed_ = 0;
