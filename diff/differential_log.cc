@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <type_traits>
 
@@ -537,19 +538,25 @@ Result<Configuration> OptimalConfiguration(const ConfigurationInputs& in, std::u
 }
 
 namespace {
+// What the heap charges for a chunk of `batch` differentials; the maximum
+// for a chunk larger than the heap itself (no overflow for absurd sizes).
 std::uint64_t ChargedChunk(const HeapBounds& bounds, std::uint32_t batch) {
-  return layout::ChunkHeap::ChargedBytesFor(
-      static_cast<std::uint64_t>(std::ceil(batch * bounds.differential_bytes)));
+  const double payload = std::ceil(static_cast<double>(batch) * bounds.differential_bytes);
+  if (payload >= static_cast<double>(bounds.heap_bytes)) {
+    return std::numeric_limits<std::uint64_t>::max();
+  }
+  return layout::ChunkHeap::ChargedBytesFor(static_cast<std::uint64_t>(payload));
 }
 }  // namespace
 
 std::uint64_t HeapBounds::MaxInterval(std::uint32_t batch) const {
+  constexpr double kLongest = 1u << 20;  // OptimalConfiguration's own bound
   batch = std::max<std::uint32_t>(1, batch);
   // Beside the retained chunks: the one being filled and a truncation mark.
   const double chunks = std::floor(0.75 * static_cast<double>(heap_bytes) /
                                    static_cast<double>(ChargedChunk(*this, batch))) - 2;
-  const double interval = std::floor((chunks * batch - batch) / 2);
-  return interval < 1 ? 1 : static_cast<std::uint64_t>(interval);
+  const double interval = std::floor((chunks * batch - batch) / 3);
+  return static_cast<std::uint64_t>(std::clamp(interval, 1.0, kLongest));
 }
 
 Result<HeapBounds> BoundsOfHeap(double differential_bytes, std::uint64_t heap_bytes,
@@ -563,13 +570,21 @@ Result<HeapBounds> BoundsOfHeap(double differential_bytes, std::uint64_t heap_by
   HeapBounds bounds;
   bounds.differential_bytes = differential_bytes;
   bounds.heap_bytes = heap_bytes;
-  bounds.max_batch = 1;
-  for (std::uint32_t b = std::max<std::uint32_t>(1, max_batch); b >= 1; --b) {
-    if (static_cast<double>(ChargedChunk(bounds, b)) <= static_cast<double>(heap_bytes) / 16) {
-      bounds.max_batch = b;
-      break;
+  // The charge grows with b: the largest b within 1/16, by bisection.
+  const auto fits = [&](std::uint32_t b) {
+    return static_cast<double>(ChargedChunk(bounds, b)) <= static_cast<double>(heap_bytes) / 16;
+  };
+  std::uint32_t lo = 1, hi = std::max<std::uint32_t>(1, max_batch);
+  if (!fits(lo)) return bounds;
+  while (lo < hi) {
+    const std::uint32_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
     }
   }
+  bounds.max_batch = lo;
   return bounds;
 }
 
@@ -581,16 +596,6 @@ double MeasuredDifferentialBytes(const DifferentialLogStats& stats, std::uint64_
     return static_cast<double>(bytes_handed) / static_cast<double>(stats.appended);
   }
   return 0;
-}
-
-Result<Configuration> OptimalConfigurationWithin(const ConfigurationInputs& in,
-                                                 const HeapBounds& bounds,
-                                                 std::uint32_t max_batch,
-                                                 std::optional<std::uint32_t> fixed_batch) {
-  const std::uint32_t batch_cap = std::min(max_batch, bounds.max_batch);
-  PMSNAP_ASSIGN_OR_RETURN(const Configuration unbounded, OptimalConfiguration(in, batch_cap));
-  const std::uint32_t batch = fixed_batch.value_or(unbounded.batch);
-  return OptimalConfiguration(in, batch_cap, bounds.MaxInterval(batch));
 }
 
 double WastedSeconds(const ConfigurationInputs& in, double f, double b, double training_seconds) {

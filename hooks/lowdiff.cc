@@ -199,6 +199,7 @@ Status LowDiff::OpenLog(std::optional<std::uint64_t> resume_after) {
   if (!log.ok()) return log.status();
   log_ = std::move(*log);
   policy_->set_every(full_every_);
+  first_tune_step_ = resume_after.value_or(0) + kFirstTuneStep;
   return Status::Ok();
 }
 
@@ -253,17 +254,17 @@ Status LowDiff::Step(std::span<const std::byte> extra_state) {
   }
   gathered_.clear();
   synchronized_ = false;
-  Observe(Now() - began);
-  return status;
+  Status observed = Observe(Now() - began);
+  return status.ok() ? observed : status;
 }
 
-void LowDiff::Observe(double step_seconds) {
+Status LowDiff::Observe(double step_seconds) {
   auto ema = [](double old, double now) { return old == 0 ? now : 0.8 * old + 0.2 * now; };
   const double now = Now();
   merge_seconds_ = ema(merge_seconds_, step_seconds);
   if (last_step_end_ > 0) iteration_seconds_ = ema(iteration_seconds_, now - last_step_end_);
   last_step_end_ = now;
-  if (!log_) return;
+  if (!log_) return Status::Ok();
   const std::uint64_t step = checkpointed_->iteration();
   const bool full_step = step % full_every_ == 0;
   if (full_step) pending_full_ = step;  // commits in the background
@@ -271,7 +272,8 @@ void LowDiff::Observe(double step_seconds) {
   // The same steps on every rank (full_every_ is agreed), so the ranks can
   // agree on what they tune: every rank's engine must ask for the same
   // full checkpoints (runtime::EpochAgreement).
-  if (full_step || step == kFirstTuneStep) Retune();
+  if (full_step || step == first_tune_step_) return Retune();
+  return Status::Ok();
 }
 
 void LowDiff::RetireBehindCommittedFull() {
@@ -288,9 +290,36 @@ void LowDiff::RetireBehindCommittedFull() {
   }
 }
 
-void LowDiff::Retune() {
+Result<std::optional<std::uint64_t>> LowDiff::SmallestOverRanks(
+    std::optional<std::uint64_t> value) {
+  if (!options_.gradient_group || world_ <= 1) return value;
   constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-  std::int64_t proposal[2] = {kNone, kNone};  // full interval, batch
+  std::vector<torch::Tensor> values{
+      torch::tensor({value ? static_cast<std::int64_t>(*value) : kNone}, torch::kInt64)};
+  c10d::AllreduceOptions min;
+  min.reduceOp = c10d::ReduceOp::MIN;
+  try {
+    options_.gradient_group->allreduce(values, min)->wait();
+  } catch (const std::exception& e) {
+    return Status(StatusCode::kInternal, "LowDiff for " + pool_path_ + ": rank " +
+                                             std::to_string(options_.gradient_group->getRank()) +
+                                             ": agreeing on the tuned full interval and batch "
+                                             "failed: " + e.what());
+  }
+  const std::int64_t smallest = values[0][0].item<std::int64_t>();
+  if (smallest == kNone) return std::optional<std::uint64_t>();
+  return std::optional<std::uint64_t>(static_cast<std::uint64_t>(smallest));
+}
+
+Status LowDiff::Retune() {
+  std::optional<diff::Configuration> config;
+  std::optional<diff::HeapBounds> bounds;
+  const diff::DifferentialLogStats log = log_->stats();
+  if (auto b = diff::BoundsOfHeap(diff::MeasuredDifferentialBytes(log, bytes_handed_),
+                                  log.heap_capacity_bytes, options_.max_batch);
+      b.ok()) {
+    bounds = *b;
+  }
   const runtime::Stats stats = checkpointed_->stats();
   if (stats.epochs_committed > 0 && stats.last_epoch_seconds > 0 && iteration_seconds_ > 0) {
     diff::ConfigurationInputs in;
@@ -300,46 +329,49 @@ void LowDiff::Retune() {
     in.mtbf_seconds = options_.mtbf_seconds;
     in.iteration_seconds = iteration_seconds_;
     in.world_size = static_cast<std::uint32_t>(world_);
-    const diff::DifferentialLogStats log = log_->stats();
-    auto bounds = diff::BoundsOfHeap(diff::MeasuredDifferentialBytes(log, bytes_handed_),
-                                     log.heap_capacity_bytes, options_.max_batch);
-    std::optional<std::uint32_t> fixed_batch;
-    if (options_.batch != 0) fixed_batch = batch_;
-    auto config = bounds.ok() ? diff::OptimalConfigurationWithin(in, *bounds, options_.max_batch,
-                                                                 fixed_batch)
-                              : diff::OptimalConfiguration(in, options_.max_batch);
-    if (config.ok()) {
+    if (auto c = diff::OptimalConfiguration(in, bounds ? bounds->max_batch : options_.max_batch);
+        c.ok()) {
+      config = *c;
       tuned_ = true;
-      config_ = *config;
+      config_ = *c;
       inputs_ = in;
-      if (bounds.ok()) heap_max_full_every_ = bounds->MaxInterval(fixed_batch.value_or(config->batch));
-      proposal[0] = static_cast<std::int64_t>(config_.full_interval);
-      proposal[1] = config_.batch;
     }
   }
-  if (options_.full_every != 0 && options_.batch != 0) return;
-  if (options_.gradient_group && world_ > 1) {
-    // The smallest any rank proposes, the same on every rank.
-    std::vector<torch::Tensor> values{torch::tensor({proposal[0], proposal[1]}, torch::kInt64)};
-    c10d::AllreduceOptions min;
-    min.reduceOp = c10d::ReduceOp::MIN;
-    try {
-      options_.gradient_group->allreduce(values, min)->wait();
-    } catch (const c10::Error&) {
-      return;  // keeps the values in force; the next collective reports the group's failure
+  if (options_.full_every != 0 && options_.batch != 0) return Status::Ok();
+  // The batch first (the heap's interval bound depends on it), then the
+  // interval each rank's heap holds at that batch.
+  // Without a measured full checkpoint (a resumed run): the values in
+  // force, still kept within the heap.
+  std::uint32_t batch = batch_;
+  if (options_.batch == 0) {
+    std::optional<std::uint64_t> proposal;
+    if (config) {
+      proposal = config->batch;
+    } else if (bounds) {
+      proposal = std::min(batch_, bounds->max_batch);
     }
-    proposal[0] = values[0][0].item<std::int64_t>();
-    proposal[1] = values[0][1].item<std::int64_t>();
+    PMSNAP_ASSIGN_OR_RETURN(const std::optional<std::uint64_t> agreed,
+                            SmallestOverRanks(proposal));
+    if (agreed) batch = static_cast<std::uint32_t>(*agreed);
   }
-  if (proposal[0] == kNone) return;  // no rank has measured a full checkpoint yet
-  if (options_.full_every == 0 && static_cast<std::uint64_t>(proposal[0]) != full_every_) {
-    full_every_ = static_cast<std::uint64_t>(proposal[0]);
-    policy_->set_every(full_every_);
+  std::optional<std::uint64_t> interval;
+  if (config || bounds) interval = config ? config->full_interval : full_every_;
+  if (bounds) {
+    heap_max_full_every_ = bounds->MaxInterval(batch);
+    interval = std::min(*interval, heap_max_full_every_);
   }
-  if (options_.batch == 0 && static_cast<std::uint32_t>(proposal[1]) != batch_) {
-    batch_ = static_cast<std::uint32_t>(proposal[1]);
-    (void)log_->SetBatch(batch_);
+  if (options_.full_every == 0) {
+    PMSNAP_ASSIGN_OR_RETURN(interval, SmallestOverRanks(interval));
+    if (interval && *interval != full_every_) {
+      full_every_ = *interval;
+      policy_->set_every(full_every_);
+    }
   }
+  if (batch != batch_) {
+    batch_ = batch;
+    PMSNAP_RETURN_IF_ERROR(log_->SetBatch(batch_));
+  }
+  return Status::Ok();
 }
 
 Status LowDiff::ReplayOne(const diff::Differential& differential,

@@ -248,28 +248,24 @@ TEST(DifferentialLogTest, HeapBoundsKeepTheRetainedDifferentialsWithinTheChunkHe
   ASSERT_TRUE(bounds.ok()) << bounds.status().ToString();
   // b = 9: 63144 -> 64 KiB = heap / 16; b = 10: 70144 -> 256 KiB.
   EXPECT_EQ(bounds->max_batch, 9u);
-  // b = 9: 768 KiB / 64 KiB = 12 chunks, 10 beside the filling one and a
-  // truncation mark: 2 I + 9 <= 90 -> I = 40.
-  EXPECT_EQ(bounds->MaxInterval(9), 40u);
-  // b = 4: 28144 -> 28 KiB; 27 chunks, 25 retained: 2 I + 4 <= 100 -> I = 48.
-  EXPECT_EQ(bounds->MaxInterval(4), 48u);
+  // Retained: up to 3 I + b differentials (two full intervals, and a third
+  // while the newest full checkpoint commits). b = 9: 768 KiB / 64 KiB = 12
+  // chunks, 10 beside the filling one and a truncation mark:
+  // 3 I + 9 <= 90 -> I = 27.
+  EXPECT_EQ(bounds->MaxInterval(9), 27u);
+  // b = 4: 28144 -> 28 KiB; 27 chunks, 25 retained: 3 I + 4 <= 100 -> I = 32.
+  EXPECT_EQ(bounds->MaxInterval(4), 32u);
   // b = 20 (fixed above the bound): one 256 KiB chunk retained at most.
   EXPECT_EQ(bounds->MaxInterval(20), 1u);
-
-  ConfigurationInputs in;  // Eq. 10 alone: interval 1440, b 12 (test above)
-  in.write_bandwidth = 2e9;
-  in.full_bytes = 1.2e9;
-  in.merge_seconds = 0.05;
-  in.mtbf_seconds = 3600;
-  in.iteration_seconds = 0.5;
-  auto tuned = OptimalConfigurationWithin(in, *bounds, 64, std::nullopt);
-  ASSERT_TRUE(tuned.ok()) << tuned.status().ToString();
-  EXPECT_EQ(tuned->batch, 9u);
-  EXPECT_EQ(tuned->full_interval, 40u);
-  EXPECT_NEAR(tuned->f_star, 6.944444e-4, 1e-9);  // reported as Eq. 10 gives it
-  auto fixed = OptimalConfigurationWithin(in, *bounds, 64, 4u);
-  ASSERT_TRUE(fixed.ok());
-  EXPECT_EQ(fixed->full_interval, 48u);
+  // A smaller max_batch asked for is kept.
+  EXPECT_EQ(BoundsOfHeap(7000, 1 << 20, 4)->max_batch, 4u);
+  // Absurd sizes: no overflow, the smallest bounds; a huge max_batch is
+  // searched, not walked.
+  auto huge = BoundsOfHeap(1e30, 1 << 20, 4'000'000'000u);
+  ASSERT_TRUE(huge.ok());
+  EXPECT_EQ(huge->max_batch, 1u);
+  EXPECT_EQ(huge->MaxInterval(1), 1u);
+  EXPECT_EQ(BoundsOfHeap(1, 1ull << 40, 4'000'000'000u)->MaxInterval(1), 1u << 20);
 
   DifferentialLogStats log;
   EXPECT_EQ(MeasuredDifferentialBytes(log, 0), 0);

@@ -71,9 +71,10 @@ _DTYPES = {torch.float32: 1, torch.int64: 2, torch.float16: 3, torch.bfloat16: 4
 _FROM_CODE = {v: k for k, v in _DTYPES.items()}
 _EXTRA_CODE = 255  # pickled {"user": extra_state, "param_groups": hyperparameters} of the step
 
-# Eq. 10 is first applied at this step (step 1's full checkpoint has
-# usually committed by then: its W and S are measured), then at every full
-# checkpoint's step: steps that are the same on every rank.
+# Eq. 10 is first applied this many steps after the start (or the restored
+# iteration): the first full checkpoint has usually committed by then, so
+# its W and S are measured. Then at every full checkpoint's step: steps that
+# are the same on every rank.
 _FIRST_TUNE_STEP = 10
 
 # Kinds of a bucket's record (its descriptor piece's first entry).
@@ -322,9 +323,10 @@ def _is_plain_sgd(optimizer):
 
 class LowDiff:
     """Checkpoints a DDP job every step: full checkpoints every `full_every`
-    steps (None: round(1/f*) of Eq. 10, re-tuned), and every step's
-    synchronized compressed gradient as a differential in batches of `batch`
-    (None: b* of Eq. 10, re-tuned).
+    steps (None: round(1/f*) of Eq. 10 within the chunk heap, tuned as it
+    runs, the same on every rank), and every step's synchronized compressed
+    gradient as a differential in batches of `batch` (None: b* of Eq. 10,
+    likewise).
 
       optimizer, pool: as CheckpointedOptimizer ("{rank}" in the path gives
         every rank its own pool).
@@ -366,6 +368,11 @@ class LowDiff:
                              f"the DDP model already has the comm hook {hooks[0][0]!r}, which is "
                              "not LowDiff's: LowDiff registers the compressor's hook itself "
                              "(construct DDP without a hook)")
+        if not (isinstance(mtbf_seconds, (int, float)) and math.isfinite(mtbf_seconds)
+                and mtbf_seconds > 0):
+            raise make_error(_pmsnap.InvalidArgumentError,
+                             f"mtbf_seconds must be a positive number of seconds, got "
+                             f"{mtbf_seconds!r}")
         if merge not in ("sequential", "parallel"):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"merge must be 'sequential' or 'parallel', got {merge!r}")
@@ -469,7 +476,7 @@ class LowDiff:
         # The same steps on every rank (full_every is agreed), so the ranks
         # can agree on what they tune: every rank must ask the engine for
         # the same full checkpoints (EpochAgreement).
-        if full_step or step == _FIRST_TUNE_STEP:
+        if full_step or step == (self._resume_after or 0) + _FIRST_TUNE_STEP:
             self._retune()
 
     def _retire_behind_committed_full(self):
@@ -504,60 +511,76 @@ class LowDiff:
         try:
             yield
         except _pmsnap.NoSpaceError as e:
+            heap = self._log.stats()["heap_capacity_bytes"]
+            lower = ("lower full_every" if not self._tune_full else
+                     "lower initial_full_every (tuned values are capped to the heap)")
+            rank = f"rank {dist.get_rank()}: " if self.world_size > 1 else ""
             raise make_error(_pmsnap.NoSpaceError,
-                             f"{e}; LowDiff keeps every differential since the second-newest "
-                             f"full checkpoint (full_every={self.full_every}, batch={self.batch}, "
-                             f"up to {2 * self.full_every + self.batch} differentials): raise "
-                             f"chunk_heap_bytes (now {self.chunk_heap_bytes}) or lower "
-                             "full_every") from e
+                             f"{rank}{e}; LowDiff keeps every differential since the "
+                             f"second-newest full checkpoint (full_every={self.full_every}, "
+                             f"batch={self.batch}: up to {3 * self.full_every + self.batch} "
+                             f"differentials while a full checkpoint commits): {lower}, or give "
+                             f"the pool a larger chunk heap than its {heap} bytes "
+                             "(chunk_heap_bytes= when the pool is created)") from e
 
     def _retune(self):
-        """Eq. 10 from this rank's measurements (for stats), capped to what
-        the chunk heap holds (diff::OptimalConfigurationWithin: one chunk
-        within 1/16 of the heap, the retained differentials within 3/4);
-        with several ranks the tuned full_every and batch are the
-        smallest any rank proposes (a collective: called at the same steps on
-        every rank)."""
-        proposal = None
-        inputs = self._inputs(self.ckpt._engine.stats())
-        if inputs is not None:
+        """Eq. 10 from this rank's measurements (for stats), within what the
+        chunk heap holds (diff::HeapBounds: one chunk within 1/16 of the
+        heap, the retained differentials within 3/4). With several ranks
+        the batch is the smallest any rank proposes, then the interval the
+        smallest any rank proposes for that batch: all-reduces, so this runs
+        at the same steps on every rank, and an error of this rank is raised
+        only after them."""
+        config, bounds, failure = None, None, None
+        try:
             differential_bytes = self._log.differential_bytes(self.bytes_handed)
             heap_bytes = self._log.stats()["heap_capacity_bytes"]
             if differential_bytes > 0 and heap_bytes > 0:
-                config = _pmsnap.optimal_configuration_within_heap(
-                    **inputs, differential_bytes=differential_bytes, heap_bytes=heap_bytes,
-                    max_batch=self.max_batch, fixed_batch=None if self._tune_batch else self.batch)
-                self._heap_max_full_every = config["heap_max_interval"]
-            else:
-                config = _pmsnap.optimal_configuration(**inputs, max_batch=self.max_batch)
-            self._config = dict(config, inputs=inputs)
-            proposal = (int(config["full_interval"]), int(config["batch"]))
-        if not (self._tune_full or self._tune_batch):
-            return
-        agreed = self._smallest_over_ranks(proposal)
-        if agreed is None:
-            return  # no rank has measured a full checkpoint yet
-        full_every, batch = agreed
-        if self._tune_full and full_every != self.full_every:
-            self.full_every = full_every
-            self.ckpt._engine.set_every(self.full_every)
-        if self._tune_batch and batch != self.batch:
-            self.batch = batch
-            self._log.set_batch(self.batch)
+                bounds = _pmsnap.heap_bounds(differential_bytes, heap_bytes, self.max_batch)
+            inputs = self._inputs(self.ckpt._engine.stats())
+            if inputs is not None:
+                config = _pmsnap.optimal_configuration(
+                    **inputs, max_batch=bounds.max_batch if bounds else self.max_batch)
+                self._config = dict(config, inputs=inputs)
+        except _pmsnap.Error as e:
+            config, bounds, failure = None, None, e
+        if self._tune_full or self._tune_batch:
+            # Without a measured full checkpoint (a resumed run), the values
+            # in force, still kept within the heap.
+            batch = self.batch
+            if self._tune_batch:
+                proposal = (config["batch"] if config else
+                            min(self.batch, bounds.max_batch) if bounds else None)
+                batch = self._smallest_over_ranks(proposal) or batch
+            interval = config["full_interval"] if config else self.full_every
+            if bounds is not None:
+                self._heap_max_full_every = bounds.max_interval(batch)
+                interval = min(interval, self._heap_max_full_every)
+            elif config is None:
+                interval = None
+            if self._tune_full:
+                interval = self._smallest_over_ranks(interval)
+                if interval is not None and interval != self.full_every:
+                    self.full_every = interval
+                    self.ckpt._engine.set_every(self.full_every)
+            if batch != self.batch:
+                self.batch = batch
+                self._log.set_batch(self.batch)
+        if failure is not None:
+            raise failure
 
-    def _smallest_over_ranks(self, proposal):
-        """The element-wise smallest (full_every, batch) any rank proposes
-        (None: this rank has none); None if no rank has one. Alone: proposal."""
+    def _smallest_over_ranks(self, value):
+        """The smallest `value` any rank proposes (None: this rank has none);
+        None if no rank has one. Alone: value."""
         if self._tune_group is None:
-            return proposal
-        none = 2 ** 62
-        values = torch.tensor(list(proposal) if proposal is not None else [none, none],
-                              dtype=torch.int64)
+            return value
+        none = 2 ** 63 - 1
+        values = torch.tensor([none if value is None else value], dtype=torch.int64)
         # A gloo group of LowDiff's own: the engine's agreement keeps an
         # all-reduce of its coordinator in flight across the step.
         dist.all_reduce(values, op=dist.ReduceOp.MIN, group=self._tune_group)
-        full_every, batch = values.tolist()
-        return None if full_every == none else (full_every, batch)
+        smallest = int(values[0])
+        return None if smallest == none else smallest
 
     def restore(self, restore_rng=True):
         """Restores the newest full checkpoint and replays the differentials

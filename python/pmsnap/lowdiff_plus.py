@@ -78,8 +78,9 @@ buffers bound the lag).
 Sharding (sharding="replicated", several ranks). Under DDP every rank's
 replica is the same, so the ranks split it: the replica's CheckpointedOptimizer
 gives each parameter an owner rank (balanced by bytes, as for any sharded
-pool), and from the first committed iteration on each rank copies only the
-gradients of the parameters it owns and steps only those in its replica. The
+pool), and once the replica's pool is open (its first iteration) each rank
+copies only the gradients of the parameters it owns and steps only those in
+its replica. The
 replica's CPU update, the gradient copies and the bytes persisted per rank
 all drop to about 1/N (replicas=R: R/N). The other parameters of a rank's
 replica are left behind; `replica_shard` names the ones it keeps current. A
@@ -371,8 +372,8 @@ class LowDiffPlus:
     def replica_shard(self):
         """Names of the parameters this rank's replica keeps current and its
         pool holds: all of them unless sharding="replicated" splits the
-        replica over several ranks (known from the first committed
-        iteration, or restore(), on; all before)."""
+        replica over several ranks (known once the replica's pool is open:
+        after its first iteration, or restore(); all before)."""
         shard = self._shard
         return [name for i, (name, _) in enumerate(self._replica_named)
                 if shard is None or i in shard]

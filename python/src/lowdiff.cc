@@ -158,26 +158,17 @@ void RegisterLowDiff(py::module_& m) {
           py::arg("bytes_handed"),
           "Mean bytes per differential so far (diff::MeasuredDifferentialBytes); 0 before any.");
 
+  py::class_<diff::HeapBounds>(m, "HeapBounds",
+                               "What a chunk heap holds of a differential log (diff::HeapBounds).")
+      .def_readonly("max_batch", &diff::HeapBounds::max_batch)
+      .def("max_interval", &diff::HeapBounds::MaxInterval, py::arg("batch"));
   m.def(
-      "optimal_configuration_within_heap",
-      [](double w, double s, double rd, double m_, double it, std::uint32_t n,
-         double differential_bytes, std::uint64_t heap_bytes, std::uint32_t max_batch,
-         std::optional<std::uint32_t> fixed_batch) {
-        const diff::HeapBounds bounds =
-            ValueOrThrow(diff::BoundsOfHeap(differential_bytes, heap_bytes, max_batch));
-        diff::Configuration c = ValueOrThrow(diff::OptimalConfigurationWithin(
-            Inputs(w, s, rd, 0, m_, it, n), bounds, max_batch, fixed_batch));
-        py::dict d = ConfigurationDict(c);
-        d["heap_max_batch"] = bounds.max_batch;
-        d["heap_max_interval"] = bounds.MaxInterval(fixed_batch.value_or(c.batch));
-        return d;
+      "heap_bounds",
+      [](double differential_bytes, std::uint64_t heap_bytes, std::uint32_t max_batch) {
+        return ValueOrThrow(diff::BoundsOfHeap(differential_bytes, heap_bytes, max_batch));
       },
-      py::arg("write_bandwidth"), py::arg("full_bytes"), py::arg("merge_seconds"),
-      py::arg("mtbf_seconds"), py::arg("iteration_seconds"), py::arg("world_size"),
       py::arg("differential_bytes"), py::arg("heap_bytes"), py::arg("max_batch") = 64,
-      py::arg("fixed_batch") = std::nullopt,
-      "Eq. 10 within what the chunk heap holds (diff::OptimalConfigurationWithin): "
-      "{f_star, b_star, full_interval, batch, heap_max_batch, heap_max_interval}.");
+      "diff::BoundsOfHeap: the largest batch and the longest full interval the heap holds.");
   m.def(
       "optimal_configuration",
       [](double w, double s, double rd, double m_, double it, std::uint32_t n,

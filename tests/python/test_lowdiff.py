@@ -209,7 +209,8 @@ def test_stats_report_eq10_from_the_measured_inputs(world_of_one, pool_path):
     w_it, rd_it, m_it = w * it, rd / it, m / it
     assert stats["f_star"] == pytest.approx((rd_it * w_it ** 2 / (4 * s * s * m_it * m_it)) ** (1 / 3))
     assert stats["b_star"] == pytest.approx((2 * s * rd_it * m_it / w_it) ** (1 / 3))
-    assert stats["full_every"] == max(1, round(1 / stats["f_star"]))
+    assert stats["full_every"] == min(max(1, round(1 / stats["f_star"])),
+                                      stats["heap_max_full_every"])
     assert stats["batch"] == min(64, max(1, round(stats["b_star"])))
     assert stats["log"]["batch"] == stats["batch"]
     ld.close()
@@ -226,7 +227,8 @@ def test_a_fixed_full_interval_the_chunk_heap_cannot_hold_fails_naming_both_sett
         train(ld, ddp, 1, 40)
     message = str(e.value)
     assert pool_path in message and "chunk heap full" in message
-    assert "full_every=1000" in message and "raise chunk_heap_bytes (now 65536)" in message
+    assert "full_every=1000" in message and "lower full_every" in message
+    assert "larger chunk heap than its 65536 bytes" in message
     ld.close(abandon=True)
 
 
@@ -251,12 +253,19 @@ def test_a_tuned_full_interval_and_batch_are_capped_to_what_the_chunk_heap_holds
     ld.close()
     model2, ddp2 = make_ddp(seed=1)
     opt2 = torch.optim.Adam(model2.parameters(), lr=1e-2)
+    # A resumed run tunes 10 steps after the restored iteration (no full
+    # checkpoint step comes before with initial_full_every=1000).
     ld2 = lowdiff.LowDiff(opt2, pool_path, ddp2, lowdiff.TopK(1.0), chunk_heap_bytes=heap,
-                          workers=1)
+                          mtbf_seconds=1e9, initial_full_every=1000, workers=1)
     n, extra, _ = ld2.restore()
     assert n == steps and extra["batch"] == steps
     for a, b in zip(model.parameters(), model2.parameters()):
         assert torch.equal(a, b)
+    train(ld2, ddp2, steps + 1, steps + 9)
+    assert ld2.stats()["full_every"] == 1000
+    train(ld2, ddp2, steps + 10, steps + 10)
+    resumed = ld2.stats()
+    assert resumed["full_every"] <= resumed["heap_max_full_every"] < 1000
     ld2.close()
 
 
@@ -270,7 +279,8 @@ def _tuned_ranks_run(rank, world, pool, steps):
                          initial_full_every=5, workers=1)
     train(ld, ddp, 1, steps)
     stats = ld.stats()
-    own = max(1, round(1 / stats["f_star"]))
+    own = max(1, round(1 / stats["f_star"]))  # Eq. 10 alone, within this rank's heap
+    own = min(own, stats["heap_max_full_every"] or own)
     ld.close()
     return {"full_every": stats["full_every"], "batch": stats["batch"], "own": own,
             "committed": stats["engine"]["epochs_committed"]}

@@ -237,37 +237,30 @@ Result<Configuration> OptimalConfiguration(const ConfigurationInputs& in,
                                            std::uint64_t max_interval = 1u << 20);
 
 // What a chunk heap can hold of a differential log. A log keeps every
-// differential since the second-newest full checkpoint: up to
-// 2 * interval + b of them, in chunks of b that the heap charges with its
+// differential since the second-newest full checkpoint, and the oldest are
+// freed only once the newest full checkpoint has committed: up to
+// 3 * interval + b of them, in chunks of b that the heap charges with its
 // rounding (layout::ChunkHeap::ChargedBytesFor).
 struct HeapBounds {
   // Largest b whose chunk takes at most 1/16 of the heap (so that about ten
-  // chunks, a full interval of ~4.5 b, fit), at most `max_batch`.
+  // chunks fit), at most the max_batch asked for; 1 if none does.
   std::uint32_t max_batch = 1;
   // Longest full interval whose retained differentials, with the chunk
   // being filled and a truncation mark, take at most 3/4 of the heap when
-  // chunks hold `batch` differentials. At least 1.
+  // chunks hold `batch` differentials; in [1, 2^20].
   std::uint64_t MaxInterval(std::uint32_t batch) const;
 
   double differential_bytes = 0;  // measured mean, headers included
   std::uint64_t heap_bytes = 0;
 };
-// kInvalidArgument unless differential_bytes > 0 and heap_bytes > 0.
+// kInvalidArgument unless differential_bytes is positive and finite and
+// heap_bytes > 0.
 Result<HeapBounds> BoundsOfHeap(double differential_bytes, std::uint64_t heap_bytes,
                                 std::uint32_t max_batch = 64);
 // A log's mean bytes per differential so far: its chunks' payload per
 // durable differential, or before any chunk `bytes_handed` (the pieces'
 // bytes) per appended one; 0 before any differential.
 double MeasuredDifferentialBytes(const DifferentialLogStats& stats, std::uint64_t bytes_handed);
-
-// Eq. 10 within what the chunk heap holds (LowDiff's tuning): b* capped by
-// bounds.max_batch (and max_batch), then the interval by
-// bounds.MaxInterval of the batch that will be in force (fixed_batch when b
-// is not tuned).
-Result<Configuration> OptimalConfigurationWithin(const ConfigurationInputs& in,
-                                                 const HeapBounds& bounds,
-                                                 std::uint32_t max_batch,
-                                                 std::optional<std::uint32_t> fixed_batch);
 
 // Eq. 8: wasted time, in seconds, of a job of `training_seconds` with full
 // checkpoints every 1/f iterations and batches of b, across all N workers.

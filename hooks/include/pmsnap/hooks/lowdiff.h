@@ -81,8 +81,8 @@ struct LowDiffOptions {
   // until then).
   std::uint64_t full_every = 0;
   std::uint64_t initial_full_every = 50;
-  // Differentials per chunk (b); 0: round(b*) of Eq. 10, re-tuned
-  // (initial_batch until then), at most max_batch.
+  // Differentials per chunk (b); 0: round(b*) of Eq. 10 within the chunk
+  // heap, tuned with full_every (initial_batch until then), at most max_batch.
   std::uint32_t batch = 0;
   std::uint32_t initial_batch = 4;
   std::uint32_t max_batch = 64;
@@ -178,17 +178,22 @@ class LowDiff {
           std::shared_ptr<runtime::Coordinator> coordinator, std::string pool_path,
           LowDiffOptions options);
   Status OpenLog(std::optional<std::uint64_t> resume_after);
-  void Observe(double step_seconds);
+  Status Observe(double step_seconds);
   // Once the pending full checkpoint committed, frees this rank's
   // differentials older than the second-newest one.
   void RetireBehindCommittedFull();
-  // Eq. 10 within the chunk heap from this rank's measurements; the tuned
-  // values the smallest any rank proposes (an all-reduce over
-  // gradient_group: called at the same steps on every rank).
-  void Retune();
-  // Eq. 10 is first applied here (step 1's full checkpoint has usually
-  // committed: W and S are measured), then at every full checkpoint's step.
+  // Eq. 10 within the chunk heap (diff::HeapBounds) from this rank's
+  // measurements; the tuned batch, then the interval, the smallest any rank
+  // proposes (all-reduces over gradient_group: called at the same steps on
+  // every rank). kInternal naming the rank if an all-reduce fails.
+  Status Retune();
+  // MIN over gradient_group's ranks (nullopt: none proposed); alone: value.
+  Result<std::optional<std::uint64_t>> SmallestOverRanks(std::optional<std::uint64_t> value);
+  // Eq. 10 is first applied this many steps after the start or the restored
+  // iteration (the first full checkpoint has usually committed: W and S are
+  // measured), then at every full checkpoint's step.
   static constexpr std::uint64_t kFirstTuneStep = 10;
+  std::uint64_t first_tune_step_ = kFirstTuneStep;
   Status ReplayOne(const diff::Differential& differential, std::vector<std::byte>* extra_state);
 
   std::unique_ptr<CheckpointedOptimizer> checkpointed_;
