@@ -403,6 +403,8 @@ void DifferentialLog::Run() {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.write_seconds += Seconds(start);
     stats_.bytes_written += sizeof(h) + body.out.size();
+    stats_.last_chunk_bytes = sizeof(h) + body.out.size();
+    stats_.last_chunk_differentials = count;
     ++stats_.batches_written;
     NoteHeapLocked();
     stats_.durable += count;
@@ -589,8 +591,9 @@ Result<HeapBounds> BoundsOfHeap(double differential_bytes, std::uint64_t heap_by
 }
 
 double MeasuredDifferentialBytes(const DifferentialLogStats& stats, std::uint64_t bytes_handed) {
-  if (stats.durable > 0) {
-    return static_cast<double>(stats.bytes_written) / static_cast<double>(stats.durable);
+  if (stats.last_chunk_differentials > 0) {
+    return static_cast<double>(stats.last_chunk_bytes) /
+           static_cast<double>(stats.last_chunk_differentials);
   }
   if (stats.appended > 0) {
     return static_cast<double>(bytes_handed) / static_cast<double>(stats.appended);

@@ -198,7 +198,7 @@ Status LowDiff::OpenLog(std::optional<std::uint64_t> resume_after) {
   auto log = diff::DifferentialLog::Open(checkpointed_->engine().pool(), options);
   if (!log.ok()) return log.status();
   log_ = std::move(*log);
-  policy_->set_every(full_every_);
+  policy_->set_every(full_every_, anchor_);
   first_tune_step_ = resume_after.value_or(0) + kFirstTuneStep;
   return Status::Ok();
 }
@@ -266,8 +266,11 @@ Status LowDiff::Observe(double step_seconds) {
   last_step_end_ = now;
   if (!log_) return Status::Ok();
   const std::uint64_t step = checkpointed_->iteration();
-  const bool full_step = step % full_every_ == 0;
-  if (full_step) pending_full_ = step;  // commits in the background
+  const bool full_step = step > anchor_ && (step - anchor_) % full_every_ == 0;
+  if (full_step) {
+    pending_full_ = step;  // commits in the background
+    last_full_ = step;
+  }
   RetireBehindCommittedFull();
   // The same steps on every rank (full_every_ is agreed), so the ranks can
   // agree on what they tune: every rank's engine must ask for the same
@@ -364,7 +367,8 @@ Status LowDiff::Retune() {
     PMSNAP_ASSIGN_OR_RETURN(interval, SmallestOverRanks(interval));
     if (interval && *interval != full_every_) {
       full_every_ = *interval;
-      policy_->set_every(full_every_);
+      anchor_ = last_full_;  // the new interval counts from the latest full checkpoint
+      policy_->set_every(full_every_, anchor_);
     }
   }
   if (batch != batch_) {
@@ -474,6 +478,7 @@ Result<LowDiffRestoreInfo> LowDiff::Restore() {
   info.iteration = reach;
   info.replayed = diffs->size();
   info.replay_seconds = Now() - began;
+  anchor_ = last_full_ = full->iteration;  // the same on every rank
   PMSNAP_RETURN_IF_ERROR(OpenLog(reach));
   return info;
 }

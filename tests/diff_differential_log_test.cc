@@ -271,9 +271,11 @@ TEST(DifferentialLogTest, HeapBoundsKeepTheRetainedDifferentialsWithinTheChunkHe
   EXPECT_EQ(MeasuredDifferentialBytes(log, 0), 0);
   log.appended = 4;
   EXPECT_EQ(MeasuredDifferentialBytes(log, 24000), 6000);  // pieces' bytes before any chunk
-  log.durable = 3;
-  log.bytes_written = 21300;
-  EXPECT_EQ(MeasuredDifferentialBytes(log, 24000), 7100);  // then the chunks' payload
+  log.durable = 6;
+  log.bytes_written = 90000;  // a large first chunk (a warm-up of dense gradients)
+  log.last_chunk_bytes = 21300;
+  log.last_chunk_differentials = 3;
+  EXPECT_EQ(MeasuredDifferentialBytes(log, 24000), 7100);  // then the newest chunk's payload
   auto bad = BoundsOfHeap(0, 1 << 20);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("positive differential size"));

@@ -734,6 +734,21 @@ TEST(EngineTest, HookMisuseIsAnErrorNotACrash) {
   EXPECT_EQ((*engine)->BeginStep(3).code(), StatusCode::kFailedPrecondition);
 }
 
+TEST(EveryKPolicyTest, ANewIntervalCountsFromItsAnchor) {
+  EveryKPolicy policy(10);
+  const PolicyInputs in;
+  std::vector<std::uint64_t> fired;
+  for (std::uint64_t step = 1; step <= 45; ++step) {
+    if (step == 27) policy.set_every(7, 20);  // tuned after the checkpoint of step 20
+    if (policy.ShouldCheckpoint(step, in)) fired.push_back(step);
+  }
+  // 10, 20; then 20 + 7 k, not the multiples of 7 (28, 35, 42).
+  EXPECT_EQ(fired, (std::vector<std::uint64_t>{10, 20, 27, 34, 41}));
+  policy.set_every(0);  // 0 counts as 1, anchor 0
+  EXPECT_TRUE(policy.ShouldCheckpoint(46, in));
+  EXPECT_EQ(policy.name(), "every-1");
+}
+
 TEST(CheckFreqPolicyTest, IntervalFollowsAlgorithmOne) {
   PolicyInputs in;
   in.iteration_seconds = 0.1;

@@ -215,6 +215,8 @@ class LowDiffMethod(Runner):
                 "off_device": (full + self.ld.bytes_handed) / steps,
                 "diff_bytes_per_it": log["bytes_written"] / max(1, log["appended"]),
                 "f_star": s.get("f_star", ""), "b_star": s.get("b_star", ""),
+                "full_every": s["full_every"], "batch": s["batch"],
+                "full_checkpoints": s["engine"]["epochs_committed"],
                 "inputs": s.get("inputs")}
 
     def close(self):
@@ -449,7 +451,9 @@ def measure(model_name, model_bytes, method, round_no, args, by_method):
            "log_copy_wait_ms": 1e3 * slow["waits"].get("log_copy_wait", 0.0),
            "persisted_mb_per_it": max(r["persisted"] for r in per_rank) / 1e6,
            "off_device_mb_per_it_simulated": max(r["off_device"] for r in per_rank) / 1e6,
-           "f_star": slow.get("f_star", ""), "b_star": slow.get("b_star", "")}
+           "f_star": slow.get("f_star", ""), "b_star": slow.get("b_star", ""),
+           "full_every_in_force": slow.get("full_every", ""), "batch_in_force": slow.get("batch", ""),
+           "full_checkpoints": slow.get("full_checkpoints", "")}
     row["_waits"] = {k: 1e3 * v for k, v in slow["waits"].items()}
     base = by_method.get(baseline)
     row["overhead_pct"] = (100 * (row["iteration_ms"] / base["iteration_ms"] - 1)

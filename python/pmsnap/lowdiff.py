@@ -412,6 +412,11 @@ class LowDiff:
         self._config = None
         self._full_iterations = []  # committed full checkpoints seen, oldest first
         self._pending_full = 1  # the first step's full checkpoint
+        # Full checkpoints come at anchor + k * full_every; the anchor moves to
+        # the latest full checkpoint whenever full_every changes, so a new
+        # interval counts from there (EveryKPolicy::set_every).
+        self._anchor = 0
+        self._last_full = 1
         self.bytes_handed = 0  # compressed bytes handed to the log (all steps)
         self.chunk_heap_bytes = int(chunk_heap_bytes)
         self._heap_max_full_every = None
@@ -469,9 +474,10 @@ class LowDiff:
             self._iteration_seconds = ema(self._iteration_seconds, now - self._last_step_end)
         self._last_step_end = now
         step = self.ckpt.iteration
-        full_step = step % self.full_every == 0
+        full_step = step > self._anchor and (step - self._anchor) % self.full_every == 0
         if full_step:
             self._pending_full = step  # its epoch commits in the background
+            self._last_full = step
         self._retire_behind_committed_full()
         # The same steps on every rank (full_every is agreed), so the ranks
         # can agree on what they tune: every rank must ask the engine for
@@ -562,7 +568,8 @@ class LowDiff:
                 interval = self._smallest_over_ranks(interval)
                 if interval is not None and interval != self.full_every:
                     self.full_every = interval
-                    self.ckpt._engine.set_every(self.full_every)
+                    self._anchor = self._last_full
+                    self.ckpt._engine.set_every(self.full_every, self._anchor)
             if batch != self.batch:
                 self.batch = batch
                 self._log.set_batch(self.batch)
@@ -602,8 +609,9 @@ class LowDiff:
         self.ckpt.iteration = reach
         self.ckpt._pool_latest = reach
         self._resume_after = reach
+        self._anchor = self._last_full = full
         self._log = engine.open_differential_log(self.batch, reach)
-        engine.set_every(self.full_every)
+        engine.set_every(self.full_every, self._anchor)
         return reach, extra, {"full": full, "replayed": len(diffs),
                               "seconds": time.perf_counter() - began}
 

@@ -509,15 +509,16 @@ class PyEngine {
     return differential_log_;
   }
   // Changes the interval of an "every" policy (LowDiff's full checkpoints
-  // every round(1/f*) steps, re-tuned as measurements move).
-  void SetEvery(std::uint64_t every) {
+  // every round(1/f*) steps, re-tuned as measurements move), counting from
+  // step `anchor` (runtime::EveryKPolicy::set_every).
+  void SetEvery(std::uint64_t every, std::uint64_t anchor) {
     auto* policy = dynamic_cast<runtime::EveryKPolicy*>(policy_.get());
     if (policy == nullptr || every == 0) {
       throw StatusError(Status(StatusCode::kInvalidArgument,
                                "set_every needs policy \"every\" and every >= 1 (pool " +
                                    engine().pool().path() + ")"));
     }
-    policy->set_every(every);
+    policy->set_every(every, anchor);
   }
   py::dict Stats(bool per_step) const {
     if (engine_ == nullptr && final_stats_.has_value()) return StatsToDict(*final_stats_, per_step);
@@ -1117,7 +1118,7 @@ PYBIND11_MODULE(_pmsnap, m) {
           "read_differentials",
           [](const PyEngine& e, std::uint64_t after) { return ReadDifferentialsOf(e.pool(), after); },
           py::arg("after"), "[(iteration, [(dtype, shape, bytes)])] after `after`, up to a gap.")
-      .def("set_every", &PyEngine::SetEvery, py::arg("every"))
+      .def("set_every", &PyEngine::SetEvery, py::arg("every"), py::arg("anchor") = 0)
       .def_property_readonly(
           "captures_this_step", &PyEngine::captures_this_step,
           "Whether the step begun by begin_step is captured (its end_step extra state is kept).")

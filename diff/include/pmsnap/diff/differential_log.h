@@ -95,6 +95,8 @@ struct DifferentialLogStats {
   std::uint64_t buffered = 0;         // copied to host memory, not in a chunk yet
   std::uint64_t batches_written = 0;  // chunks sealed by this log
   std::uint64_t bytes_written = 0;    // their payload bytes
+  std::uint64_t last_chunk_bytes = 0;          // payload of the newest chunk sealed
+  std::uint32_t last_chunk_differentials = 0;  // and the differentials in it
   std::uint64_t chunks_freed = 0;     // by Retire and Open's truncation
   std::uint64_t live_chunks = 0;      // differential chunks in the pool now
   // The pool's chunk heap (all its chunks) as of the last write, Retire or
@@ -257,9 +259,10 @@ struct HeapBounds {
 // heap_bytes > 0.
 Result<HeapBounds> BoundsOfHeap(double differential_bytes, std::uint64_t heap_bytes,
                                 std::uint32_t max_batch = 64);
-// A log's mean bytes per differential so far: its chunks' payload per
-// durable differential, or before any chunk `bytes_handed` (the pieces'
-// bytes) per appended one; 0 before any differential.
+// A log's bytes per differential now: the newest sealed chunk's payload per
+// differential in it (headers included; the first differentials can be far
+// larger, e.g. PowerSGD's uncompressed warm-up), or before any chunk
+// `bytes_handed` (the pieces' bytes) per appended one; 0 before any.
 double MeasuredDifferentialBytes(const DifferentialLogStats& stats, std::uint64_t bytes_handed);
 
 // Eq. 8: wasted time, in seconds, of a job of `training_seconds` with full

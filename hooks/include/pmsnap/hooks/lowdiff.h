@@ -194,6 +194,10 @@ class LowDiff {
   // measured), then at every full checkpoint's step.
   static constexpr std::uint64_t kFirstTuneStep = 10;
   std::uint64_t first_tune_step_ = kFirstTuneStep;
+  // Full checkpoints come at anchor_ + k * full_every_; a new interval
+  // counts from the latest full checkpoint (last_full_; step 1's at first).
+  std::uint64_t anchor_ = 0;
+  std::uint64_t last_full_ = 1;
   Status ReplayOne(const diff::Differential& differential, std::vector<std::byte>* extra_state);
 
   std::unique_ptr<CheckpointedOptimizer> checkpointed_;

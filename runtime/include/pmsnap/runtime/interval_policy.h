@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace pmsnap::runtime {
@@ -54,19 +55,31 @@ class ContinuousPolicy final : public IntervalPolicy {
 class EveryKPolicy final : public IntervalPolicy {
  public:
   explicit EveryKPolicy(std::uint64_t every) : every_(every == 0 ? 1 : every) {}
-  std::string name() const override { return "every-" + std::to_string(every_.load()); }
+  std::string name() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return "every-" + std::to_string(every_);
+  }
+  // Steps anchor + k, anchor + 2k, ... (anchor 0: the multiples of k).
   bool ShouldCheckpoint(std::uint64_t step, const PolicyInputs&) override {
-    return step % every_.load(std::memory_order_relaxed) == 0;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return step > anchor_ && (step - anchor_) % every_ == 0;
   }
   bool wait_if_busy() const override { return true; }
-  // Changes k from the next ShouldCheckpoint on (0 counts as 1). Any thread
-  // (LowDiff re-tunes its full-checkpoint interval while training runs).
-  void set_every(std::uint64_t every) {
-    every_.store(every == 0 ? 1 : every, std::memory_order_relaxed);
+  // Changes k from the next ShouldCheckpoint on (0 counts as 1), counting
+  // from step `anchor`: a tuner that changes k right after a checkpoint at
+  // step s passes anchor = s, so the next one comes k steps later rather
+  // than at the next multiple of k (LowDiff re-tunes its full-checkpoint
+  // interval while training runs). Any thread.
+  void set_every(std::uint64_t every, std::uint64_t anchor = 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    every_ = every == 0 ? 1 : every;
+    anchor_ = anchor;
   }
 
  private:
-  std::atomic<std::uint64_t> every_;
+  mutable std::mutex mutex_;
+  std::uint64_t every_;
+  std::uint64_t anchor_ = 0;
 };
 
 // CheckFreq's frequency determination (Algorithm 1 of the PM-DNN slides):
