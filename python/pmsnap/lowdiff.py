@@ -23,10 +23,11 @@ checkpoint that costs no extra compression. LowDiff:
   * tunes f and b with Eq. 10 from measured W (pool write rate of full
     checkpoints), S (full checkpoint bytes) and R_D (one differential's merge:
     the optimizer step on its gradient, measured every step), the iteration
-    time, and the configured MTBF M and world size N (stats()), at step 10
-    and at every full checkpoint's step; with several ranks every rank takes
-    the smallest f-interval and b any rank proposes (each rank's engine must
-    ask for the same full checkpoints), capped to the chunk heap;
+    time, and the configured MTBF M and world size N (stats()), 10 steps
+    after the start (or the restored iteration) and at every full
+    checkpoint's step, within what the chunk heap holds; with several ranks
+    every rank takes the smallest b, then the smallest interval, any rank
+    proposes (each rank's engine must ask for the same full checkpoints);
   * restore(): the newest full checkpoint (every rank the same, as
     CheckpointedOptimizer.restore), then each retained differential in order:
     decompress, then the optimizer's own step on the decompressed gradient.
@@ -337,11 +338,13 @@ class LowDiff:
         process group's).
       merge: "sequential" (default; bit-exact for every optimizer) or
         "parallel" (plain SGD only, see the module doc).
-      chunk_heap_bytes: the pool's budget for differential chunks. The log
-        keeps every differential since the second-newest full checkpoint, up
-        to 2 * full_every + batch of them, so a tuned full_every is capped to
-        what fits (stats()["heap_max_full_every"]); a fixed one that does not
-        fit fails with NoSpaceError naming both settings.
+      chunk_heap_bytes: the budget for differential chunks of a pool created
+        here. The log keeps every differential since the second-newest full
+        checkpoint, up to 3 * full_every + batch of them while a full
+        checkpoint commits, so tuned values are capped to what fits
+        (stats()["heap_max_full_every"]); a fixed full_every that does not
+        fit fails with NoSpaceError naming the rank, full_every and the
+        pool's heap size.
       Other keyword arguments go to CheckpointedOptimizer (device, workers...;
         sharding="replicated" splits each full checkpoint over the ranks, while
         every rank logs every differential).
