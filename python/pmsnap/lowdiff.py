@@ -421,7 +421,6 @@ class LowDiff:
         self._anchor = 0
         self._last_full = 1
         self.bytes_handed = 0  # compressed bytes handed to the log (all steps)
-        self.chunk_heap_bytes = int(chunk_heap_bytes)
         self._heap_max_full_every = None
         # Ranks agree on tuned values over a gloo group of LowDiff's own
         # (created on every rank together, as LowDiff itself is).
@@ -707,7 +706,6 @@ class LowDiff:
         out = {"engine": self.ckpt.stats(), "compressor": self.compressor.name,
                "full_every": self.full_every, "batch": self.batch,
                "heap_max_full_every": self._heap_max_full_every,
-               "chunk_heap_bytes": self.chunk_heap_bytes,
                "max_loss": self.batch - 1, "mtbf_seconds": self.mtbf_seconds,
                "world_size": self.world_size, "bytes_handed": self.bytes_handed}
         if self._log is not None:

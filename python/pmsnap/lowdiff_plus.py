@@ -80,9 +80,8 @@ replica is the same, so the ranks split it: the replica's CheckpointedOptimizer
 gives each parameter an owner rank (balanced by bytes, as for any sharded
 pool), and once the replica's pool is open (its first iteration) each rank
 copies only the gradients of the parameters it owns and steps only those in
-its replica. The
-replica's CPU update, the gradient copies and the bytes persisted per rank
-all drop to about 1/N (replicas=R: R/N). The other parameters of a rank's
+its replica. The replica's CPU update, the gradient copies and the bytes
+persisted per rank all drop to about 1/N (replicas=R: R/N). The other parameters of a rank's
 replica are left behind; `replica_shard` names the ones it keeps current. A
 restore reads every parameter from its owner's pool and gives the whole
 model to every rank, so the training model, the training optimizer and every

@@ -86,15 +86,6 @@ std::vector<std::span<const float>> Spans(const std::vector<std::uintptr_t>& del
   return out;
 }
 
-py::dict ConfigurationDict(const diff::Configuration& c) {
-  py::dict d;
-  d["f_star"] = c.f_star;
-  d["b_star"] = c.b_star;
-  d["full_interval"] = c.full_interval;
-  d["batch"] = c.batch;
-  return d;
-}
-
 }  // namespace
 
 py::list ReadDifferentialsOf(const layout::Pool& pool, std::uint64_t after) {
@@ -156,7 +147,8 @@ void RegisterLowDiff(py::module_& m) {
             return diff::MeasuredDifferentialBytes(log.stats(), bytes_handed);
           },
           py::arg("bytes_handed"),
-          "Mean bytes per differential so far (diff::MeasuredDifferentialBytes); 0 before any.");
+          "Bytes per differential now: the newest chunk's, or bytes_handed per appended one "
+          "before any chunk (diff::MeasuredDifferentialBytes); 0 before any.");
 
   py::class_<diff::HeapBounds>(m, "HeapBounds",
                                "What a chunk heap holds of a differential log (diff::HeapBounds).")
@@ -173,8 +165,14 @@ void RegisterLowDiff(py::module_& m) {
       "optimal_configuration",
       [](double w, double s, double rd, double m_, double it, std::uint32_t n,
          std::uint32_t max_batch, std::uint64_t max_interval) {
-        return ConfigurationDict(ValueOrThrow(
-            diff::OptimalConfiguration(Inputs(w, s, rd, 0, m_, it, n), max_batch, max_interval)));
+        diff::Configuration c = ValueOrThrow(
+            diff::OptimalConfiguration(Inputs(w, s, rd, 0, m_, it, n), max_batch, max_interval));
+        py::dict d;
+        d["f_star"] = c.f_star;
+        d["b_star"] = c.b_star;
+        d["full_interval"] = c.full_interval;
+        d["batch"] = c.batch;
+        return d;
       },
       py::arg("write_bandwidth"), py::arg("full_bytes"), py::arg("merge_seconds"),
       py::arg("mtbf_seconds"), py::arg("iteration_seconds"), py::arg("world_size") = 1,
