@@ -9,6 +9,45 @@ namespace pmsnap::frontend {
 namespace {
 
 constexpr std::string_view kDenseSuffix = "#dense";
+constexpr std::string_view kHostSuffix = "#host";
+
+std::optional<std::string_view> WithoutSuffix(std::string_view unit, std::string_view suffix) {
+  if (unit.size() <= suffix.size() || !unit.ends_with(suffix)) return std::nullopt;
+  return unit.substr(0, unit.size() - suffix.size());
+}
+
+// Moves host tensors out of units that mix them with device tensors, into
+// a "#host" companion right after each (ParameterUnits' last rule).
+Result<std::vector<runtime::UnitRegistration>> SplitHostTensors(
+    std::vector<runtime::UnitRegistration> units) {
+  std::vector<runtime::UnitRegistration> out;
+  for (runtime::UnitRegistration& unit : units) {
+    runtime::UnitRegistration host;
+    host.name = HostUnitName(unit.name);
+    host.on_host = true;
+    std::vector<runtime::TensorView> device;
+    for (runtime::TensorView& tensor : unit.tensors) {
+      (tensor.on_host ? host.tensors : device).push_back(std::move(tensor));
+    }
+    if (device.empty()) {  // all on the host: the unit itself is
+      unit.tensors = std::move(host.tensors);
+      unit.on_host = true;
+    } else {
+      unit.tensors = std::move(device);
+    }
+    if (unit.on_host && unit.encoded) {
+      return Status(StatusCode::kInvalidArgument,
+                    "embedding table '" + unit.name +
+                        "': its parameter and row state are in host memory while the engine's "
+                        "device is not: move the table to the device, or checkpoint it on the "
+                        "host device");
+    }
+    const bool companion = !unit.on_host && !host.tensors.empty();
+    out.push_back(std::move(unit));
+    if (companion) out.push_back(std::move(host));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -19,8 +58,28 @@ std::string DenseUnitName(std::string_view table) {
 }
 
 std::optional<std::string_view> TableOfDenseUnit(std::string_view unit) {
-  if (unit.size() <= kDenseSuffix.size() || !unit.ends_with(kDenseSuffix)) return std::nullopt;
-  return unit.substr(0, unit.size() - kDenseSuffix.size());
+  return WithoutSuffix(unit, kDenseSuffix);
+}
+
+std::string HostUnitName(std::string_view unit) {
+  std::string name(unit);
+  name += kHostSuffix;
+  return name;
+}
+
+std::optional<std::string_view> UnitOfHostCompanion(std::string_view unit) {
+  return WithoutSuffix(unit, kHostSuffix);
+}
+
+std::optional<std::string_view> ParameterOfCompanion(std::string_view unit) {
+  const std::optional<std::string_view> of_host = UnitOfHostCompanion(unit);
+  const std::string_view owner = of_host.value_or(unit);
+  if (const std::optional<std::string_view> table = TableOfDenseUnit(owner)) return table;
+  return of_host;
+}
+
+std::vector<std::string> CompanionUnitNames(std::string_view name) {
+  return {HostUnitName(name), DenseUnitName(name), HostUnitName(DenseUnitName(name))};
 }
 
 Status CheckTableParameter(std::string_view table, std::string_view dtype_name,
@@ -52,7 +111,7 @@ Result<std::vector<runtime::UnitRegistration>> ParameterUnits(
   unit.encoded = embedding_table;
   if (!embedding_table) {
     unit.tensors = std::move(tensors);
-    return std::vector<runtime::UnitRegistration>{std::move(unit)};
+    return SplitHostTensors({std::move(unit)});
   }
   const runtime::TensorView& param = tensors.front();
   PMSNAP_RETURN_IF_ERROR(CheckTableParameter(name, layout::DTypeName(param.dtype), param.shape));
@@ -66,7 +125,7 @@ Result<std::vector<runtime::UnitRegistration>> ParameterUnits(
   std::vector<runtime::UnitRegistration> units;
   units.push_back(std::move(unit));
   if (!dense.tensors.empty()) units.push_back(std::move(dense));
-  return units;
+  return SplitHostTensors(std::move(units));
 }
 
 bool MovesRowsWithoutGradient(std::string_view optimizer, double momentum, double weight_decay) {

@@ -206,6 +206,19 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
         !in_bounds(header.slot_record_offset[s], header.record_bytes)) {
       return corruption("slot " + std::to_string(s) + " lies outside the file (truncated?)");
     }
+    // The record is read through a SlotRecordHeader (8-byte words, the
+    // commit word atomic) and the slot data by 64-byte non-temporal stores:
+    // offsets Create never writes must not reach those accesses.
+    if (header.slot_record_offset[s] % alignof(detail::SlotRecordHeader) != 0) {
+      return corruption("slot " + std::to_string(s) + "'s commit record offset " +
+                        std::to_string(header.slot_record_offset[s]) + " is not " +
+                        std::to_string(alignof(detail::SlotRecordHeader)) + "-byte aligned");
+    }
+    if (header.slot_data_offset[s] % detail::kSlotDataAlignment != 0) {
+      return corruption("slot " + std::to_string(s) + "'s data offset " +
+                        std::to_string(header.slot_data_offset[s]) + " is not " +
+                        std::to_string(detail::kSlotDataAlignment) + "-byte aligned");
+    }
   }
   const std::byte* manifest_bytes = impl.At(header.manifest_offset);
   if (Checksum64(manifest_bytes, header.manifest_bytes) != header.manifest_checksum) {

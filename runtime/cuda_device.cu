@@ -20,13 +20,52 @@
 namespace pmsnap::runtime {
 namespace {
 
+// A CUDA call's result as a Status. A failed call also set the calling
+// thread's "last error" (the runtime API's cudaGetLastError), which the
+// next caller of cudaGetLastError (PyTorch, after its next kernel) would
+// take for its own: pmsnap clears it here, so that it never leaves a CUDA
+// error behind on the caller's thread. (Sticky errors, which break the
+// context, cannot be cleared; they surface in every later call anyway.)
 Status CudaStatus(cudaError_t error, const char* call) {
   if (error == cudaSuccess) return Status::Ok();
+  cudaGetLastError();
   return Status(StatusCode::kIOError, std::string(call) + " failed: " + cudaGetErrorName(error) +
                                           " (" + cudaGetErrorString(error) + ")");
 }
 
 #define PMSNAP_CUDA_RETURN_IF_ERROR(call) PMSNAP_RETURN_IF_ERROR(CudaStatus((call), #call))
+
+// Makes `ordinal` the calling thread's current device for one call and puts
+// the caller's back afterwards: pmsnap never changes PyTorch's current
+// device (the training thread calls RecordComputeEvent and ComputeWaitFor).
+class CurrentDeviceGuard {
+ public:
+  explicit CurrentDeviceGuard(int ordinal)
+      : previous_(CurrentDevice()),
+        status_(previous_ == ordinal ? Status::Ok()
+                                     : CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice")) {}
+  ~CurrentDeviceGuard() {
+    if (previous_ >= 0 && CurrentDevice() != previous_) {
+      (void)CudaStatus(cudaSetDevice(previous_), "cudaSetDevice");
+    }
+  }
+  CurrentDeviceGuard(const CurrentDeviceGuard&) = delete;
+  CurrentDeviceGuard& operator=(const CurrentDeviceGuard&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  // The calling thread's current device; -1 if CUDA cannot say.
+  static int CurrentDevice() {
+    int device = -1;
+    return CudaStatus(cudaGetDevice(&device), "cudaGetDevice").ok() ? device : -1;
+  }
+  int previous_;
+  Status status_;
+};
+
+#define PMSNAP_CUDA_ON_DEVICE(ordinal)      \
+  CurrentDeviceGuard device_guard(ordinal); \
+  PMSNAP_RETURN_IF_ERROR(device_guard.status())
 
 // An event of this device; destroyed when the last waiter lets go (CUDA
 // releases a recorded event's resources once it completed).
@@ -62,7 +101,15 @@ class CudaDevice final : public Device {
         compute_(reinterpret_cast<cudaStream_t>(options.compute_stream)) {}
 
   ~CudaDevice() override {
-    cudaSetDevice(ordinal_);
+    CurrentDeviceGuard device_guard(ordinal_);
+    {
+      // Registrations a user of this device never undid (a contract
+      // violation): undone here, so they cannot outlive their memory.
+      std::lock_guard<std::mutex> lock(ranges_mutex_);
+      for (const Registration& range : registered_) cudaHostUnregister(range.ptr);
+      registered_.clear();
+      cudaGetLastError();
+    }
     {
       std::lock_guard<std::mutex> lock(streams_mutex_);
       for (auto& [thread, stream] : streams_) {
@@ -111,14 +158,14 @@ class CudaDevice final : public Device {
   }
 
   Result<DeviceEventPtr> RecordComputeEvent() override {
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    PMSNAP_CUDA_ON_DEVICE(ordinal_);
     PMSNAP_ASSIGN_OR_RETURN(DeviceEventPtr event, NewEvent());
     PMSNAP_CUDA_RETURN_IF_ERROR(cudaEventRecord(Raw(*event), compute_));
     return event;
   }
 
   Status StreamWaitEvent(const DeviceEvent& event) override {
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    PMSNAP_CUDA_ON_DEVICE(ordinal_);
     PMSNAP_ASSIGN_OR_RETURN(cudaStream_t stream, StreamForThisThread());
     return CudaStatus(cudaStreamWaitEvent(stream, Raw(event), 0), "cudaStreamWaitEvent(copy)");
   }
@@ -129,7 +176,7 @@ class CudaDevice final : public Device {
 
   Status ComputeWaitFor(DeviceEventPtr event) override {
     if (event == nullptr) return Status::Ok();
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    PMSNAP_CUDA_ON_DEVICE(ordinal_);
     PendingStall stall;
     PMSNAP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stall.before));
     PMSNAP_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stall.after));
@@ -158,19 +205,41 @@ class CudaDevice final : public Device {
     return stats;
   }
 
+  // Device::RegisterHostDestination's contract. The registration was the
+  // first GPU run's bug: "already registered" taken for success let a pool
+  // mapped where a closed one had been (never unregistered) receive its DMA
+  // in the old pinned pages. Now only this device's own live registration
+  // of exactly this range counts as registered.
   Status RegisterHostDestination(void* ptr, std::size_t bytes) override {
     if (bytes == 0) return Status::Ok();
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    PMSNAP_CUDA_ON_DEVICE(ordinal_);
+    const auto* begin = static_cast<const std::byte*>(ptr);
+    std::lock_guard<std::mutex> lock(ranges_mutex_);
+    for (Registration& range : registered_) {
+      if (range.begin() + range.bytes <= begin || begin + bytes <= range.begin()) continue;
+      if (range.ptr == ptr && range.bytes == bytes) {
+        range.count += 1;
+        return Status::Ok();
+      }
+      return Status(StatusCode::kBusy, name_ + ": host range of " + std::to_string(bytes) +
+                                           " bytes overlaps one this device registered");
+    }
     const cudaError_t error = options_.testing_refuse_registration
                                   ? cudaErrorNotSupported
                                   : cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
-    if (error == cudaSuccess || error == cudaErrorHostMemoryAlreadyRegistered) {
-      if (error != cudaSuccess) cudaGetLastError();
-      std::lock_guard<std::mutex> lock(ranges_mutex_);
-      registered_.emplace_back(static_cast<std::byte*>(ptr), static_cast<std::byte*>(ptr) + bytes);
+    if (error == cudaSuccess) {
+      registered_.push_back({ptr, bytes, 1});
       return Status::Ok();
     }
-    cudaGetLastError();
+    if (error != cudaErrorNotSupported) cudaGetLastError();
+    if (error == cudaErrorHostMemoryAlreadyRegistered) {
+      return Status(StatusCode::kBusy,
+                    name_ + ": cudaHostRegister of " + std::to_string(bytes) +
+                        " bytes: part of the range is registered with CUDA already, and not by "
+                        "this device: a registration that outlived its memory (unmapped "
+                        "without cudaHostUnregister) would receive the copies in its old "
+                        "pages; refusing");
+    }
     return Status(StatusCode::kFailedPrecondition,
                   "cudaHostRegister of " + std::to_string(bytes) + " bytes failed (" +
                       cudaGetErrorString(error) + "); GPU copies into it stage through a " +
@@ -178,12 +247,27 @@ class CudaDevice final : public Device {
                       " MiB pinned ring (CudaDeviceOptions::staging_ring_bytes)");
   }
 
+  Status UnregisterHostDestination(void* ptr, std::size_t bytes) override {
+    if (bytes == 0) return Status::Ok();
+    PMSNAP_CUDA_ON_DEVICE(ordinal_);
+    std::lock_guard<std::mutex> lock(ranges_mutex_);
+    for (auto it = registered_.begin(); it != registered_.end(); ++it) {
+      if (it->ptr != ptr || it->bytes != bytes) continue;
+      if (--it->count > 0) return Status::Ok();
+      registered_.erase(it);
+      return CudaStatus(cudaHostUnregister(ptr), "cudaHostUnregister");
+    }
+    return Status(StatusCode::kFailedPrecondition,
+                  name_ + ": a host range of " + std::to_string(bytes) +
+                      " bytes was unregistered that this device did not register");
+  }
+
   Result<void*> Allocate(std::size_t bytes) override {
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    PMSNAP_CUDA_ON_DEVICE(ordinal_);
     void* ptr = nullptr;
     const cudaError_t error = cudaMalloc(&ptr, bytes);
     if (error != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free error state
+      (void)CudaStatus(error, "cudaMalloc");  // clears the thread's last error
       return Status(StatusCode::kNoSpace, name_ + ": cudaMalloc of " + std::to_string(bytes) +
                                               " bytes failed: " + cudaGetErrorString(error));
     }
@@ -196,15 +280,15 @@ class CudaDevice final : public Device {
 
   void Free(void* ptr, std::size_t bytes) override {
     if (ptr == nullptr) return;
-    cudaSetDevice(ordinal_);
-    cudaFree(ptr);
+    CurrentDeviceGuard device_guard(ordinal_);
+    (void)CudaStatus(cudaFree(ptr), "cudaFree");
     allocated_.fetch_sub(bytes);
   }
 
   std::uint64_t free_bytes() const override {
     std::size_t free = 0, total = 0;
-    cudaSetDevice(ordinal_);
-    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+    CurrentDeviceGuard device_guard(ordinal_);
+    if (!CudaStatus(cudaMemGetInfo(&free, &total), "cudaMemGetInfo").ok()) return 0;
     return free;
   }
   std::uint64_t peak_allocated_bytes() const override { return peak_.load(); }
@@ -220,25 +304,36 @@ class CudaDevice final : public Device {
   // adaptive selector and CheckFreq's policy).
   Status Calibrate() {
     constexpr std::size_t kBytes = 64ull << 20;
-    void* device_a = nullptr;
-    void* device_b = nullptr;
-    void* host = nullptr;
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaMalloc(&device_a, kBytes));
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaMalloc(&device_b, kBytes));
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host, kBytes));
-    auto timed = [&](void* dst, const void* src, cudaMemcpyKind kind) {
+    PMSNAP_CUDA_ON_DEVICE(ordinal_);
+    // Freed on every path out.
+    struct Buffers {
+      void* device_a = nullptr;
+      void* device_b = nullptr;
+      void* host = nullptr;
+      ~Buffers() {
+        if (device_a != nullptr) (void)CudaStatus(cudaFree(device_a), "cudaFree");
+        if (device_b != nullptr) (void)CudaStatus(cudaFree(device_b), "cudaFree");
+        if (host != nullptr) (void)CudaStatus(cudaFreeHost(host), "cudaFreeHost");
+      }
+    } buffers;
+    PMSNAP_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffers.device_a, kBytes));
+    PMSNAP_CUDA_RETURN_IF_ERROR(cudaMalloc(&buffers.device_b, kBytes));
+    PMSNAP_CUDA_RETURN_IF_ERROR(cudaMallocHost(&buffers.host, kBytes));
+    auto timed = [&](void* dst, const void* src, cudaMemcpyKind kind) -> Result<double> {
       const auto start = std::chrono::steady_clock::now();
-      cudaMemcpy(dst, src, kBytes, kind);
+      PMSNAP_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, kBytes, kind));
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
-    timed(host, device_a, cudaMemcpyDeviceToHost);  // warm up
-    to_host_gbps_ = kBytes / timed(host, device_a, cudaMemcpyDeviceToHost) / 1e9;
-    in_device_gbps_ = kBytes / timed(device_b, device_a, cudaMemcpyDeviceToDevice) / 1e9;
-    cudaFree(device_a);
-    cudaFree(device_b);
-    cudaFreeHost(host);
-    return CudaStatus(cudaGetLastError(), "calibration copies");
+    PMSNAP_ASSIGN_OR_RETURN(const double warm_up,
+                            timed(buffers.host, buffers.device_a, cudaMemcpyDeviceToHost));
+    (void)warm_up;
+    PMSNAP_ASSIGN_OR_RETURN(const double to_host,
+                            timed(buffers.host, buffers.device_a, cudaMemcpyDeviceToHost));
+    PMSNAP_ASSIGN_OR_RETURN(const double in_device,
+                            timed(buffers.device_b, buffers.device_a, cudaMemcpyDeviceToDevice));
+    to_host_gbps_ = kBytes / to_host / 1e9;
+    in_device_gbps_ = kBytes / in_device / 1e9;
+    return Status::Ok();
   }
 
  private:
@@ -264,7 +359,7 @@ class CudaDevice final : public Device {
   // Queues a copy on this thread's stream after `after`; returns its event.
   Result<DeviceEventPtr> Queue(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
                                const DeviceEventPtr& after) {
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    PMSNAP_CUDA_ON_DEVICE(ordinal_);
     PMSNAP_ASSIGN_OR_RETURN(cudaStream_t stream, StreamForThisThread());
     if (after) PMSNAP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, Raw(*after), 0));
     PMSNAP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, kind, stream));
@@ -273,29 +368,23 @@ class CudaDevice final : public Device {
     return done;
   }
 
+  // Whether [dst, dst + bytes) lies in a range this device registered.
+  // Memory pinned by others goes through the staging ring like pageable
+  // memory: CUDA cannot tell a live registration from one that outlived
+  // its mapping, so only this device's own are trusted.
   bool Registered(const void* dst, std::size_t bytes) const {
     const auto* begin = static_cast<const std::byte*>(dst);
-    {
-      std::lock_guard<std::mutex> lock(ranges_mutex_);
-      for (const auto& [first, last] : registered_) {
-        if (begin >= first && begin + bytes <= last) return true;
-      }
+    std::lock_guard<std::mutex> lock(ranges_mutex_);
+    for (const Registration& range : registered_) {
+      if (begin >= range.begin() && begin + bytes <= range.begin() + range.bytes) return true;
     }
-    if (options_.testing_refuse_registration) return false;
-    // Pinned or registered elsewhere (cudaMallocHost, a caller's own
-    // cudaHostRegister): DMA-able too.
-    cudaPointerAttributes attributes{};
-    if (cudaPointerGetAttributes(&attributes, dst) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return attributes.type == cudaMemoryTypeHost;
+    return false;
   }
 
   // A device -> host copy into memory the DMA cannot target: chunk by chunk
   // through the bounded pinned ring, on this thread's stream after `after`.
   Status Staged(void* dst, const void* src, std::size_t bytes, const DeviceEvent* after) {
-    PMSNAP_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    PMSNAP_CUDA_ON_DEVICE(ordinal_);
     PMSNAP_ASSIGN_OR_RETURN(cudaStream_t stream, StreamForThisThread());
     if (after != nullptr) PMSNAP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, Raw(*after), 0));
     StagingRing* ring = nullptr;
@@ -330,18 +419,22 @@ class CudaDevice final : public Device {
 
   // Folds completed stall measurements into the totals.
   void HarvestStallsLocked() const {
+    // cudaEventQuery's "not ready" is recorded as the thread's last error
+    // like a failure: CudaStatus clears it.
     auto done = std::partition(pending_stalls_.begin(), pending_stalls_.end(),
                                [](const PendingStall& stall) {
-                                 return cudaEventQuery(stall.after) == cudaErrorNotReady;
+                                 const cudaError_t state = cudaEventQuery(stall.after);
+                                 (void)CudaStatus(state, "cudaEventQuery");
+                                 return state == cudaErrorNotReady;
                                });
     for (auto it = done; it != pending_stalls_.end(); ++it) {
       float ms = 0;
-      if (cudaEventElapsedTime(&ms, it->before, it->after) == cudaSuccess &&
+      if (CudaStatus(cudaEventElapsedTime(&ms, it->before, it->after), "cudaEventElapsedTime")
+              .ok() &&
           ms > kStallThresholdMs) {
         compute_stalls_ += 1;
         compute_stall_seconds_ += ms * 1e-3;
       }
-      cudaGetLastError();
       cudaEventDestroy(it->before);
       cudaEventDestroy(it->after);
     }
@@ -359,8 +452,14 @@ class CudaDevice final : public Device {
   std::atomic<std::uint64_t> compute_waits_{0};
   std::mutex streams_mutex_;  // guards streams_
   std::unordered_map<std::thread::id, cudaStream_t> streams_;
+  struct Registration {
+    void* ptr;
+    std::size_t bytes;
+    int count;  // RegisterHostDestination calls not yet undone
+    const std::byte* begin() const { return static_cast<const std::byte*>(ptr); }
+  };
   mutable std::mutex ranges_mutex_;  // guards registered_
-  std::vector<std::pair<const std::byte*, const std::byte*>> registered_;
+  std::vector<Registration> registered_;
   mutable std::mutex staging_mutex_;  // guards staging_ (created once)
   std::unique_ptr<StagingRing> staging_;
   mutable std::mutex stalls_mutex_;  // guards the three members below
@@ -392,16 +491,6 @@ Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, CudaDeviceOptions 
       ordinal, "cuda:" + std::to_string(ordinal) + " (" + props.name + ")", options);
   PMSNAP_RETURN_IF_ERROR(device->Calibrate());
   return std::unique_ptr<Device>(std::move(device));
-}
-
-Status RegisterHostMemoryForDevice(void* ptr, std::size_t bytes) {
-  const cudaError_t error = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
-  if (error == cudaErrorHostMemoryAlreadyRegistered) {
-    cudaGetLastError();
-    return Status::Ok();
-  }
-  if (error != cudaSuccess) cudaGetLastError();
-  return CudaStatus(error, "cudaHostRegister");
 }
 
 }  // namespace pmsnap::runtime

@@ -11,6 +11,4 @@ Result<std::unique_ptr<Device>> CreateCudaDevice(int, CudaDeviceOptions) {
                 "or -DPMSNAP_WITH_CUDA=ON)");
 }
 
-Status RegisterHostMemoryForDevice(void*, std::size_t) { return Status::Ok(); }
-
 }  // namespace pmsnap::runtime

@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace pmsnap::runtime {
@@ -63,7 +65,143 @@ const SimulatedEvent* AsSimulated(const DeviceEvent* event) {
   return static_cast<const SimulatedEvent*>(event);
 }
 
+std::string RangeText(const void* ptr, std::size_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "[%p, +%zu bytes)", ptr, bytes);
+  return buf;
+}
+
+// What memory [ptr, ptr + bytes) is now: the file and offset (or the
+// anonymous mapping) of its first and last byte, from /proc/self/maps; "not
+// mapped" where a byte is not. Two readings differ when the range was
+// unmapped and something else mapped there.
+std::string MappingIdentityOf(const void* ptr, std::size_t bytes) {
+  const auto first = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::uintptr_t last = first + (bytes == 0 ? 0 : bytes - 1);
+  std::string found[2] = {"not mapped", "not mapped"};
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) return "unknown (/proc/self/maps unreadable)";
+  char line[4096];
+  while (std::fgets(line, sizeof(line), maps) != nullptr) {
+    unsigned long start = 0, end = 0, offset = 0, inode = 0;
+    char perms[8] = {}, dev[16] = {};
+    int path_at = 0;
+    if (std::sscanf(line, "%lx-%lx %7s %lx %15s %lu %n", &start, &end, perms, &offset, dev,
+                    &inode, &path_at) < 6) {
+      continue;
+    }
+    std::string path = path_at > 0 ? std::string(line + path_at) : std::string();
+    while (!path.empty() && (path.back() == '\n' || path.back() == ' ')) path.pop_back();
+    // A deleted file keeps its inode: the mapping is still the same memory.
+    if (path.ends_with(" (deleted)")) path.resize(path.size() - 10);
+    const std::uintptr_t points[2] = {first, last};
+    for (int i = 0; i < 2; ++i) {
+      if (points[i] < start || points[i] >= end) continue;
+      found[i] = inode != 0 ? path + " (" + dev + " inode " + std::to_string(inode) +
+                                  ") at offset " + std::to_string(offset + (points[i] - start))
+                            : "anonymous mapping " + RangeText(reinterpret_cast<void*>(start),
+                                                                end - start);
+    }
+  }
+  std::fclose(maps);
+  return found[0] == found[1] ? found[0] : found[0] + " .. " + found[1];
+}
+
+// The simulated devices' registrations: one table per process, as CUDA has
+// one per context (SimulatedDevice's class comment).
+struct SimulatedRegistration {
+  const std::byte* begin;
+  const std::byte* end;
+  std::uint64_t owner;  // SimulatedDevice::serial_
+  std::string identity;  // MappingIdentityOf at registration
+  int count = 1;
+  bool stale = false;  // its memory was unmapped or replaced since
+  std::string now;     // what is there instead, once stale
+};
+
+struct SimulatedRegistrationTable {
+  std::mutex mutex;  // guards ranges
+  std::vector<SimulatedRegistration> ranges;
+  std::atomic<std::uint64_t> direct_copies{0};
+  std::atomic<std::uint64_t> staged_copies{0};
+  std::atomic<std::uint64_t> next_serial{1};
+
+  // Marks every registration whose memory changed since it was made.
+  void FindStaleLocked() {
+    for (SimulatedRegistration& range : ranges) {
+      if (range.stale) continue;
+      std::string now = MappingIdentityOf(range.begin, range.end - range.begin);
+      if (now != range.identity) {
+        range.stale = true;
+        range.now = std::move(now);
+      }
+    }
+  }
+};
+
+SimulatedRegistrationTable& Registrations() {
+  static auto* table = new SimulatedRegistrationTable;  // outlives static devices
+  return *table;
+}
+
+std::string DeviceLabel(std::uint64_t serial) {
+  return "simulated device #" + std::to_string(serial);
+}
+
+std::string Describe(const SimulatedRegistration& range) {
+  return RangeText(range.begin, range.end - range.begin) + " registered by " +
+         DeviceLabel(range.owner) + " for " + range.identity;
+}
+
 }  // namespace
+
+SimulatedRegistrationStats SimulatedRegistrations() {
+  SimulatedRegistrationTable& table = Registrations();
+  SimulatedRegistrationStats stats;
+  {
+    std::lock_guard<std::mutex> lock(table.mutex);
+    stats.live_ranges = table.ranges.size();
+  }
+  stats.direct_copies = table.direct_copies.load();
+  stats.staged_copies = table.staged_copies.load();
+  return stats;
+}
+
+Result<HostRegistration> HostRegistration::Register(Device& device, void* ptr, std::size_t bytes,
+                                                    std::string* not_registered) {
+  Status status = device.RegisterHostDestination(ptr, bytes);
+  if (status.code() == StatusCode::kFailedPrecondition) {
+    if (not_registered != nullptr) *not_registered = status.message();
+    return HostRegistration();
+  }
+  PMSNAP_RETURN_IF_ERROR(status);
+  return HostRegistration(&device, ptr, bytes);
+}
+
+HostRegistration::~HostRegistration() {
+  Status status = Release();
+  if (!status.ok()) std::fprintf(stderr, "pmsnap: %s\n", status.ToString().c_str());
+}
+
+HostRegistration::HostRegistration(HostRegistration&& other) noexcept
+    : device_(std::exchange(other.device_, nullptr)), ptr_(other.ptr_), bytes_(other.bytes_) {}
+
+HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
+  if (this != &other) {
+    Status status = Release();
+    if (!status.ok()) std::fprintf(stderr, "pmsnap: %s\n", status.ToString().c_str());
+    device_ = std::exchange(other.device_, nullptr);
+    ptr_ = other.ptr_;
+    bytes_ = other.bytes_;
+  }
+  return *this;
+}
+
+Status HostRegistration::Release() {
+  if (device_ == nullptr) return Status::Ok();
+  Device* device = std::exchange(device_, nullptr);
+  return device->UnregisterHostDestination(ptr_, bytes_);
+}
 
 // One simulated stream: a thread that runs its jobs in the order they were
 // queued. The destructor runs what is queued, then joins.
@@ -173,6 +311,7 @@ double HostDevice::EstimateInDeviceCopySeconds(std::uint64_t bytes) const {
 SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options)
     : HostMemoryDevice(options.memory_bytes),
       options_(options),
+      serial_(Registrations().next_serial.fetch_add(1)),
       link_(options.copy_bandwidth_gbps),
       copy_engine_(options.in_device_bandwidth_gbps) {
   if (options_.asynchronous) compute_ = std::make_unique<Queue>();
@@ -238,10 +377,90 @@ Result<DeviceEventPtr> SimulatedDevice::QueueCopy(void* dst, const void* src, st
   return DeviceEventPtr(done);
 }
 
+Status SimulatedDevice::RegisterHostDestination(void* ptr, std::size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (options_.testing_refuse_registration) {
+    return Status(StatusCode::kFailedPrecondition,
+                  name() + " refuses to register " + RangeText(ptr, bytes) +
+                      " (testing_refuse_registration): copies into it are staged");
+  }
+  const auto* begin = static_cast<const std::byte*>(ptr);
+  const std::byte* end = begin + bytes;
+  SimulatedRegistrationTable& table = Registrations();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  table.FindStaleLocked();
+  // A stale registration anywhere is a lifetime bug: reported at the next
+  // registration whether or not it overlaps this one, so that a test finds
+  // it wherever the next mapping lands.
+  for (const SimulatedRegistration& range : table.ranges) {
+    if (!range.stale) continue;
+    return Status(StatusCode::kBusy,
+                  DeviceLabel(serial_) + " cannot register " + RangeText(ptr, bytes) + ": " +
+                      Describe(range) + " was unmapped or replaced (now " + range.now +
+                      ") without being unregistered; a GPU would copy into the old pages");
+  }
+  for (SimulatedRegistration& range : table.ranges) {
+    if (range.end <= begin || end <= range.begin) continue;
+    if (range.begin == begin && range.end == end && range.owner == serial_) {
+      range.count += 1;
+      return Status::Ok();
+    }
+    return Status(StatusCode::kBusy, DeviceLabel(serial_) + " cannot register " +
+                                         RangeText(ptr, bytes) + ": it overlaps " +
+                                         Describe(range));
+  }
+  table.ranges.push_back({begin, end, serial_, MappingIdentityOf(ptr, bytes), 1, false, {}});
+  return Status::Ok();
+}
+
+Status SimulatedDevice::UnregisterHostDestination(void* ptr, std::size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  const auto* begin = static_cast<const std::byte*>(ptr);
+  SimulatedRegistrationTable& table = Registrations();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  table.FindStaleLocked();
+  for (auto it = table.ranges.begin(); it != table.ranges.end(); ++it) {
+    if (it->begin != begin || it->end != begin + bytes || it->owner != serial_) continue;
+    if (it->stale) {
+      const std::string what = Describe(*it) + " was unmapped or replaced (now " + it->now +
+                               ") while registered: unregister before unmapping";
+      table.ranges.erase(it);
+      return Status(StatusCode::kFailedPrecondition, what);
+    }
+    if (--it->count == 0) table.ranges.erase(it);
+    return Status::Ok();
+  }
+  return Status(StatusCode::kFailedPrecondition,
+                RangeText(ptr, bytes) + " is not registered with " + DeviceLabel(serial_));
+}
+
+Status SimulatedDevice::CheckCopyDestination(const void* dst, std::size_t bytes) const {
+  const auto* begin = static_cast<const std::byte*>(dst);
+  const std::byte* end = begin + bytes;
+  SimulatedRegistrationTable& table = Registrations();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  for (const SimulatedRegistration& range : table.ranges) {
+    if (range.end <= begin || end <= range.begin) continue;
+    if (range.stale) {
+      return Status(StatusCode::kFailedPrecondition,
+                    "copy into " + RangeText(dst, bytes) + " refused: " + Describe(range) +
+                        " was unmapped or replaced (now " + range.now +
+                        "); a GPU would have copied into the old pages");
+    }
+    if (range.begin <= begin && end <= range.end) {
+      table.direct_copies.fetch_add(1, std::memory_order_relaxed);
+      return Status::Ok();
+    }
+  }
+  table.staged_copies.fetch_add(1, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
 Result<DeviceEventPtr> SimulatedDevice::CopyToHostAsync(void* dst, const void* src,
                                                         std::size_t bytes, DeviceEventPtr after) {
+  PMSNAP_RETURN_IF_ERROR(CheckCopyDestination(dst, bytes));
   if (!compute_) {
-    PMSNAP_RETURN_IF_ERROR(CopyToHost(dst, src, bytes));
+    PMSNAP_RETURN_IF_ERROR(TimedCopy(dst, src, bytes, link_));
     return DeviceEventPtr();
   }
   return QueueCopy(dst, src, bytes, std::move(after), /*uses_link=*/true);
@@ -315,6 +534,7 @@ Status SimulatedDevice::TimedCopy(void* dst, const void* src, std::size_t bytes,
 }
 
 Status SimulatedDevice::CopyToHost(void* dst, const void* src, std::size_t bytes) {
+  PMSNAP_RETURN_IF_ERROR(CheckCopyDestination(dst, bytes));
   return TimedCopy(dst, src, bytes, link_);
 }
 

@@ -18,9 +18,14 @@
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "detail/copy_hold_budget.h"
 #include "detail/engine_restore.h"
+#include "detail/unit_devices.h"
 #include "pmsnap/common/cpu_affinity.h"
 #include "pmsnap/common/page_prefault.h"
 #include "pmsnap/pmem_layout/checksum.h"
@@ -189,6 +194,8 @@ class StagingBuffers {
   }
   std::byte* data(int index) const { return buffers_[static_cast<std::size_t>(index)]; }
   bool enabled() const { return !buffers_.empty(); }
+  std::size_t count() const { return buffers_.size(); }
+  std::span<std::byte> buffer(std::size_t index) const { return {buffers_[index], bytes_}; }
 
  private:
   std::vector<std::byte*> buffers_;
@@ -240,10 +247,11 @@ struct Engine::Impl {
   std::unique_ptr<layout::Pool> pool;
   std::unique_ptr<Device> owned_device;
   Device* device = nullptr;
-  // Updates are queued on the device and ordered by events (Device::
-  // orders_by_events): copies wait for each unit's update event, conflicts
-  // make the compute stream wait for copies.
-  bool ordered_by_events = false;
+  // Each unit's device: `device`, or the host for on_host units. Where a
+  // device's updates are queued and ordered by events
+  // (UnitDevices::OrdersByEvents), copies wait for each unit's update
+  // event and conflicts make the compute stream wait for copies.
+  std::unique_ptr<UnitDevices> devices;
   std::shared_ptr<IntervalPolicy> policy;
   std::shared_ptr<ConflictStrategy> strategy;
   std::shared_ptr<Encoder> encoder;
@@ -276,6 +284,10 @@ struct Engine::Impl {
   std::mutex handover_mutex;
   Epoch* pending_start = nullptr;
   StagingBuffers staging;
+  // The pool's slots and the staging buffers, registered with the device as
+  // copy destinations. Declared after the memory they cover and the device:
+  // unregistered before either goes (Close clears them first).
+  std::vector<HostRegistration> registrations;
 
   std::mutex error_mutex;  // guards first_error
   Status first_error;
@@ -417,7 +429,8 @@ struct Engine::Impl {
   Result<DeviceEventPtr> CopyPartAsync(UnitTask& task, std::uint32_t p) {
     const UnitTask::Part& part = task.part(p);
     PMSNAP_ASSIGN_OR_RETURN(std::span<std::byte> dst, pool->PartDestination(*part.pool_part));
-    return device->CopyToHostAsync(dst.data(), task.source(p), part.bytes, task.update_event());
+    return task.device().CopyToHostAsync(dst.data(), task.source(p), part.bytes,
+                                         task.update_event());
   }
 
   // UnitTaskExecutor::IssueCopy: the training thread queued the copy of a
@@ -435,7 +448,7 @@ struct Engine::Impl {
     JobQueued(epoch);
     arena->enqueue([this, &epoch, &task, p, start, copy_done, copy_status] {
       Status status = copy_status;
-      if (status.ok() && copy_done) status = device->Synchronize(*copy_done);
+      if (status.ok() && copy_done) status = task.device().Synchronize(*copy_done);
       FinishPart(epoch, task, p, status, SecondsSince(start));
       JobFinished(epoch);
     });
@@ -447,6 +460,8 @@ struct Engine::Impl {
     const auto start = Clock::now();
     NoteFirstClaim(epoch, task, start);
     const UnitTask::Part& part = task.part(p);
+    Device& device = task.device();
+    const bool by_events = UnitDevices::OrdersByEvents(device);
     Status status;
     double copy = 0;
     const bool encoded = !part.pool_part.has_value();
@@ -454,28 +469,28 @@ struct Engine::Impl {
     if (!failed) {
       if (encoded) {
         // The encoder reads the live tensor itself: after its update.
-        if (ordered_by_events && task.update_event()) {
-          status = device->Synchronize(*task.update_event());
+        if (by_events && task.update_event()) {
+          status = device.Synchronize(*task.update_event());
         }
         if (status.ok()) status = encoder->Encode(task.unit(), epoch.epoch);
-      } else if (ordered_by_events) {
+      } else if (by_events) {
         // The copy waits for the update's event on this worker's copy
         // stream; the worker learns from the copy's event that it is done.
         const bool from_live = task.source(p) == part.live_source;
         Result<DeviceEventPtr> issued = CopyPartAsync(task, p);
         if (from_live) task.PublishCopyEvent(p, issued.ok() ? *issued : nullptr);
         status = issued.status();
-        if (status.ok() && *issued) status = device->Synchronize(**issued);
-      } else if (device->cpu_addressable()) {
+        if (status.ok() && *issued) status = device.Synchronize(**issued);
+      } else if (device.cpu_addressable()) {
         // One fused pass copies into PM, checksums and drains.
         status = pool->WritePart(*part.pool_part, task.source(p));
       } else {
         auto dst = pool->PartDestination(*part.pool_part);
         status =
-            dst.ok() ? device->CopyToHost(dst->data(), task.source(p), part.bytes) : dst.status();
+            dst.ok() ? device.CopyToHost(dst->data(), task.source(p), part.bytes) : dst.status();
       }
       copy = SecondsSince(start);
-    } else if (ordered_by_events && !encoded && task.source(p) == part.live_source) {
+    } else if (by_events && !encoded && task.source(p) == part.live_source) {
       task.PublishCopyEvent(p, nullptr);  // a conflict waits for no copy
     }
     FinishPart(epoch, task, p, status, copy);
@@ -496,7 +511,7 @@ struct Engine::Impl {
            !epoch.snapshot_done_ns.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
     }
     if (status.ok() && !epoch.failed.load(std::memory_order_relaxed) && !encoded &&
-        !device->cpu_addressable()) {
+        !task.device().cpu_addressable()) {
       status = pool->SealPart(*part.pool_part);
       persist = SecondsSince(snapshotted);
     }
@@ -605,11 +620,12 @@ struct Engine::Impl {
     const UnitTask::Part& part = task.part(p);
     Status status;
     if (!epoch.failed.load(std::memory_order_relaxed)) {
-      if (ordered_by_events && task.update_event()) {
-        status = device->Synchronize(*task.update_event());
+      Device& device = task.device();
+      if (UnitDevices::OrdersByEvents(device) && task.update_event()) {
+        status = device.Synchronize(*task.update_event());
       }
       if (status.ok()) {
-        status = device->CopyToHost(StagedBytes(epoch, part), task.source(p), part.bytes);
+        status = device.CopyToHost(StagedBytes(epoch, part), task.source(p), part.bytes);
       }
     }
     task.MarkSnapshotted(p);
@@ -754,8 +770,9 @@ struct Engine::Impl {
     // Recorded before anything reads the unit: every copy of it waits for
     // the update queued before this hook (and the encoder too).
     DeviceEventPtr update_event;
-    if (ordered_by_events) {
-      Result<DeviceEventPtr> recorded = device->RecordComputeEvent();
+    Device& unit_device = devices->of(units[u]);
+    if (UnitDevices::OrdersByEvents(unit_device)) {
+      Result<DeviceEventPtr> recorded = unit_device.RecordComputeEvent();
       if (recorded.ok()) {
         update_event = std::move(*recorded);
       } else {
@@ -784,7 +801,7 @@ struct Engine::Impl {
     // Parts a strategy releases (even before the initial jobs below are
     // queued) go back to the workers; a duplicate job finds the part claimed.
     // A staged epoch's number is written by the thread that begins it.
-    auto task = std::make_unique<UnitTask>(u, epoch.staged ? 0 : epoch.epoch, device,
+    auto task = std::make_unique<UnitTask>(u, epoch.staged ? 0 : epoch.epoch, &unit_device,
                                            epoch.executor.get(), std::move(parts));
     UnitTask* raw = task.get();
     raw->SetUpdateEvent(std::move(update_event));
@@ -1033,10 +1050,22 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   layout::Manifest manifest = ManifestFor(units);
   PMSNAP_RETURN_IF_ERROR(manifest.Validate());
   for (const UnitRegistration& unit : units) {
+    if (unit.on_host && unit.encoded) {
+      return Status(StatusCode::kInvalidArgument,
+                    "unit '" + unit.name + "' is both encoded and on_host (" + options.pool_path +
+                        "): an encoder reads the engine's device");
+    }
     for (const TensorView& t : unit.tensors) {
       if (t.data == nullptr && layout::TensorSpec{t.name, t.dtype, t.shape}.bytes() > 0) {
         return Status(StatusCode::kInvalidArgument,
                       "unit '" + unit.name + "' tensor '" + t.name + "' has no data pointer");
+      }
+      if (t.on_host != unit.on_host) {
+        return Status(StatusCode::kInvalidArgument,
+                      "unit '" + unit.name + "' tensor '" + t.name + "' is in " +
+                          (t.on_host ? "host" : "device") + " memory but the unit is registered " +
+                          (unit.on_host ? "on_host" : "on the device") + " (" +
+                          options.pool_path + "): frontend::ParameterUnits splits such units");
       }
     }
   }
@@ -1088,9 +1117,7 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   } else {
     impl->device = options.device;
   }
-  // A device the CPU addresses has its updates done by the time the hooks
-  // see them.
-  impl->ordered_by_events = impl->device->orders_by_events() && !impl->device->cpu_addressable();
+  impl->devices = std::make_unique<UnitDevices>(*impl->device);
   impl->policy = options.policy ? options.policy : std::make_shared<ContinuousPolicy>();
   if (options.coordinator && options.coordinator->world_size() > 1) {
     if (impl->policy->adapts_to_measurements()) {
@@ -1147,15 +1174,30 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
   impl->hold_budget.emplace(options.copy_start, impl->device->cpu_addressable(), impl->model_bytes,
                             options.workers);
   if (!impl->device->cpu_addressable()) {
-    // DMA straight into the PM slots; where the device cannot register them
-    // it stages through its bounded pinned ring (slower, still correct).
+    // DMA straight into the PM slots and the staging buffers; where the
+    // device cannot register them it stages through its bounded pinned ring
+    // (slower, still correct). A range registered already by someone else
+    // is an error: the copies could land in pages that are not this pool.
+    std::vector<std::pair<std::string, std::span<std::byte>>> destinations;
     for (int slot = 0; slot < 2; ++slot) {
-      std::span<std::byte> mapping = impl->pool->slot_mapping(slot);
-      Status registered = impl->device->RegisterHostDestination(mapping.data(), mapping.size());
+      destinations.emplace_back("slot " + std::to_string(slot), impl->pool->slot_mapping(slot));
+    }
+    for (std::size_t i = 0; i < impl->staging.count(); ++i) {
+      destinations.emplace_back("staging buffer " + std::to_string(i), impl->staging.buffer(i));
+    }
+    for (const auto& [what, range] : destinations) {
+      std::string not_registered;
+      Result<HostRegistration> registered =
+          HostRegistration::Register(*impl->device, range.data(), range.size(), &not_registered);
       if (!registered.ok()) {
-        std::cerr << "pmsnap: warning: pool '" << options.pool_path << "' slot " << slot << ": "
-                  << registered.message() << "\n";
+        return Status(registered.status().code(), "pool '" + options.pool_path + "' " + what +
+                                                      ": " + registered.status().message());
       }
+      if (!not_registered.empty()) {
+        std::cerr << "pmsnap: warning: pool '" << options.pool_path << "' " << what << ": "
+                  << not_registered << "\n";
+      }
+      if (registered->registered()) impl->registrations.push_back(std::move(*registered));
     }
   }
 
@@ -1442,6 +1484,11 @@ Status Engine::Close(CloseMode mode) {
   impl.pinning.clear();
   impl.arena->terminate();
   impl.device_stream->terminate();
+  // Before the memory they cover goes (Device::RegisterHostDestination).
+  for (HostRegistration& registration : impl.registrations) {
+    if (Status released = registration.Release(); !released.ok()) impl.RecordError(released);
+  }
+  impl.registrations.clear();
   impl.staging.Release();
   g_open_engines.fetch_sub(1, std::memory_order_relaxed);
   if (impl.options.print_summary) std::cerr << stats().Summary() << "\n";
@@ -1459,14 +1506,14 @@ Result<RestoreResult> Engine::Restore() {
   if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
   if (!impl.agreement) {
     PMSNAP_ASSIGN_OR_RETURN(RestoreResult restored,
-                            RestoreNewestIntactEpoch(*impl.pool, *impl.device, impl.units,
+                            RestoreNewestIntactEpoch(*impl.pool, *impl.devices, impl.units,
                                                      impl.encoder.get(), impl.options.workers));
     impl.committed_iteration = restored.iteration;
     return restored;
   }
   if (impl.shards) {
     PMSNAP_ASSIGN_OR_RETURN(RestoreResult restored,
-                            RestoreShardedEpoch(*impl.pool, *impl.device, impl.units, *impl.shards,
+                            RestoreShardedEpoch(*impl.pool, *impl.devices, impl.units, *impl.shards,
                                                 impl.encoder.get(), impl.options.workers,
                                                 *impl.agreement));
     impl.committed_iteration = restored.iteration;
@@ -1475,7 +1522,7 @@ Result<RestoreResult> Engine::Restore() {
   PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t agreed,
                           impl.agreement->AgreeOnRestore(IntactIterations(*impl.pool)));
   Result<RestoreResult> restored =
-      RestoreAgreedEpoch(*impl.pool, *impl.device, impl.units, impl.encoder.get(),
+      RestoreAgreedEpoch(*impl.pool, *impl.devices, impl.units, impl.encoder.get(),
                          impl.options.workers, agreed);
   PMSNAP_RETURN_IF_ERROR(impl.agreement->AgreeOnStatus(restored.status()));
   impl.committed_iteration = agreed;

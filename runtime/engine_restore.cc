@@ -20,14 +20,11 @@ namespace {
 // threads and the calling thread, checking the checksums if the pool's data
 // verification is still pending (fused into the copy when the CPU addresses
 // the tensors). Returns a part that failed its checksum, if any.
-Result<std::optional<std::uint32_t>> RestoreParts(layout::Pool& pool, Device& device,
+Result<std::optional<std::uint32_t>> RestoreParts(layout::Pool& pool, const UnitDevices& devices,
                                                   const std::vector<UnitRegistration>& units,
                                                   int workers, const layout::SnapshotView& view) {
   const std::vector<layout::PartLayout>& parts = pool.layout().parts;
   const bool verify = pool.data_verification_pending();
-  // The pool copies straight into CPU-addressable tensors; a device gets
-  // the part across its link after the check.
-  const bool host = device.cpu_addressable();
   constexpr std::uint32_t kNone = ~0u;
   std::atomic<std::uint32_t> damaged{kNone};
   std::mutex failure_mutex;  // guards failure
@@ -36,8 +33,11 @@ Result<std::optional<std::uint32_t>> RestoreParts(layout::Pool& pool, Device& de
     const layout::PartLayout& part = parts[p];
     std::byte* dst =
         static_cast<std::byte*>(units[part.unit].tensors[part.tensor].data) + part.offset_in_tensor;
+    Device& device = devices.of(units[part.unit]);
     Status status;
-    if (host) {
+    // The pool copies straight into CPU-addressable tensors; a device gets
+    // the part across its link after the check.
+    if (device.cpu_addressable()) {
       status = verify ? pool.ReadPart(view, p, dst) : pool.CopyPart(view, p, dst);
     } else {
       if (!verify) pool.PrefaultPart(view, p);
@@ -57,7 +57,7 @@ Result<std::optional<std::uint32_t>> RestoreParts(layout::Pool& pool, Device& de
   };
   // The caller joins the workers. A device copy waits on its link while
   // the CPU could check the next part: one more thread keeps both busy.
-  tbb::task_arena restore_arena(workers + (host ? 1 : 2));
+  tbb::task_arena restore_arena(workers + (devices.engine_device().cpu_addressable() ? 1 : 2));
   restore_arena.execute([&] {
     tbb::parallel_for(std::uint32_t{0}, static_cast<std::uint32_t>(parts.size()),
                       [&](std::uint32_t p) {
@@ -71,13 +71,13 @@ Result<std::optional<std::uint32_t>> RestoreParts(layout::Pool& pool, Device& de
 
 }  // namespace
 
-Result<RestoreResult> RestoreNewestIntactEpoch(layout::Pool& pool, Device& device,
+Result<RestoreResult> RestoreNewestIntactEpoch(layout::Pool& pool, const UnitDevices& devices,
                                                const std::vector<UnitRegistration>& units,
                                                Encoder* encoder, int workers) {
   PMSNAP_ASSIGN_OR_RETURN(layout::SnapshotView view, pool.Latest());
   while (true) {
     PMSNAP_ASSIGN_OR_RETURN(std::optional<std::uint32_t> damaged,
-                            RestoreParts(pool, device, units, workers, view));
+                            RestoreParts(pool, devices, units, workers, view));
     if (!damaged) break;
     // The newest checkpoint is damaged: restore the older one over it (it was
     // verified in full when the pool switched to it).
@@ -116,8 +116,9 @@ std::string AheadReason(std::uint64_t newer, std::uint64_t agreed) {
 
 // Broadcasts every tensor of `unit` from `root` into every rank's tensor, in
 // place where the CPU addresses it, else through a host buffer.
-Status BroadcastUnit(const UnitRegistration& unit, int root, int rank, Device& device,
+Status BroadcastUnit(const UnitRegistration& unit, int root, int rank, const UnitDevices& devices,
                      Coordinator& coordinator) {
+  Device& device = devices.of(unit);
   std::vector<std::byte> staging;
   for (const TensorView& t : unit.tensors) {
     const std::size_t bytes = layout::TensorSpec{t.name, t.dtype, t.shape}.bytes();
@@ -177,7 +178,7 @@ std::vector<UnitRegistration> HeldRegistrations(const ShardedUnits& shards) {
   return held;
 }
 
-Result<RestoreResult> RestoreAgreedEpoch(layout::Pool& pool, Device& device,
+Result<RestoreResult> RestoreAgreedEpoch(layout::Pool& pool, const UnitDevices& devices,
                                          const std::vector<UnitRegistration>& units,
                                          Encoder* encoder, int workers, std::uint64_t agreed) {
   PMSNAP_ASSIGN_OR_RETURN(const layout::SnapshotView latest, pool.Latest());
@@ -185,7 +186,7 @@ Result<RestoreResult> RestoreAgreedEpoch(layout::Pool& pool, Device& device,
     PMSNAP_RETURN_IF_ERROR(pool.RollBackLatest(AheadReason(latest.iteration(), agreed)));
   }
   PMSNAP_ASSIGN_OR_RETURN(RestoreResult restored,
-                          RestoreNewestIntactEpoch(pool, device, units, encoder, workers));
+                          RestoreNewestIntactEpoch(pool, devices, units, encoder, workers));
   if (restored.iteration != agreed) {
     return Status(StatusCode::kCorruption,
                   "pool '" + pool.path() + "': iteration " + std::to_string(agreed) +
@@ -194,7 +195,7 @@ Result<RestoreResult> RestoreAgreedEpoch(layout::Pool& pool, Device& device,
   return restored;
 }
 
-Result<RestoreResult> RestoreShardedEpoch(layout::Pool& pool, Device& device,
+Result<RestoreResult> RestoreShardedEpoch(layout::Pool& pool, const UnitDevices& devices,
                                           const std::vector<UnitRegistration>& held_units,
                                           const ShardedUnits& shards, Encoder* encoder,
                                           int workers, EpochAgreement& agreement) {
@@ -208,7 +209,7 @@ Result<RestoreResult> RestoreShardedEpoch(layout::Pool& pool, Device& device,
   const int rank = agreement.rank();
   auto restore_local = [&]() -> Result<RestoreResult> {
     if (choice.holds_iteration[rank]) {
-      return RestoreAgreedEpoch(pool, device, held_units, encoder, workers, choice.iteration);
+      return RestoreAgreedEpoch(pool, devices, held_units, encoder, workers, choice.iteration);
     }
     // A lost or damaged pool: its units come from the peers. A slot newer
     // than the agreed iteration must not survive to a later recovery, where
@@ -228,7 +229,7 @@ Result<RestoreResult> RestoreShardedEpoch(layout::Pool& pool, Device& device,
   Coordinator& coordinator = agreement.coordinator();
   for (std::size_t k = 0; k < shards.replicated.size(); ++k) {
     PMSNAP_RETURN_IF_ERROR(BroadcastUnit(shards.registered[shards.replicated[k]],
-                                         choice.serving_rank[k], rank, device, coordinator));
+                                         choice.serving_rank[k], rank, devices, coordinator));
   }
   const auto holder =
       std::find(choice.holds_iteration.begin(), choice.holds_iteration.end(), true);

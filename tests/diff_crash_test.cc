@@ -134,7 +134,8 @@ class DiffCrashTest : public ::testing::TestWithParam<Policy> {
 
 TEST_P(DiffCrashTest, EveryRetainedCheckpointSurvivesRandomKills) {
   TempPoolPath path("diff-crash");
-  CrashTrials kills(static_cast<unsigned>(GetParam()) * 7919u, kPhaseNames);
+  CrashTrials kills(pmsnap::testing::TestSeed(static_cast<unsigned>(GetParam()) * 7919u),
+                    kPhaseNames);
   std::uint64_t newest = 0;
   int verified = 0;
   for (int trial = 0; trial < Trials(); ++trial) {
@@ -170,7 +171,8 @@ TEST_P(DiffCrashTest, EveryRetainedCheckpointSurvivesRandomKills) {
 // checkpoint: the first trial times how long a child takes to its first
 // commit, the others kill at a random fraction of that.
 TEST_P(DiffCrashTest, KillsAroundPoolCreationLeaveNoPoolOrAVerifiedOne) {
-  CrashTrials kills(static_cast<unsigned>(GetParam()) * 104729u, kPhaseNames);
+  CrashTrials kills(pmsnap::testing::TestSeed(static_cast<unsigned>(GetParam()) * 104729u),
+                    kPhaseNames);
   int verified = 0;
   for (int trial = 0; trial < CreationTrials(); ++trial) {
     TempPoolPath path("diff-create");
@@ -214,7 +216,8 @@ class PrioritisedCrashTest : public ::testing::TestWithParam<Policy> {
 
 TEST_P(PrioritisedCrashTest, ApproximateCheckpointsStayConsistentUnderRandomKills) {
   TempPoolPath path("diff-crash-cpr");
-  CrashTrials kills(static_cast<unsigned>(GetParam()) * 31337u, kPhaseNames);
+  CrashTrials kills(pmsnap::testing::TestSeed(static_cast<unsigned>(GetParam()) * 31337u),
+                    kPhaseNames);
   const int trials = std::max(4, Trials() / 3);
   std::uint64_t newest = 0;
   int verified = 0;

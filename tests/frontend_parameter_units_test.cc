@@ -34,6 +34,81 @@ TEST(FrontendParameterUnitsTest, DenseCompanionNameRoundTrips) {
   EXPECT_EQ(TableOfDenseUnit("#dense"), std::nullopt);  // no table name before it
 }
 
+runtime::TensorView HostView(std::string role, DType dtype, std::vector<std::int64_t> shape) {
+  runtime::TensorView view = View(std::move(role), dtype, std::move(shape));
+  view.on_host = true;
+  return view;
+}
+
+TEST(FrontendParameterUnitsTest, HostCompanionNameRoundTrips) {
+  EXPECT_EQ(HostUnitName("fc.weight"), "fc.weight#host");
+  EXPECT_EQ(UnitOfHostCompanion("fc.weight#host"), "fc.weight");
+  EXPECT_EQ(UnitOfHostCompanion("emb.weight#dense#host"), "emb.weight#dense");
+  EXPECT_EQ(UnitOfHostCompanion("fc.weight"), std::nullopt);
+  EXPECT_EQ(UnitOfHostCompanion("#host"), std::nullopt);
+}
+
+TEST(FrontendParameterUnitsTest, EveryCompanionNamesItsParameter) {
+  for (const std::string& companion : CompanionUnitNames("emb.weight")) {
+    EXPECT_EQ(ParameterOfCompanion(companion), "emb.weight") << companion;
+  }
+  EXPECT_EQ(CompanionUnitNames("fc.weight"),
+            (std::vector<std::string>{"fc.weight#host", "fc.weight#dense",
+                                      "fc.weight#dense#host"}));
+  EXPECT_EQ(ParameterOfCompanion("fc.weight"), std::nullopt);
+}
+
+// The first GPU run: torch's default Adam keeps `step` on the CPU beside the
+// GPU parameter and moments; pmsnap refused the optimizer. The host tensor
+// now goes into a companion unit the engine copies with the CPU.
+TEST(FrontendParameterUnitsTest, HostStateOfADeviceParameterGoesIntoAHostCompanion) {
+  auto units = ParameterUnits(
+      "fc.weight",
+      {View("param", DType::kFloat32, {4, 3}), View("exp_avg", DType::kFloat32, {4, 3}),
+       View("exp_avg_sq", DType::kFloat32, {4, 3}), HostView("step", DType::kFloat32, {})},
+      /*embedding_table=*/false);
+  ASSERT_TRUE(units.ok()) << units.status().ToString();
+  ASSERT_EQ(units->size(), 2u);
+  EXPECT_EQ((*units)[0].name, "fc.weight");
+  EXPECT_FALSE((*units)[0].on_host);
+  EXPECT_EQ(Roles((*units)[0]), (std::vector<std::string>{"param", "exp_avg", "exp_avg_sq"}));
+  EXPECT_EQ((*units)[1].name, "fc.weight#host");
+  EXPECT_TRUE((*units)[1].on_host);
+  EXPECT_FALSE((*units)[1].encoded);
+  EXPECT_EQ(Roles((*units)[1]), (std::vector<std::string>{"step"}));
+  EXPECT_TRUE((*units)[1].tensors[0].on_host);
+}
+
+TEST(FrontendParameterUnitsTest, AUnitAllOnTheHostIsAHostUnitWithoutCompanion) {
+  auto units = ParameterUnits(
+      "bias", {HostView("param", DType::kFloat32, {4}), HostView("step", DType::kFloat32, {})},
+      /*embedding_table=*/false);
+  ASSERT_TRUE(units.ok()) << units.status().ToString();
+  ASSERT_EQ(units->size(), 1u);
+  EXPECT_EQ((*units)[0].name, "bias");
+  EXPECT_TRUE((*units)[0].on_host);
+}
+
+TEST(FrontendParameterUnitsTest, ATableOnTheDeviceWithAHostStepHasAHostDenseCompanion) {
+  // Adam on a GPU table: moments by row in the encoded unit, the CPU step
+  // alone in "#dense", which is all host memory and so a host unit.
+  auto units = ParameterUnits(
+      "emb.weight",
+      {View("param", DType::kFloat32, {10, 4}), View("exp_avg", DType::kFloat32, {10, 4}),
+       HostView("step", DType::kFloat32, {})},
+      /*embedding_table=*/true);
+  ASSERT_TRUE(units.ok()) << units.status().ToString();
+  ASSERT_EQ(units->size(), 2u);
+  EXPECT_TRUE((*units)[0].encoded);
+  EXPECT_FALSE((*units)[0].on_host);
+  EXPECT_EQ((*units)[1].name, "emb.weight#dense");
+  EXPECT_TRUE((*units)[1].on_host);
+  auto on_host = ParameterUnits("emb.weight", {HostView("param", DType::kFloat32, {10, 4})},
+                                /*embedding_table=*/true);
+  EXPECT_EQ(on_host.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(on_host.status().message().find("emb.weight"), std::string::npos);
+}
+
 TEST(FrontendParameterUnitsTest, PlainParameterIsOneUnitInTheGivenOrder) {
   auto units =
       ParameterUnits("fc.weight",

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh's logic on a machine without a GPU (issue [gpu]):
-# clean under shellcheck; without a GPU it stops with exit code 2 and says why;
-# `deps` unpacks the bundled packages and finds PMDK, oneTBB and xxHash in
-# them; and the GPU stall benchmark's code runs end to end on the CPU at a
-# tiny size, writing one CSV row per method.
+# scripts/gpu_check.sh's logic on a machine without a GPU (issues [gpu],
+# [gpu2]): clean under shellcheck; without a GPU it stops with exit code 2
+# and says why; `deps` unpacks the bundled packages and finds PMDK, oneTBB,
+# xxHash and GoogleTest in them alone, and fails naming a .deb taken away;
+# its rehearsal builds against the bundle and passes its CPU-runnable items;
+# and the GPU stall benchmark's code runs end to end on the CPU at a tiny
+# size, writing one CSV row per method.
 #   gpu_check_script_test.sh <python> <PYTHONPATH of the built package>
 set -euo pipefail
 python="$1"
@@ -34,10 +36,37 @@ fi
 
 PMSNAP_GPU_BUILD_DIR="$out/build" "$script" deps >"$out/deps.log" 2>&1 ||
   fail "deps failed: $(cat "$out/deps.log")"
-for module in libpmem libpmemobj libxxhash tbb; do
+for module in libpmem libpmemobj libxxhash tbb gtest gmock; do
   grep -q "^found $module .* in $out/build/deps/usr/lib/x86_64-linux-gnu\$" "$out/deps.log" ||
     fail "$module not taken from the bundled packages: $(cat "$out/deps.log")"
 done
+
+# The bundle alone must hold every package, whatever this machine has
+# installed: without one .deb that libpmemobj.pc requires, `deps` fails and
+# names it (the first GPU run stopped on exactly that).
+mkdir -p "$out/debs-missing-one"
+cp "$root"/third_party/debs/*.deb "$out/debs-missing-one/"
+rm "$out"/debs-missing-one/libndctl-dev_*.deb
+status=0
+PMSNAP_DEBS_DIR="$out/debs-missing-one" PMSNAP_GPU_BUILD_DIR="$out/build-missing" "$script" deps \
+  >"$out/deps-missing.log" 2>&1 || status=$?
+[[ $status -eq 3 ]] || fail "a bundle without libndctl-dev: exit $status, expected 3 ($(cat "$out/deps-missing.log"))"
+grep -q "libndctl" "$out/deps-missing.log" ||
+  fail "a bundle without libndctl-dev: the message does not name it: $(cat "$out/deps-missing.log")"
+
+# The rehearsal (no GPU): the build against the bundle alone, nvcc warnings
+# as errors, the CUDA and ordering tests (the CUDA ones skip) and the
+# extension's symbol checks, each reported as an item.
+status=0
+PMSNAP_GPU_CHECK_REHEARSAL=1 PMSNAP_GPU_PYTHON="$python" PMSNAP_GPU_BUILD_DIR="$out/build" \
+  PMSNAP_GPU_REPORT_DIR="$out/report" PMSNAP_GPU_ITEMS=cuda-tests,extension PMSNAP_GPU_WERROR=ON \
+  "$script" >"$out/rehearsal.log" 2>&1 || status=$?
+[[ $status -eq 0 ]] || fail "the rehearsal failed (exit $status): $(tail -n 40 "$out/rehearsal.log")"
+for item in cuda-tests extension; do
+  grep -q "^| $item | passed |" "$out/report/report.md" ||
+    fail "the rehearsal's report lacks a passed $item: $(cat "$out/report/report.md")"
+done
+grep -q "not a GPU check" "$out/report/report.md" || fail "the rehearsal's report does not say so"
 
 csv="$out/gpu_stall.csv"
 PYTHONPATH="$pythonpath" PMSNAP_POOL_DIR="${PMSNAP_POOL_DIR:-/dev/shm}" "$python" \

@@ -5,8 +5,8 @@
 // be bitwise equal to an uninterrupted run with the plain optimizer.
 //
 // The children are separate executables (fork + exec via posix_spawn), so
-// no libtorch thread pool is ever forked. The seed is printed so that a
-// failure can be replayed with PMSNAP_RESUME_SEED.
+// no libtorch thread pool is ever forked. The kill points come from
+// PMSNAP_TEST_SEED (testutil/test_seed.h), printed with a failure.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -88,13 +88,7 @@ std::string ResumeTest::out_dir_;
 std::map<std::string, std::string> ResumeTest::references_;
 
 TEST_F(ResumeTest, KilledAtRandomStepsResumesBitwiseEqualToUninterruptedRun) {
-  const char* seed_env = std::getenv("PMSNAP_RESUME_SEED");
-  const std::uint64_t seed =
-      seed_env
-          ? std::strtoull(seed_env, nullptr, 10)
-          : static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  std::printf("PMSNAP_RESUME_SEED=%llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(pmsnap::testing::TestSeed(/*salt=*/91));
   const std::vector<std::string> optimizers = {
       "SgdMomentum",           "Adam", "AdamW", "Adagrad", "RmspropCenteredMomentum",
       "SgdNesterovWeightDecay"};

@@ -94,7 +94,7 @@ TEST(PoolCrashTest, RandomSigkillAlwaysRecoversALaterOrEqualCommittedEpochBitExa
     options.chunk_heap_bytes = 1 << 20;
     ASSERT_TRUE(Pool::Create(path.path(), manifest, options).ok());
   }
-  CrashTrials kills(20261121, kPhaseNames);
+  CrashTrials kills(pmsnap::testing::TestSeed(20261121), kPhaseNames);
   std::uint64_t newest = 0;  // epoch: reported by a child or recovered
   const int trials = pmsnap::testing::CrashTrialCount(200);
   for (int trial = 0; trial < trials; ++trial) {

@@ -208,7 +208,7 @@ Outcome RunWorkload(bool with_chunks, std::uint64_t seed) {
   const Manifest manifest = SmallManifest();
   std::atomic<bool> armed{false};
   std::atomic<std::uint64_t> progress{0};
-  PowerLossSimulator simulator(seed);
+  PowerLossSimulator simulator(pmsnap::testing::TestSeed(seed));
   simulator.SetPlan(CapturePlan(&armed, &progress));
   {
     auto pool = Pool::Create(path.path(), manifest, SmallOptions(with_chunks ? 4 << 20 : 0));
@@ -231,7 +231,7 @@ TEST(PoolPowerLossTest, CreatedPoolOpensFromEveryImageAfterItsHeaderIsDrained) {
   TempPoolPath path("power-loss-create");
   TempPoolPath image_path("power-loss-create-image");
   const Manifest manifest = SmallManifest();
-  PowerLossSimulator simulator(1);
+  PowerLossSimulator simulator(pmsnap::testing::TestSeed(1));
   std::uint64_t last_drain = 0;
   simulator.SetPlan([&](const SeamEvent& event) -> std::optional<CaptureRequest> {
     if (event.persist_point()) last_drain = event.index;
@@ -295,7 +295,7 @@ TEST(PoolPowerLossTest, ChunkAllocSealFreeAndSweepSurviveEveryImage) {
 // not make it durable again (it did before the flushes were ordered).
 TEST(PoolPowerLossTest, ADrainNeverMakesALineOlderThanAnotherThreadMadeDurable) {
   TempPoolPath path("power-loss-threads");
-  PowerLossSimulator simulator(5);
+  PowerLossSimulator simulator(pmsnap::testing::TestSeed(5));
   auto pool = Pool::Create(path.path(), SmallManifest(), SmallOptions(0));
   ASSERT_TRUE(pool.ok()) << pool.status().message();
   PMEMobjpool* pop = simulator.tracked_pool();

@@ -74,5 +74,5 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/gpu_check_script_test.sh ${Python_EXECUTABLE}
                    ${PMSNAP_PYTHON_BUILD_DIR})
   set_tests_properties(gpu_check_script_test PROPERTIES ENVIRONMENT "PMEM_IS_PMEM_FORCE=1"
-                       TIMEOUT 600)
+                       TIMEOUT 1500)
 endif()

@@ -67,8 +67,14 @@ TEST(CudaDeviceTest, OnAGpuBytesRoundTripThroughDeviceMemory) {
   ASSERT_TRUE(device.CopyFromHost(*a, host.data(), bytes).ok());
   ASSERT_TRUE(device.CopyInDevice(*b, *a, bytes).ok());
   std::vector<std::uint32_t> back(host.size(), 0);
-  ASSERT_TRUE(RegisterHostMemoryForDevice(back.data(), bytes).ok());
-  ASSERT_TRUE(device.CopyToHost(back.data(), *b, bytes).ok());
+  {
+    std::string not_registered;
+    auto registration = HostRegistration::Register(device, back.data(), bytes, &not_registered);
+    ASSERT_TRUE(registration.ok()) << registration.status().ToString();
+    EXPECT_TRUE(registration->registered()) << not_registered;
+    ASSERT_TRUE(device.CopyToHost(back.data(), *b, bytes).ok());
+    ASSERT_TRUE(registration->Release().ok());  // before `back` goes
+  }
   EXPECT_EQ(back, host);
   EXPECT_GE(device.peak_allocated_bytes(), 2 * bytes);
   device.Free(*a, bytes);

@@ -124,7 +124,7 @@ class ShardSaves:
                                      f"be a contiguous float32 CPU tensor, got {t.dtype} on "
                                      f"{t.device}")
                 specs.append(("weight" if i == 0 else f"state{i}", t.data_ptr(),
-                              dtype_name(t.dtype), list(t.shape)))
+                              dtype_name(t.dtype), list(t.shape), False))
             self._units.append((name, specs))
             self._names.append(name)
         self._tensors = tables  # keep the storages alive

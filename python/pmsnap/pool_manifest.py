@@ -5,9 +5,10 @@ model with what the pool records, so that a mismatch names the parameter
 (check_pool_names) or the embedding table (check_pool_tables). restore()
 then creates the optimizer state torch has not made yet from the manifest
 (create_state_from_manifest): torch creates state lazily, on a parameter's
-first update, but the engine restores into registered tensors. An embedding
-table's state is split between its unit and its dense companion
-(_pmsnap.dense_unit_name); both are read here as one parameter's.
+first update, but the engine restores into registered tensors. A parameter's
+state may be split between its unit and companion units (an embedding
+table's "#dense", the CPU state of a CUDA parameter in "#host":
+_pmsnap.companion_units); they are read here as one parameter's.
 
 Thread-safety: the training thread that owns the CheckpointedOptimizer.
 """
@@ -41,7 +42,7 @@ def check_pool_names(info, named, pool, sharded=False):
     units = {name: tensors for name, tensors in info["units"]}
     ours = {name for name, _ in named}
     units = {name: tensors for name, tensors in units.items()
-             if _pmsnap.table_of_dense_unit(name) not in ours}
+             if _pmsnap.parameter_of_companion(name) not in ours}
     for name, p in named:
         tensors = units.get(name)
         if tensors is None and sharded:
@@ -62,6 +63,14 @@ def check_pool_names(info, named, pool, sharded=False):
         raise make_error(_pmsnap.ModelMismatchError,
                          f"pool {pool} holds units the optimizer does not have, e.g. "
                          f"'{extra[0]}'")
+
+
+def with_companions(units):
+    """{parameter: its unit's tensors followed by its companions'} from a
+    manifest's {unit name: tensors}; companions do not appear on their own."""
+    return {name: list(tensors) + [t for companion in _pmsnap.companion_units(name)
+                                   for t in units.get(companion, [])]
+            for name, tensors in units.items() if _pmsnap.parameter_of_companion(name) is None}
 
 
 def merge_rank_units(per_rank_units):
@@ -94,11 +103,13 @@ def create_state_from_manifest(info, optimizer, named):
 
     Checks every parameter first, so a mismatch leaves the optimizer untouched.
     """
-    units = {name: tensors for name, tensors in info["units"]}
-    # A table's state is split between its unit and its dense companion.
-    units = {name: list(tensors) + (list(units.get(_pmsnap.dense_unit_name(name), []))
-                                    if _pmsnap.table_of_dense_unit(name) is None else [])
-             for name, tensors in units.items()}
+    manifest = {name: tensors for name, tensors in info["units"]}
+    units = with_companions(manifest)
+    # State a "#host" companion holds was on the CPU beside a CUDA parameter
+    # (Adam's `step`): made there again, where torch keeps it.
+    on_host = {(_pmsnap.parameter_of_companion(name), role)
+               for name, tensors in manifest.items() if name.endswith("#host")
+               for role, _, _ in tensors}
     for name, p in named:
         roles = {role: (dtype, list(shape)) for role, dtype, shape in units[name][1:]}
         for key, value in state_tensors(optimizer, p):
@@ -124,4 +135,5 @@ def create_state_from_manifest(info, optimizer, named):
                 raise make_error(_pmsnap.ModelMismatchError,
                                  f"parameter '{name}': optimizer state '{role}' is a "
                                  f"{type(current).__name__} here but a tensor in the pool")
-            state[role] = torch.zeros(shape, dtype=torch_dtype(dtype), device=p.device)
+            device = "cpu" if (name, role) in on_host else p.device
+            state[role] = torch.zeros(shape, dtype=torch_dtype(dtype), device=device)

@@ -17,8 +17,9 @@ parameter name, not by optimizer index):
 A parameter's unit becomes model[name] (its "param" tensor) and
 optimizer["state"][name] (every other tensor, plus the non-tensor state kept
 in the extra state). An embedding table is rebuilt from its retained chunk
-checkpoint (dequantized to float32 when quantized) and its "#dense" companion
-unit; a multi-rank pool ("{rank}" in the path, pmsnap.distributed) is read as
+checkpoint (dequantized to float32 when quantized); a parameter's companion
+units ("#dense", "#host": _pmsnap.companion_units) add their tensors to its
+state. A multi-rank pool ("{rank}" in the path, pmsnap.distributed) is read as
 the union of every rank's units at the newest epoch all ranks retain.
 
 Tensors are read one at a time, each checksum-checked as it is read; only the
@@ -207,8 +208,8 @@ class PoolCheckpoint:
             by_name = {name: (u, encoded, tensors) for u, (name, encoded, tensors)
                        in enumerate(units)}
             for u, (name, encoded, tensors) in enumerate(units):
-                if _pmsnap.table_of_dense_unit(name) is not None or name in seen:
-                    continue  # a table's companion goes with its table; replicas once
+                if _pmsnap.parameter_of_companion(name) is not None or name in seen:
+                    continue  # a companion goes with its parameter; replicas once
                 seen.add(name)
                 if encoded:
                     for role, dtype, shape, nbytes in tensors:
@@ -218,12 +219,13 @@ class PoolCheckpoint:
                     for t, (role, dtype, shape, nbytes) in enumerate(tensors):
                         entries.append(TensorEntry(name, role, dtype, shape, nbytes, reader,
                                                    unit=u, tensor=t))
-                dense = by_name.get(_pmsnap.dense_unit_name(name))
-                if dense is not None:
-                    du, _, dtensors = dense
-                    for t, (role, dtype, shape, nbytes) in enumerate(dtensors):
+                for companion in _pmsnap.companion_units(name):
+                    if companion not in by_name:
+                        continue
+                    cu, _, ctensors = by_name[companion]
+                    for t, (role, dtype, shape, nbytes) in enumerate(ctensors):
                         entries.append(TensorEntry(name, role, dtype, shape, nbytes, reader,
-                                                   unit=du, tensor=t))
+                                                   unit=cu, tensor=t))
         return entries
 
     def _epoch_in(self, reader):

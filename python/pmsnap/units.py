@@ -98,10 +98,14 @@ class Unit:
         self._registrations = None
 
     def registrations(self, cuda):
-        """[(unit name, views)]: the unit, then a table's "#dense" companion if any.
+        """[(unit name, views)]: the unit, then its companions if any (a
+        table's "#dense", and "#host" with the CPU state of a CUDA parameter:
+        _pmsnap.parameter_units).
 
         InvalidArgumentError naming the parameter for a tensor that is not
-        contiguous dense memory on the engine's device (`cuda` or the host).
+        contiguous dense memory on the engine's device (`cuda` or the host);
+        with `cuda`, optimizer state on the CPU is allowed (Adam's `step`)
+        and checkpointed from there.
         """
         views = [self._view(role, t, cuda) for role, t in self.tensors]
         self._registrations = _pmsnap.parameter_units(self.name, views, self.table)
@@ -110,7 +114,7 @@ class Unit:
     def encoded_roles(self):
         """[(role, shape)] of a table's encoded unit, as registered."""
         _, views = self._registrations[0]
-        return [(role, tuple(shape)) for role, _, _, shape in views]
+        return [(role, tuple(shape)) for role, _, _, shape, _ in views]
 
     def check_unchanged(self):
         """ModelMismatchError if a registered tensor moved or changed shape."""
@@ -156,8 +160,14 @@ class Unit:
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"parameter '{self.name}': tensor '{role}' is not contiguous dense "
                              "memory; pmsnap checkpoints tensors in place")
+        on_host = False
         if (t.device.type == "cuda") != cuda:
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"parameter '{self.name}': tensor '{role}' lives on {t.device} but "
-                             f"the pmsnap device is {'cuda' if cuda else 'the host'}")
-        return (str(role), t.data_ptr(), dtype_name(t.dtype), list(t.shape))
+            # PyTorch keeps scalar optimizer state (Adam's `step` unless
+            # capturable or fused) on the CPU beside GPU parameters: such a
+            # tensor goes through the host path, in the same epoch.
+            on_host = cuda and role != PARAM_ROLE and t.device.type == "cpu"
+            if not on_host:
+                raise make_error(_pmsnap.InvalidArgumentError,
+                                 f"parameter '{self.name}': tensor '{role}' lives on {t.device} "
+                                 f"but the pmsnap device is {'cuda' if cuda else 'the host'}")
+        return (str(role), t.data_ptr(), dtype_name(t.dtype), list(t.shape), on_host)

@@ -13,7 +13,8 @@
 //                (pmsnap.load_state_dict and the exporters).
 //   read_pool    a pool's manifest and commit state, without knowing the model
 //                (restore uses it to create lazily-made optimizer state).
-//   parameter_units, dense_unit_name, table_of_dense_unit,
+//   parameter_units, dense_unit_name, table_of_dense_unit, parameter_of_companion,
+//   companion_units,
 //   check_embedding_table, moves_rows_without_gradient, PARAM_ROLE
 //                the unit rules the C++ hooks follow too
 //                (frontend/parameter_units.h), so both front ends lay out
@@ -108,26 +109,30 @@ std::string DTypeText(DType dtype) {
   return "unknown";
 }
 
-// (tensor role, data_ptr, dtype name, shape) as Python passes it.
-using TensorArg = std::tuple<std::string, std::uintptr_t, std::string, std::vector<std::int64_t>>;
+// (tensor role, data_ptr, dtype name, shape, on_host) as Python passes it:
+// on_host (runtime::TensorView::on_host) for a CPU tensor on a CUDA engine.
+using TensorArg =
+    std::tuple<std::string, std::uintptr_t, std::string, std::vector<std::int64_t>, bool>;
 using UnitArg = std::pair<std::string, std::vector<TensorArg>>;
 
 runtime::TensorView ToTensorView(const TensorArg& tensor, const std::string& unit) {
-  const auto& [role, ptr, dtype, shape] = tensor;
+  const auto& [role, ptr, dtype, shape, on_host] = tensor;
   runtime::TensorView view;
   view.name = role;
   view.data = reinterpret_cast<void*>(ptr);
   view.dtype = ParseDType(dtype, "unit '" + unit + "' tensor '" + role + "'");
   view.shape = shape;
+  view.on_host = on_host;
   return view;
 }
 
 TensorArg ToTensorArg(const runtime::TensorView& view) {
   return {view.name, reinterpret_cast<std::uintptr_t>(view.data), DTypeText(view.dtype),
-          view.shape};
+          view.shape, view.on_host};
 }
 
-// frontend::ParameterUnits for Python: [(unit name, [(role, data_ptr, dtype, shape)])].
+// frontend::ParameterUnits for Python:
+// [(unit name, [(role, data_ptr, dtype, shape, on_host)])].
 std::vector<UnitArg> ParameterUnitsOf(const std::string& name,
                                       const std::vector<TensorArg>& tensors, bool embedding_table) {
   std::vector<runtime::TensorView> views;
@@ -161,6 +166,9 @@ std::vector<runtime::UnitRegistration> ToRegistrations(const std::vector<UnitArg
     unit.name = name;
     for (const std::string& e : encoded) unit.encoded = unit.encoded || e == name;
     for (const TensorArg& tensor : tensors) unit.tensors.push_back(ToTensorView(tensor, name));
+    // A unit of host tensors (ParameterUnits' "#host" companions) is on_host;
+    // the engine refuses a unit that mixes them.
+    unit.on_host = !unit.tensors.empty() && unit.tensors.front().on_host;
     out.push_back(std::move(unit));
   }
   return out;
@@ -1077,7 +1085,9 @@ PYBIND11_MODULE(_pmsnap, m) {
            py::arg("worker_cpus") = std::vector<int>{}, py::arg("dram_staging_buffers") = 0,
            // The Python coordinator's methods must outlive the engine's calls.
            py::keep_alive<1, 20>(),
-           "Opens (or creates) the pool for `units`: [(name, [(role, data_ptr, dtype, shape)])]; "
+           "Opens (or creates) the pool for `units`: "
+           "[(name, [(role, data_ptr, dtype, shape, on_host)])] (on_host: a CPU tensor while "
+           "`device` is cuda; a unit's tensors are all on the host or none); "
            "`encoded_units` (embedding tables) go through a diff::EmbeddingCheckpointer. "
            "`cuda_stream`: the stream the optimizer's kernels run on, "
            "torch.cuda.current_stream().cuda_stream (0: the legacy default stream); copies "
@@ -1296,12 +1306,26 @@ PYBIND11_MODULE(_pmsnap, m) {
   m.attr("PARAM_ROLE") = std::string(frontend::kParamRole);
   m.def("parameter_units", &ParameterUnitsOf, py::arg("name"), py::arg("tensors"),
         py::arg("embedding_table") = false,
-        "-> [(unit name, [(role, data_ptr, dtype, shape)])]: parameter `name`'s units, its "
-        "tensors (the \"param\" one first) split as frontend::ParameterUnits splits them; "
+        "-> [(unit name, [(role, data_ptr, dtype, shape, on_host)])]: parameter `name`'s units, "
+        "its tensors (the \"param\" one first) split as frontend::ParameterUnits splits them "
+        "(CPU tensors of a CUDA engine, on_host, into a \"#host\" companion); "
         "InvalidArgumentError naming the parameter otherwise.");
   m.def(
       "dense_unit_name", [](const std::string& table) { return frontend::DenseUnitName(table); },
       py::arg("table"), "Name of embedding table `table`'s dense companion unit.");
+  m.def(
+      "parameter_of_companion",
+      [](const std::string& unit) -> std::optional<std::string> {
+        auto of = frontend::ParameterOfCompanion(unit);
+        return of ? std::optional<std::string>(std::string(*of)) : std::nullopt;
+      },
+      py::arg("unit"),
+      "The parameter whose companion unit `unit` is (\"#dense\", \"#host\", "
+      "\"#dense#host\"), or None for a parameter's own unit.");
+  m.def(
+      "companion_units",
+      [](const std::string& name) { return frontend::CompanionUnitNames(name); }, py::arg("name"),
+      "The names of parameter `name`'s possible companion units, in layout order.");
   m.def(
       "table_of_dense_unit",
       [](const std::string& unit) -> std::optional<std::string> {

@@ -17,11 +17,12 @@
 #include "pmsnap/runtime/engine.h"
 #include "pmsnap/runtime/epoch_agreement.h"
 #include "pmsnap/runtime/sharding.h"
+#include "unit_devices.h"
 
 namespace pmsnap::runtime {
 
 // Copies every part of the pool's newest committed epoch into `units`'
-// tensors, through `device`, on `workers` threads plus the caller, checking
+// tensors, through each unit's device (`devices`), on `workers` threads plus the caller, checking
 // each part's checksum in the same pass while the pool's data verification
 // is pending. A damaged part makes the pool reject that epoch
 // (Pool::RejectLatest, with its warning) and the older one is restored over
@@ -30,7 +31,7 @@ namespace pmsnap::runtime {
 // state; kNotFound when the pool has no committed epoch, kCorruption when
 // neither epoch verifies, and the first copy error otherwise (the tensors
 // then hold a mix of old and restored bytes).
-Result<RestoreResult> RestoreNewestIntactEpoch(layout::Pool& pool, Device& device,
+Result<RestoreResult> RestoreNewestIntactEpoch(layout::Pool& pool, const UnitDevices& devices,
                                                const std::vector<UnitRegistration>& units,
                                                Encoder* encoder, int workers);
 
@@ -43,7 +44,7 @@ std::vector<std::uint64_t> IntactIterations(const layout::Pool& pool);
 // one epoch ahead first drops its newest slot (Pool::RollBackLatest), so that
 // restore reads the agreed one and the next epoch overwrites the dropped
 // one. kCorruption naming the pool if `agreed` then fails verification.
-Result<RestoreResult> RestoreAgreedEpoch(layout::Pool& pool, Device& device,
+Result<RestoreResult> RestoreAgreedEpoch(layout::Pool& pool, const UnitDevices& devices,
                                          const std::vector<UnitRegistration>& units,
                                          Encoder* encoder, int workers, std::uint64_t agreed);
 
@@ -84,7 +85,7 @@ std::vector<UnitRegistration> HeldRegistrations(const ShardedUnits& shards);
 // every rank when the ranks' holdings or local restores fail (kNotFound: no
 // rank holds a checkpoint); a broadcast failure is the transport's error.
 // `held_units` are the registrations this rank writes (Impl::units).
-Result<RestoreResult> RestoreShardedEpoch(layout::Pool& pool, Device& device,
+Result<RestoreResult> RestoreShardedEpoch(layout::Pool& pool, const UnitDevices& devices,
                                           const std::vector<UnitRegistration>& held_units,
                                           const ShardedUnits& shards, Encoder* encoder,
                                           int workers, EpochAgreement& agreement);

@@ -10,11 +10,13 @@ Thread-safety: pytest runs the tests of one process sequentially.
 
 import glob
 import os
+import random
 import subprocess
 import sys
 import tempfile
 import traceback
 import uuid
+import zlib
 
 import pytest
 import torch
@@ -22,6 +24,30 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 torch.set_num_threads(1)
+
+
+DEFAULT_TEST_SEED = 20261127  # testutil/test_seed.h's kDefaultTestSeed
+
+
+def seed_for(salt=0):
+    """The seed of a randomized test: $PMSNAP_TEST_SEED (else a fixed
+    default, the same as the C++ tests'), mixed with `salt` so that each
+    test draws its own numbers. scripts/flake_hunt.sh runs the randomized
+    tests with fresh seeds; a failure reproduces with the seed it printed."""
+    text = os.environ.get("PMSNAP_TEST_SEED") or str(DEFAULT_TEST_SEED)
+    if not text.isdigit():
+        raise ValueError(f"PMSNAP_TEST_SEED={text!r} is not a decimal number")
+    return (int(text) * 0x9E3779B97F4A7C15 + salt) % 2 ** 64
+
+
+@pytest.fixture
+def rng(request):
+    """A random.Random seeded from seed_for() and the test's name; the
+    seed is printed (pytest shows it with a failure)."""
+    salt = zlib.crc32(request.node.nodeid.encode())
+    print(f"PMSNAP_TEST_SEED={os.environ.get('PMSNAP_TEST_SEED') or DEFAULT_TEST_SEED} "
+          f"({request.node.nodeid})")
+    return random.Random(seed_for(salt))
 
 
 def pool_dir():

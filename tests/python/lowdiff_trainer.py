@@ -6,7 +6,8 @@ checkpointed by pmsnap.lowdiff.LowDiff (full checkpoints every --full-every
 steps, differentials in batches of --batch). On start it restores (full
 checkpoint + replayed differentials) and writes what it restored to
 restored_rank<r>.pt; if --kill rank:step:fraction names this rank, it
-SIGKILLs itself a fraction of its own measured step time after that step.
+SIGKILLs itself a fraction of its own measured step time after that step
+(fraction "now": at once, before the next step begins).
 
   --reference: the same training with the same compressor hook and the
   plain optimizer, no pmsnap; writes the state after every step to
@@ -90,7 +91,7 @@ def main():
     victim, kill_step, fraction = -1, 0, 0.0
     if args.kill:
         v, s, f = args.kill.split(":")
-        victim, kill_step, fraction = int(v), int(s), float(f)
+        victim, kill_step, fraction = int(v), int(s), (None if f == "now" else float(f))
     print(f"rank {rank} starts at {start}", flush=True)
     for step in range(start, args.steps + 1):
         began = time.monotonic()
@@ -120,6 +121,8 @@ def main():
             opt.step(extra_state={"batch": step})
             opt.zero_grad(set_to_none=True)
         if rank == victim and step == kill_step:
+            if fraction is None:  # "now": right after the step, before anything else
+                os.kill(os.getpid(), signal.SIGKILL)
             delay = fraction * (time.monotonic() - began)
             threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
     if opt is not None:

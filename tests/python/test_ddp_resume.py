@@ -10,7 +10,6 @@ and fail to connect ("Gloo connectFullMesh failed ... Connection refused"),
 before pmsnap runs at all."""
 
 import os
-import random
 
 import pytest
 import torch
@@ -28,7 +27,7 @@ def torchrun(out, extra, expect_kill=False):
 @pytest.mark.parametrize("sharding,method", [(None, "optimizer"), ("replicated", "optimizer"),
                                              (None, "lowdiff_plus")])
 def test_killed_ranks_resume_bit_exact_against_uninterrupted_ddp(tmp_path, pool_path, sharding,
-                                                                 method):
+                                                                 method, rng):
     # Sharded: each rank writes half the parameters and restore broadcasts
     # them; fewer kills, the unsharded run covers the commit timing.
     # LowDiff+ (the pool holds a host replica updated from the gradients):
@@ -36,7 +35,6 @@ def test_killed_ranks_resume_bit_exact_against_uninterrupted_ddp(tmp_path, pool_
     # run must still end bit-exact.
     kills = int(os.environ.get("PMSNAP_DDP_KILLS") or 20) // (4 if sharding or
                                                              method == "lowdiff_plus" else 1)
-    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     # Each attempt kills one rank 0..2 of its step times after a random step
     # (inside the next update, its commit, or between steps), at increasing
     # steps so that every attempt makes progress.

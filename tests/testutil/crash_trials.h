@@ -44,6 +44,8 @@
 #include <utility>
 #include <vector>
 
+#include "testutil/test_seed.h"
+
 namespace pmsnap::testing {
 
 // $PMSNAP_CRASH_TRIALS, or `fallback`.

@@ -366,7 +366,7 @@ inline EnginePowerLossOutcome RunEnginePowerLoss(PowerLossModel& live, std::uint
   EngineProgress progress;
   std::atomic<bool> armed{false};
   layout::FileRegions regions;
-  PowerLossSimulator simulator(seed);
+  PowerLossSimulator simulator(pmsnap::testing::TestSeed(seed));
   simulator.SetPlan(CapturePlan(&armed, &progress, &regions, density));
   std::uint64_t restored_iteration = 0;
   {

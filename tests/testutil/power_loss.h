@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "detail/persistence.h"
+#include "testutil/test_seed.h"
 
 namespace pmsnap::testing {
 

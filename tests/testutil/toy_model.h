@@ -40,10 +40,34 @@ class ToyModel {
     return units;
   }
 
+  // As Registrations, with each unit's step counter in a companion unit of
+  // host memory ("<unit>#host", UnitRegistration::on_host), the way PyTorch
+  // keeps Adam's `step` on the CPU beside GPU tensors: unit 2u holds param
+  // and momentum, unit 2u + 1 the step.
+  std::vector<runtime::UnitRegistration> RegistrationsWithHostSteps() {
+    std::vector<runtime::UnitRegistration> units;
+    for (runtime::UnitRegistration& unit : Registrations()) {
+      runtime::UnitRegistration host;
+      host.name = unit.name + "#host";
+      host.on_host = true;
+      host.tensors.push_back(unit.tensors.back());
+      host.tensors.back().on_host = true;
+      unit.tensors.pop_back();
+      units.push_back(std::move(unit));
+      units.push_back(std::move(host));
+    }
+    return units;
+  }
+
   std::size_t unit_count() const { return params_.size(); }
 
   // The optimizer update of unit u in step k (in place).
   void Update(std::size_t u, std::uint64_t k) {
+    UpdateTensors(u, k);
+    UpdateStep(u);
+  }
+  // Update's two halves: the device tensors, and the (host) step counter.
+  void UpdateTensors(std::size_t u, std::uint64_t k) {
     auto& p = params_[u];
     auto& m = state_[u];
     const float g = 0.01f * static_cast<float>((k * 7 + u) % 13) - 0.05f;
@@ -51,7 +75,48 @@ class ToyModel {
       m[i] = 0.9f * m[i] + g * static_cast<float>(i % 7);
       p[i] -= 0.1f * m[i];
     }
-    steps_[u] += 1;
+  }
+  void UpdateStep(std::size_t u) { steps_[u] += 1; }
+
+  // As StepLaunched, for RegistrationsWithHostSteps: each unit's tensors
+  // are updated by a launched kernel, its step counter on the host at once
+  // (as torch.optim.Adam does), both between the hooks of both units.
+  Status StepLaunchedWithHostSteps(
+      runtime::Engine& engine, std::uint64_t k,
+      const std::function<void(std::size_t, std::function<void()>)>& launch) {
+    Status s = engine.BeginStep(k);
+    for (std::size_t i = params_.size(); s.ok() && i-- > 0;) {
+      const auto device_unit = static_cast<std::uint32_t>(2 * i);
+      s = engine.BeforeUpdate(device_unit);
+      if (s.ok()) s = engine.BeforeUpdate(device_unit + 1);
+      if (!s.ok()) return s;
+      launch(i, [this, i, k] { UpdateTensors(i, k); });
+      UpdateStep(i);
+      s = engine.AfterUpdate(device_unit);
+      if (s.ok()) s = engine.AfterUpdate(device_unit + 1);
+    }
+    return s.ok() ? engine.EndStep() : s;
+  }
+
+  // "" if a pool laid out by RegistrationsWithHostSteps holds the model
+  // after step view.iteration().
+  std::string CompareWithHistoryOfHostSteps(const layout::SnapshotView& view) const {
+    auto it = history_.find(view.iteration());
+    if (it == history_.end()) return "no history for iteration " + std::to_string(view.iteration());
+    for (std::uint32_t u = 0; u < params_.size(); ++u) {
+      const std::pair<std::uint32_t, std::uint32_t> where[3] = {{2 * u, 0}, {2 * u, 1},
+                                                                {2 * u + 1, 0}};
+      for (std::uint32_t t = 0; t < 3; ++t) {
+        const auto& expected = it->second[u * 3 + t];
+        auto actual = view.tensor(where[t].first, where[t].second);
+        if (actual.size() != expected.size() ||
+            std::memcmp(actual.data(), expected.data(), expected.size()) != 0) {
+          return "unit " + std::to_string(u) + " tensor " + std::to_string(t) +
+                 " differs at iteration " + std::to_string(view.iteration());
+        }
+      }
+    }
+    return "";
   }
 
   // One training step through the engine's hooks; units updated in reverse.

@@ -12,6 +12,13 @@
 //     row by row; and, when anything is left (the step count), the
 //     fixed-slot unit "<name>#dense" (DenseUnitName) with the rest. Both are
 //     hooked around the table's one update.
+//   * Tensors in host memory beside device ones (TensorView::on_host: Adam's
+//     `step`, which PyTorch keeps on the CPU next to GPU parameters unless
+//     capturable or fused) move into a companion "<unit>#host" unit
+//     (HostUnitName, UnitRegistration::on_host), hooked around the same
+//     update: the engine copies them with the CPU and the device tensors
+//     across the device, in the same epoch, each restored to where it lives.
+//     A unit whose tensors are all on the host is itself on_host.
 //   * An optimizer whose update changes rows that got no gradient (momentum,
 //     weight decay, moving averages) makes every row of a table "changed"
 //     each step (MovesRowsWithoutGradient): its checkpoints stay exact, the
@@ -49,6 +56,26 @@ std::string DenseUnitName(std::string_view table);
 // `unit`.
 std::optional<std::string_view> TableOfDenseUnit(std::string_view unit);
 
+// Name of unit `unit`'s host companion (its tensors in host memory):
+// "<unit>#host".
+std::string HostUnitName(std::string_view unit);
+
+// The unit whose host companion `unit` is ("fc.weight" for
+// "fc.weight#host", "emb.weight#dense" for "emb.weight#dense#host");
+// nullopt for any other unit name. The view points into `unit`.
+std::optional<std::string_view> UnitOfHostCompanion(std::string_view unit);
+
+// The parameter whose companion unit `unit` is: "emb.weight" for
+// "emb.weight#dense", "emb.weight#host" or "emb.weight#dense#host"; nullopt
+// for a parameter's own unit. The view points into `unit`.
+std::optional<std::string_view> ParameterOfCompanion(std::string_view unit);
+
+// The companion units parameter `name` may have, in the order
+// ParameterUnits lays them out after the parameter's own unit:
+// "<name>#host", "<name>#dense", "<name>#dense#host". Readers of a pool
+// append each one's tensors, where present, to the parameter's.
+std::vector<std::string> CompanionUnitNames(std::string_view name);
+
 // Ok if parameter `table` can be checkpointed as an embedding table: dense
 // (`dense_layout`: not a sparse tensor) float32 of shape [rows, dim].
 // `dtype_name` is torch's name without "torch." ("float32", "float64", ...).
@@ -65,9 +92,13 @@ bool IsRowTensor(const runtime::TensorView& tensor, std::int64_t rows);
 // tensors in the front end's order; the units keep that order. Not a table:
 // one unit with every tensor. `embedding_table`: the encoded unit `name`
 // (the parameter and its row tensors), then DenseUnitName(name) with the
-// other tensors if there are any (file comment). Errors: kInvalidArgument
-// naming the parameter if `tensors` does not start with its kParamRole
-// tensor, or (a table) CheckTableParameter's.
+// other tensors if there are any (file comment). Then each unit that mixes
+// host and device tensors (TensorView::on_host) is followed by its
+// HostUnitName companion with the host ones, and a unit of host tensors
+// only is on_host itself. Errors: kInvalidArgument naming the parameter if
+// `tensors` does not start with its kParamRole tensor, if a table's
+// parameter is on the host (an encoded unit cannot be), or (a table)
+// CheckTableParameter's.
 Result<std::vector<runtime::UnitRegistration>> ParameterUnits(
     std::string_view name, std::vector<runtime::TensorView> tensors, bool embedding_table);
 

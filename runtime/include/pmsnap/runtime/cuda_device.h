@@ -56,11 +56,6 @@ struct CudaDeviceOptions {
 // when the build has no CUDA support or no usable GPU is present.
 Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal = 0, CudaDeviceOptions options = {});
 
-// Registers a host range (e.g. the PM mapping of a slot) for direct DMA.
-// No-op without CUDA. Failure is not fatal: copies then stage through
-// pinned memory.
-Status RegisterHostMemoryForDevice(void* ptr, std::size_t bytes);
-
 // Device from a spec: "host", "simulated[:GBPS[:MEM_MIB]]", "cuda[:N]".
 // A "cuda" spec without a usable GPU falls back to the host device and
 // explains why in *note (if given). `cuda` configures a CUDA device (its

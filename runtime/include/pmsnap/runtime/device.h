@@ -106,11 +106,34 @@ class Device {
   virtual double EstimateCopyToHostSeconds(std::uint64_t bytes) const = 0;
   virtual double EstimateInDeviceCopySeconds(std::uint64_t bytes) const = 0;
 
-  // Makes the host range [ptr, ptr + bytes) (a pool slot's mapping) a
-  // direct target of CopyToHost / CopyToHostAsync. Not fatal when it fails:
-  // the returned error says how copies into the range go instead (CUDA: a
-  // bounded pinned staging ring). Default: nothing to do.
+  // Makes the host range [ptr, ptr + bytes) (a pool slot's mapping, a
+  // staging buffer) a direct target of CopyToHost / CopyToHostAsync
+  // (CUDA: cudaHostRegister, so the DMA writes straight into it).
+  //
+  // Every registration that returned OK has its pair: whoever registered
+  // calls UnregisterHostDestination with the same range before the memory
+  // is unmapped or freed (HostRegistration does it). A registration that
+  // outlives its mapping pins the old pages: a new mapping at the same
+  // address would receive no copy at all.
+  //
+  // Returns OK (registered; registering the same live range again on the
+  // same device counts once more); kFailedPrecondition when this range
+  // cannot be registered, with a message saying how copies into it go
+  // instead (CUDA: a bounded pinned staging ring): not fatal, copies still
+  // work; kBusy when the range, or part of it, is registered already by
+  // anyone but this device for exactly this live range (another device, or
+  // a registration never undone): fatal, a copy there could land in
+  // memory that is no longer this range. Default: nothing to register.
   virtual Status RegisterHostDestination(void* ptr, std::size_t bytes) {
+    (void)ptr;
+    (void)bytes;
+    return Status::Ok();
+  }
+  // Undoes one RegisterHostDestination of exactly this range. Call it while
+  // the range is still mapped. kFailedPrecondition naming the range when
+  // this device did not register it (or, on the simulated device, when it
+  // was unmapped while registered).
+  virtual Status UnregisterHostDestination(void* ptr, std::size_t bytes) {
     (void)ptr;
     (void)bytes;
     return Status::Ok();
@@ -162,6 +185,40 @@ class Device {
   virtual DeviceQueueStats queue_stats() const { return {}; }
 };
 
+// One registered host range (Device::RegisterHostDestination), undone when
+// this object goes: declare it after the memory it covers (and after the
+// device), so that it is destroyed first. Move-only.
+//
+// Thread-safety: one owner; the device's methods are thread-safe.
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  // Registers [ptr, ptr + bytes) with `device`, which must outlive the
+  // result. A range the device cannot register (kFailedPrecondition) gives
+  // an empty registration and the device's reason in *not_registered
+  // (copies into it still work, slower); kBusy and any other error are
+  // returned.
+  static Result<HostRegistration> Register(Device& device, void* ptr, std::size_t bytes,
+                                           std::string* not_registered);
+  ~HostRegistration();
+  HostRegistration(HostRegistration&& other) noexcept;
+  HostRegistration& operator=(HostRegistration&& other) noexcept;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+
+  bool registered() const { return device_ != nullptr; }
+  // Unregisters now (nothing left to undo afterwards); the device's error,
+  // if any. The destructor does the same and reports an error on stderr.
+  Status Release();
+
+ private:
+  HostRegistration(Device* device, void* ptr, std::size_t bytes)
+      : device_(device), ptr_(ptr), bytes_(bytes) {}
+  Device* device_ = nullptr;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
 // Host memory accounting shared by HostDevice and SimulatedDevice.
 class HostMemoryDevice : public Device {
  public:
@@ -210,12 +267,40 @@ struct SimulatedDeviceOptions {
   // wait for, so they may read a tensor before its queued update ran (the
   // ordering bug that a test must catch).
   bool testing_copies_ignore_events = false;
+  // Tests only: refuse every registration (kFailedPrecondition), as a file
+  // system CUDA cannot register would; copies into the range are staged.
+  bool testing_refuse_registration = false;
 };
+
+// What the simulated devices of this process have registered (the model of
+// one CUDA context's registrations, shared by every SimulatedDevice as a
+// context is by every stream): see SimulatedDevice.
+struct SimulatedRegistrationStats {
+  std::uint64_t live_ranges = 0;       // registered now, all devices
+  std::uint64_t direct_copies = 0;     // device -> host copies into a registered range
+  std::uint64_t staged_copies = 0;     // into memory no device registered
+};
+SimulatedRegistrationStats SimulatedRegistrations();
 
 // Host memory behind a modelled link. Copies to/from host share one link:
 // each reserves link time bytes / bandwidth after the previous reservation,
 // and returns when its reservation (plus latency) has elapsed, so concurrent
 // copies see the link's bandwidth, not the sum of threads.
+//
+// Registration (RegisterHostDestination) follows CUDA's rules, so that a
+// lifetime bug fails on the CPU: registrations live in one table per process
+// (a CUDA context's), each with the identity of the memory it covered (the
+// file and offset of its mapping, from /proc/self/maps). Registering a range
+// that overlaps a live registration of another device is kBusy naming both;
+// so is any registration while some registration's memory was unmapped or
+// replaced since it was made (a pool closed without unregistering: the
+// next pool may be mapped at the same address, or anywhere else);
+// unregistering a range this device did not register, or one unmapped while
+// registered, is kFailedPrecondition (and forgets the stale one). Every Register and
+// Unregister checks the whole table, and a device -> host copy into a range
+// found stale that way fails (CUDA would have written the old pages). A copy
+// into memory nobody registered is allowed and counted as staged (CUDA's
+// pinned ring).
 //
 // Asynchronous mode (SimulatedDeviceOptions::asynchronous) models a GPU's
 // queues with threads: one compute stream, and one copy stream per thread
@@ -248,6 +333,8 @@ class SimulatedDevice final : public HostMemoryDevice {
   Status Synchronize(const DeviceEvent& event) override;
   Status ComputeWaitFor(DeviceEventPtr event) override;
   DeviceQueueStats queue_stats() const override;
+  Status RegisterHostDestination(void* ptr, std::size_t bytes) override;
+  Status UnregisterHostDestination(void* ptr, std::size_t bytes) override;
 
   // Launches `kernel` (e.g. an optimizer update of simulated device memory)
   // on the compute stream: in asynchronous mode it runs later on the stream's
@@ -267,6 +354,9 @@ class SimulatedDevice final : public HostMemoryDevice {
   using Clock = std::chrono::steady_clock;
   class Queue;  // one simulated stream: a thread running jobs in order
   Status TimedCopy(void* dst, const void* src, std::size_t bytes, BandwidthPacer& channel);
+  // A device -> host copy's destination: kFailedPrecondition if it lies in a
+  // stale registration (class comment); counts direct and staged copies.
+  Status CheckCopyDestination(const void* dst, std::size_t bytes) const;
   // Queues a copy on the calling thread's copy stream after `after`.
   Result<DeviceEventPtr> QueueCopy(void* dst, const void* src, std::size_t bytes,
                                    DeviceEventPtr after, bool uses_link);
@@ -275,6 +365,7 @@ class SimulatedDevice final : public HostMemoryDevice {
   bool CopyWaitsFor(const DeviceEvent* event);
   Queue& CopyStreamForThisThread();
   SimulatedDeviceOptions options_;
+  std::uint64_t serial_;        // names this device in the registration table
   BandwidthPacer link_;         // device <-> host copies
   BandwidthPacer copy_engine_;  // in-device copies
   std::atomic<std::uint64_t> copies_settled_{0};

@@ -49,6 +49,11 @@ struct TensorView {
   void* data = nullptr;
   layout::DType dtype = layout::DType::kFloat32;
   std::vector<std::int64_t> shape;
+  // In host memory while EngineOptions::device is another device: scalar
+  // optimizer state PyTorch keeps on the CPU beside GPU parameters (Adam's
+  // `step` unless capturable or fused). frontend::ParameterUnits moves such
+  // tensors into a unit of their own (UnitRegistration::on_host).
+  bool on_host = false;
 };
 
 struct UnitRegistration {
@@ -57,6 +62,12 @@ struct UnitRegistration {
   // Checkpointed through EngineOptions::encoder into the chunk heap instead
   // of the fixed slots (embedding tables).
   bool encoded = false;
+  // Every tensor lives in host memory (each TensorView::on_host) whatever
+  // EngineOptions::device is: the engine copies, checks conflicts on and
+  // restores this unit with the CPU, in the same epochs as the others. Its
+  // updates must be done when AfterUpdate is called (the host's are). Not
+  // with `encoded`.
+  bool on_host = false;
 };
 
 // When the parts of a captured unit go to the workers.
