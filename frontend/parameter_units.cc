@@ -1,6 +1,7 @@
 // The front ends' shared rules: see parameter_units.h.
 #include "pmsnap/frontend/parameter_units.h"
 
+#include <set>
 #include <utility>
 
 #include "pmsnap/pmem_layout/manifest.h"
@@ -126,6 +127,27 @@ Result<std::vector<runtime::UnitRegistration>> ParameterUnits(
   units.push_back(std::move(unit));
   if (!dense.tensors.empty()) units.push_back(std::move(dense));
   return SplitHostTensors(std::move(units));
+}
+
+bool IsBuffersUnit(std::string_view unit) {
+  return unit == kBuffersUnit || UnitOfHostCompanion(unit) == kBuffersUnit;
+}
+
+Result<std::vector<runtime::UnitRegistration>> BufferUnits(
+    std::vector<runtime::TensorView> buffers) {
+  if (buffers.empty()) return std::vector<runtime::UnitRegistration>{};
+  std::set<std::string> seen;
+  for (const runtime::TensorView& buffer : buffers) {
+    if (buffer.name.empty() || !seen.insert(buffer.name).second) {
+      return Status(StatusCode::kInvalidArgument,
+                    "module buffer '" + buffer.name + "' " +
+                        (buffer.name.empty() ? "has no name" : "is given twice"));
+    }
+  }
+  runtime::UnitRegistration unit;
+  unit.name = std::string(kBuffersUnit);
+  unit.tensors = std::move(buffers);
+  return SplitHostTensors({std::move(unit)});
 }
 
 bool MovesRowsWithoutGradient(std::string_view optimizer, double momentum, double weight_decay) {

@@ -109,6 +109,28 @@ TEST(FrontendParameterUnitsTest, ATableOnTheDeviceWithAHostStepHasAHostDenseComp
   EXPECT_NE(on_host.status().message().find("emb.weight"), std::string::npos);
 }
 
+TEST(FrontendParameterUnitsTest, ModuleBuffersMakeOneUnitAndAHostCompanion) {
+  auto units = BufferUnits({View("bn.running_mean", DType::kFloat32, {8}),
+                            View("bn.running_var", DType::kFloat32, {8}),
+                            HostView("counter", DType::kInt64, {}),
+                            View("bn.num_batches_tracked", DType::kInt64, {})});
+  ASSERT_TRUE(units.ok()) << units.status().ToString();
+  ASSERT_EQ(units->size(), 2u);
+  EXPECT_EQ((*units)[0].name, kBuffersUnit);
+  EXPECT_EQ(Roles((*units)[0]), (std::vector<std::string>{"bn.running_mean", "bn.running_var",
+                                                          "bn.num_batches_tracked"}));
+  EXPECT_EQ((*units)[1].name, HostUnitName(kBuffersUnit));
+  EXPECT_TRUE((*units)[1].on_host);
+  EXPECT_TRUE(IsBuffersUnit((*units)[0].name));
+  EXPECT_TRUE(IsBuffersUnit((*units)[1].name));
+  EXPECT_FALSE(IsBuffersUnit("bn.weight"));
+  auto none = BufferUnits({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  auto twice = BufferUnits({View("a", DType::kFloat32, {1}), View("a", DType::kFloat32, {1})});
+  EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(FrontendParameterUnitsTest, PlainParameterIsOneUnitInTheGivenOrder) {
   auto units =
       ParameterUnits("fc.weight",

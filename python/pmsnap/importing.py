@@ -32,8 +32,8 @@ def load_into(data, model, optimizer, named, path):
             raise make_error(_pmsnap.ModelMismatchError,
                              f"checkpoint {path}: parameter '{name}' is {p.dtype} "
                              f"{list(p.shape)} here but {t.dtype} {list(t.shape)} there")
-    # Not strict: a pool holds the optimizer's parameters, not the model's
-    # buffers (BatchNorm statistics), so neither do its exports.
+    # Not strict: a pool written before pmsnap saved the model's buffers
+    # (BatchNorm statistics), or with buffers=False, and its exports lack them.
     try:
         unexpected = model.load_state_dict(tensors, strict=False).unexpected_keys
     except RuntimeError as e:

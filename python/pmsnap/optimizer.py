@@ -52,10 +52,10 @@ from . import distributed as _distributed
 from .embedding import EmbeddingTracker
 from .embedding_tables import gradient_rows, make_embedding_options, resolve_tables
 from .errors import make_error
-from .pool_manifest import (check_every_parameter_held, check_pool_names, check_pool_tables,
-                            create_state_from_manifest, merge_rank_units)
+from .pool_manifest import (check_every_parameter_held, check_pool_buffers, check_pool_names,
+                            check_pool_tables, create_state_from_manifest, merge_rank_units)
 from .stepping import ParameterStepper
-from .units import Unit, named_parameters, state_tensors
+from .units import ModuleBuffers, Unit, named_parameters, state_tensors
 from .update_in_backward import UpdateInBackward
 
 _STRATEGIES = ("1", "2", "3", "4", "adaptive")
@@ -96,6 +96,14 @@ class CheckpointedOptimizer(UpdateInBackward):
         against the model if present). Put it on a DAX file system for real PM.
       model: the module, to name units after its parameters ("fc1.weight");
         otherwise units are "group<g>.param<i>". Pass the same to restore().
+        Its persistent buffers (BatchNorm's running statistics, every buffer
+        in its state_dict; not non-persistent ones) are checkpointed with
+        every step as well, captured at the step boundary (see buffers=).
+      buffers: checkpoint `model`'s persistent buffers (default True).
+        Without model=, or with False, buffers are not saved: restore() then
+        leaves them as they are, and a model that has running statistics
+        resumes with the wrong ones. False also opens pools written before
+        pmsnap saved buffers.
       mode: "continuous" (a checkpoint at the first step boundary after the
         previous one committed), "every" (steps k % every == 0) or "checkfreq".
       every: checkpoint interval for mode "every" (giving it implies that mode).
@@ -200,7 +208,7 @@ class CheckpointedOptimizer(UpdateInBackward):
                  embedding_options=None, embedding_rows="auto", update_in_backward=False,
                  copy_start=None, process_group=None, sharding=None, replicas=1,
                  init_from=None, worker_cpus=None, step_groups=4, chunk_heap_bytes=None,
-                 dram_staging_buffers=0):
+                 dram_staging_buffers=0, buffers=True):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -267,6 +275,11 @@ class CheckpointedOptimizer(UpdateInBackward):
             # optimizer runs on (docs/ARCHITECTURE.md, "GPU ordering").
             self._engine_kwargs["cuda_stream"] = torch.cuda.current_stream().cuda_stream
         self._named = named_parameters(optimizer, model)
+        self._buffers = (ModuleBuffers(model) if isinstance(model, torch.nn.Module) and buffers
+                         else None)
+        if self._buffers is not None and not len(self._buffers):
+            self._buffers = None
+        self._buffer_unit_ids = []
         if step_groups is not None and (not isinstance(step_groups, int) or step_groups < 0):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"step_groups must be None or an int >= 0, got {step_groups!r}")
@@ -295,6 +308,7 @@ class CheckpointedOptimizer(UpdateInBackward):
             if os.path.exists(self.pool):
                 info = _pmsnap.read_pool(self.pool)
                 check_pool_names(info, self._named, self.pool, sharded=self._sharded)
+                check_pool_buffers(info, self._buffers, self.pool, sharded=self._sharded)
                 check_pool_tables(info, self._tables, self.pool)
                 if info["latest"] is not None:
                     self._pool_latest = info["latest"]["iteration"]
@@ -388,6 +402,7 @@ class CheckpointedOptimizer(UpdateInBackward):
             if os.path.exists(self.pool):
                 info = _pmsnap.read_pool(self.pool)
                 check_pool_names(info, self._named, self.pool, sharded=sharded)
+                check_pool_buffers(info, self._buffers, self.pool, sharded=sharded)
                 check_pool_tables(info, self._tables, self.pool)
             elif not sharded:  # sharded: a lost pool is restored from its replicas
                 raise make_error(_pmsnap.NotFoundError, f"pool {self.pool} does not exist")
@@ -408,6 +423,8 @@ class CheckpointedOptimizer(UpdateInBackward):
             raise
         if self._table_tracker is not None:
             self._table_tracker.clear()  # rows of the overwritten state
+        if self._buffers is not None:
+            self._buffers.restore()
         blob = _extra.unpack(data)
         self._apply_blob(blob, restore_rng)
         self.iteration = int(iteration)
@@ -543,6 +560,7 @@ class CheckpointedOptimizer(UpdateInBackward):
         self._open_engine()
         if self._table_tracker is not None:
             self._table_tracker.clear()
+        self._capture_buffers(None)
         self._engine.begin_step(self.iteration)
         self._engine.end_step(self._pack_extra())
         self._engine.flush()
@@ -581,6 +599,10 @@ class CheckpointedOptimizer(UpdateInBackward):
         for u in units:
             regs = u.registrations(self._cuda)
             unit_ids.append(list(range(len(registrations), len(registrations) + len(regs))))
+            registrations.extend(regs)
+        if self._buffers is not None:
+            regs = self._buffers.registrations(self._cuda)
+            self._buffer_unit_ids = list(range(len(registrations), len(registrations) + len(regs)))
             registrations.extend(regs)
         kwargs = dict(self._engine_kwargs)
         if self._tables:
@@ -634,6 +656,8 @@ class CheckpointedOptimizer(UpdateInBackward):
         one_call = not captured and not engine.epoch_in_flight
         try:
             self._stepper.step(self._observer_of(engine), indices, one_call=one_call)
+            if error is None:
+                self._capture_buffers(engine)
             if error is not None:
                 raise error
         except BaseException:
@@ -649,11 +673,25 @@ class CheckpointedOptimizer(UpdateInBackward):
         self._stepper.step(None, indices)
         self.iteration = step
         self._open_engine()
+        self._capture_buffers(None)
         # This epoch writes every table whole: earlier marks are moot.
         if self._table_tracker is not None:
             self._table_tracker.clear()
         self._engine.begin_step(step)
         self._engine.end_step(self._pack_extra())
+
+    def _capture_buffers(self, engine):
+        """The module's buffers into their shadows, between the buffer units'
+        hooks on `engine` (None: unobserved): the step boundary's values."""
+        if self._buffers is None:
+            return
+        if engine is not None:
+            for unit in self._buffer_unit_ids:
+                engine.before_update(unit)
+        self._buffers.capture()
+        if engine is not None:
+            for unit in self._buffer_unit_ids:
+                engine.after_update(unit)
 
     def _check_unchanged(self):
         for unit in self._units:

@@ -39,7 +39,8 @@ def check_pool_names(info, named, pool, sharded=False):
 
     A sharded pool (sharding="replicated") holds only the parameters its rank
     writes: each must still be one of ours, of the same dtype and shape."""
-    units = {name: tensors for name, tensors in info["units"]}
+    units = {name: tensors for name, tensors in info["units"]
+             if not _pmsnap.is_buffers_unit(name)}  # see check_pool_buffers
     ours = {name for name, _ in named}
     units = {name: tensors for name, tensors in units.items()
              if _pmsnap.parameter_of_companion(name) not in ours}
@@ -71,6 +72,41 @@ def with_companions(units):
     return {name: list(tensors) + [t for companion in _pmsnap.companion_units(name)
                                    for t in units.get(companion, [])]
             for name, tensors in units.items() if _pmsnap.parameter_of_companion(name) is None}
+
+
+def check_pool_buffers(info, buffers, pool, sharded=False):
+    """ModelMismatchError naming the first module buffer (units.ModuleBuffers,
+    or None for none) that differs from the pool's "#buffers" units, or a
+    pool that holds buffers this model lacks or lacks this model's (a pool
+    written before pmsnap saved buffers: buffers=False opens it). A sharded
+    pool may hold no buffers (another rank writes them)."""
+    pooled = {role: (dtype, list(shape)) for name, tensors in info["units"]
+              if _pmsnap.is_buffers_unit(name) for role, dtype, shape in tensors}
+    ours = {} if buffers is None else buffers.specs()
+    if not pooled and ours:
+        if sharded:
+            return
+        raise make_error(_pmsnap.ModelMismatchError,
+                         f"pool {pool} holds no module buffers but the model has "
+                         f"{len(ours)} (e.g. '{next(iter(ours))}'): it was written without them "
+                         "(buffers=False, or a pmsnap that did not save buffers); pass "
+                         "buffers=False to use it as it is, or use a new pool")
+    for name, (dtype, shape) in ours.items():
+        if name not in pooled:
+            raise make_error(_pmsnap.ModelMismatchError,
+                             f"pool {pool} has no module buffer '{name}' (it holds "
+                             f"{sorted(pooled)[:3]}...): it was made for another model")
+        if pooled[name] != (dtype, shape):
+            raise make_error(_pmsnap.ModelMismatchError,
+                             f"pool {pool}: module buffer '{name}' is {dtype} "
+                             f"{shape_text(shape)} but the pool holds {pooled[name][0]} "
+                             f"{shape_text(pooled[name][1])}")
+    extra = sorted(set(pooled) - set(ours))
+    if extra:
+        raise make_error(_pmsnap.ModelMismatchError,
+                         f"pool {pool} holds module buffer '{extra[0]}' that the model does not "
+                         "have" + ("" if buffers is not None else
+                                   " (open it with model= and buffers=True)"))
 
 
 def merge_rank_units(per_rank_units):

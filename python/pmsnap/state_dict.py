@@ -16,7 +16,8 @@ parameter name, not by optimizer index):
 
 A parameter's unit becomes model[name] (its "param" tensor) and
 optimizer["state"][name] (every other tensor, plus the non-tensor state kept
-in the extra state). An embedding table is rebuilt from its retained chunk
+in the extra state); the module's persistent buffers (the "#buffers" unit)
+become model[key] too, as in the model's state_dict. An embedding table is rebuilt from its retained chunk
 checkpoint (dequantized to float32 when quantized); a parameter's companion
 units ("#dense", "#host": _pmsnap.companion_units) add their tensors to its
 state. A multi-rank pool ("{rank}" in the path, pmsnap.distributed) is read as
@@ -41,7 +42,7 @@ import torch
 from . import _pmsnap
 from . import extra_state as _extra
 from .errors import make_error
-from .units import PARAM_ROLE, torch_dtype
+from .units import BUFFER_ROLE, PARAM_ROLE, torch_dtype
 
 # The prefix export files give optimizer tensors ("optimizer/<param>/<role>").
 OPTIMIZER_PREFIX = "optimizer/"
@@ -69,7 +70,12 @@ class TensorEntry:
 
     @property
     def is_model(self):
-        return self.role == PARAM_ROLE
+        """A tensor of the model's state_dict: a parameter or a buffer."""
+        return self.role in (PARAM_ROLE, BUFFER_ROLE)
+
+    @property
+    def is_buffer(self):
+        return self.role == BUFFER_ROLE
 
     @property
     def key(self):
@@ -208,6 +214,13 @@ class PoolCheckpoint:
             by_name = {name: (u, encoded, tensors) for u, (name, encoded, tensors)
                        in enumerate(units)}
             for u, (name, encoded, tensors) in enumerate(units):
+                if _pmsnap.is_buffers_unit(name):
+                    if name not in seen:  # module buffers, keyed as in state_dict
+                        seen.add(name)
+                        for t, (key, dtype, shape, nbytes) in enumerate(tensors):
+                            entries.append(TensorEntry(key, BUFFER_ROLE, dtype, shape, nbytes,
+                                                       reader, unit=u, tensor=t))
+                    continue
                 if _pmsnap.parameter_of_companion(name) is not None or name in seen:
                     continue  # a companion goes with its parameter; replicas once
                 seen.add(name)
@@ -237,9 +250,14 @@ class PoolCheckpoint:
         """Parameter names in the optimizer's order."""
         out = []
         for e in self.entries:
-            if not out or out[-1] != e.param:
+            if not e.is_buffer and (not out or out[-1] != e.param):
                 out.append(e.param)
         return out
+
+    @property
+    def buffer_names(self):
+        """The module buffers' state_dict keys."""
+        return [e.param for e in self.entries if e.is_buffer]
 
     def blob(self):
         """The extra state pmsnap stored with the epoch (extra_state.unpack)."""
@@ -405,7 +423,7 @@ def _load(checkpoint, mmap, names, model_only):
     wanted = None
     if names is not None:
         wanted = [names] if isinstance(names, str) else list(names)
-        known = set(checkpoint.param_names)
+        known = set(checkpoint.param_names) | set(checkpoint.buffer_names)
         for name in wanted:
             if name not in known:
                 raise make_error(_pmsnap.NotFoundError,

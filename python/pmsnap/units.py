@@ -29,6 +29,9 @@ from . import _pmsnap
 from .errors import make_error
 
 PARAM_ROLE = _pmsnap.PARAM_ROLE
+# What readers call a module buffer's tensor (state_dict.TensorEntry.role):
+# in the pool it is a tensor of the "#buffers" unit, named by its key.
+BUFFER_ROLE = "buffer"
 
 
 def dtype_name(dtype):
@@ -171,3 +174,84 @@ class Unit:
                                  f"parameter '{self.name}': tensor '{role}' lives on {t.device} "
                                  f"but the pmsnap device is {'cuda' if cuda else 'the host'}")
         return (str(role), t.data_ptr(), dtype_name(t.dtype), list(t.shape), on_host)
+
+
+class ModuleBuffers:
+    """A module's persistent buffers (those in its state_dict: BatchNorm's
+    running statistics and the like; not non-persistent ones), checkpointed
+    with every step as the "#buffers" unit (_pmsnap.buffer_units).
+
+    Forward changes buffers in place, before the next step's hooks could
+    order that against a checkpoint copy, so the engine never reads them
+    directly: each has a registered shadow tensor (same dtype, shape and
+    device) that capture() fills at the step boundary, between the unit's
+    hooks; restore() copies the shadows back. A buffer is looked up through
+    its module at each capture, so a module that rebinds it is followed; one
+    that changes its shape or dtype is a ModelMismatchError naming it."""
+
+    __slots__ = ("names", "_owners", "_shadows", "_registrations")
+
+    def __init__(self, model):
+        keys = set(model.state_dict(keep_vars=True))
+        self.names = []
+        self._owners = []  # (module, attribute) holding each buffer
+        self._shadows = []
+        for name, buffer in model.named_buffers():
+            if name not in keys:
+                continue  # non-persistent: not part of the model's state
+            module_name, _, attribute = name.rpartition(".")
+            self.names.append(name)
+            self._owners.append((model.get_submodule(module_name), attribute))
+            self._shadows.append(torch.empty_like(buffer, memory_format=torch.contiguous_format))
+        self._registrations = None
+
+    def __len__(self):
+        return len(self.names)
+
+    def specs(self):
+        """{name: (dtype name, shape list)} of every buffer, as pools record them."""
+        return {name: (dtype_name(shadow.dtype), list(shadow.shape))
+                for name, shadow in zip(self.names, self._shadows)}
+
+    def registrations(self, cuda):
+        """[(unit name, views)] of the buffers' units (none without buffers)."""
+        views = []
+        for name, shadow in zip(self.names, self._shadows):
+            on_host = False
+            if (shadow.device.type == "cuda") != cuda:
+                on_host = cuda and shadow.device.type == "cpu"
+                if not on_host:
+                    raise make_error(_pmsnap.InvalidArgumentError,
+                                     f"module buffer '{name}' lives on {shadow.device} but the "
+                                     f"pmsnap device is {'cuda' if cuda else 'the host'}")
+            views.append((name, shadow.data_ptr(), dtype_name(shadow.dtype), list(shadow.shape),
+                          on_host))
+        self._registrations = _pmsnap.buffer_units(views)
+        return self._registrations
+
+    def _live(self):
+        live = []
+        for name, (module, attribute), shadow in zip(self.names, self._owners, self._shadows):
+            buffer = module._buffers.get(attribute)
+            if (buffer is None or buffer.shape != shadow.shape or buffer.dtype != shadow.dtype
+                    or buffer.device != shadow.device):
+                raise make_error(_pmsnap.ModelMismatchError,
+                                 f"module buffer '{name}' changed from {dtype_name(shadow.dtype)} "
+                                 f"{shape_text(shadow.shape)} on {shadow.device} to "
+                                 f"{'nothing' if buffer is None else dtype_name(buffer.dtype)} "
+                                 f"{'' if buffer is None else shape_text(buffer.shape)} since the "
+                                 "pool was laid out")
+            live.append(buffer)
+        return live
+
+    def capture(self):
+        """Copies every buffer into its shadow (on the buffers' devices, in
+        stream order on a GPU)."""
+        if self._shadows:
+            torch._foreach_copy_(self._shadows, self._live())
+
+    def restore(self):
+        """Copies the shadows (just restored by the engine) into the buffers."""
+        if self._shadows:
+            with torch.no_grad():
+                torch._foreach_copy_(self._live(), self._shadows)

@@ -15,7 +15,8 @@
 //                (restore uses it to create lazily-made optimizer state).
 //   parameter_units, dense_unit_name, table_of_dense_unit, parameter_of_companion,
 //   companion_units,
-//   check_embedding_table, moves_rows_without_gradient, PARAM_ROLE
+//   check_embedding_table, moves_rows_without_gradient, PARAM_ROLE, BUFFERS_UNIT,
+//   buffer_units, is_buffers_unit
 //                the unit rules the C++ hooks follow too
 //                (frontend/parameter_units.h), so both front ends lay out
 //                parameters, optimizer state and embedding tables alike.
@@ -131,15 +132,8 @@ TensorArg ToTensorArg(const runtime::TensorView& view) {
           view.shape, view.on_host};
 }
 
-// frontend::ParameterUnits for Python:
-// [(unit name, [(role, data_ptr, dtype, shape, on_host)])].
-std::vector<UnitArg> ParameterUnitsOf(const std::string& name,
-                                      const std::vector<TensorArg>& tensors, bool embedding_table) {
-  std::vector<runtime::TensorView> views;
-  views.reserve(tensors.size());
-  for (const TensorArg& tensor : tensors) views.push_back(ToTensorView(tensor, name));
-  std::vector<runtime::UnitRegistration> units =
-      ValueOrThrow(frontend::ParameterUnits(name, std::move(views), embedding_table));
+// Units as Python sees them: [(unit name, [(role, data_ptr, dtype, shape, on_host)])].
+std::vector<UnitArg> ToUnitArgs(const std::vector<runtime::UnitRegistration>& units) {
   std::vector<UnitArg> out;
   for (const runtime::UnitRegistration& unit : units) {
     std::vector<TensorArg> args;
@@ -147,6 +141,25 @@ std::vector<UnitArg> ParameterUnitsOf(const std::string& name,
     out.emplace_back(unit.name, std::move(args));
   }
   return out;
+}
+
+// frontend::ParameterUnits for Python.
+std::vector<UnitArg> ParameterUnitsOf(const std::string& name,
+                                      const std::vector<TensorArg>& tensors, bool embedding_table) {
+  std::vector<runtime::TensorView> views;
+  views.reserve(tensors.size());
+  for (const TensorArg& tensor : tensors) views.push_back(ToTensorView(tensor, name));
+  return ToUnitArgs(ValueOrThrow(frontend::ParameterUnits(name, std::move(views), embedding_table)));
+}
+
+// frontend::BufferUnits for Python.
+std::vector<UnitArg> BufferUnitsOf(const std::vector<TensorArg>& buffers) {
+  std::vector<runtime::TensorView> views;
+  views.reserve(buffers.size());
+  for (const TensorArg& buffer : buffers) {
+    views.push_back(ToTensorView(buffer, std::string(frontend::kBuffersUnit)));
+  }
+  return ToUnitArgs(ValueOrThrow(frontend::BufferUnits(std::move(views))));
 }
 
 std::vector<runtime::UnitRegistration> ToRegistrations(const std::vector<UnitArg>& units,
@@ -1304,6 +1317,14 @@ PYBIND11_MODULE(_pmsnap, m) {
 
   namespace frontend = pmsnap::frontend;
   m.attr("PARAM_ROLE") = std::string(frontend::kParamRole);
+  m.attr("BUFFERS_UNIT") = std::string(frontend::kBuffersUnit);
+  m.def("buffer_units", &BufferUnitsOf, py::arg("buffers"),
+        "-> [(unit name, views)]: a module's persistent buffers [(state_dict key, data_ptr, "
+        "dtype, shape, on_host)] as frontend::BufferUnits lays them out (\"#buffers\" and its "
+        "\"#host\" companion); [] for none.");
+  m.def(
+      "is_buffers_unit", [](const std::string& unit) { return frontend::IsBuffersUnit(unit); },
+      py::arg("unit"), "Whether pool unit `unit` holds module buffers.");
   m.def("parameter_units", &ParameterUnitsOf, py::arg("name"), py::arg("tensors"),
         py::arg("embedding_table") = false,
         "-> [(unit name, [(role, data_ptr, dtype, shape, on_host)])]: parameter `name`'s units, "

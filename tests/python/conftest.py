@@ -50,6 +50,19 @@ def rng(request):
     return random.Random(seed_for(salt))
 
 
+# Test files whose tests fork gloo ranks (run_ranks with "fork"): a process
+# that opened a pmsnap engine refuses engines in children forked after that,
+# so pytest runs these files first whatever their names
+# (pytest_collection_modifyitems).
+FORKING_FILES = ("test_distributed.py",)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Runs FORKING_FILES' tests before any other (a stable sort)."""
+    del session, config
+    items.sort(key=lambda item: item.path.name not in FORKING_FILES)
+
+
 def pool_dir():
     return os.environ.get("PMSNAP_POOL_DIR", "/dev/shm")
 
@@ -84,8 +97,8 @@ def run_ranks(world, body, start_method="fork"):
     "fork" takes any body (lambdas too) but must run before the calling
     process opens any pmsnap engine: pmsnap refuses engines in a child forked
     after that (oneTBB's workers are not copied; README, "Python"). ctest runs
-    the files that fork in processes of their own or before any test that
-    opens an engine. "spawn" starts fresh interpreters, so it works at any
+    the files that fork in processes of their own, or they are listed in
+    FORKING_FILES, which pytest runs first. "spawn" starts fresh interpreters, so it works at any
     time, for bodies that pickle (module-level functions, functools.partial)."""
     with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
         results = manager.dict()

@@ -1,9 +1,9 @@
 """Trainer run as a child process by test_crash_resume.py (not a test itself).
 
-Trains a small MLP with dropout on data drawn from the global torch, Python
-and numpy RNGs, so a resumed run matches an uninterrupted one only if the
-parameters, the optimizer state, the RNG states and the iteration all come
-back exactly. With --pool it checkpoints every iteration through pmsnap and
+Trains a small MLP with batch norm and dropout on data drawn from the global
+torch, Python and numpy RNGs, so a resumed run matches an uninterrupted one
+only if the parameters, the buffers, the optimizer state, the RNG states and
+the iteration all come back exactly. With --pool it checkpoints every iteration through pmsnap and
 resumes from the pool when it holds a checkpoint; with --plain it uses the bare
 optimizer (the reference). Prints "step <k> <seconds the step took> <end on
 time.monotonic()>" after each step, so the test can time its SIGKILL by this
@@ -51,7 +51,10 @@ CUDA_ONLY = {"adamw-capturable"}
 
 def build(optimizer_name, device):
     torch.manual_seed(7)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+    # BatchNorm: its running statistics (buffers, changed by every forward)
+    # must come back with the parameters.
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.BatchNorm1d(64),
+                                torch.nn.ReLU(), torch.nn.Dropout(0.2),
                                 torch.nn.Linear(64, 32), torch.nn.ReLU(),
                                 torch.nn.Linear(32, 4)).to(device)
     return model, OPTIMIZERS[optimizer_name](model.parameters())
@@ -114,6 +117,7 @@ def main():
     if not args.plain:
         stepper.close()
     torch.save({"params": [p.detach().cpu().clone() for p in model.parameters()],
+                "buffers": {n: b.detach().cpu().clone() for n, b in model.named_buffers()},
                 "optimizer": opt.state_dict(),
                 "rng": torch.get_rng_state()}, args.out)
     if args.linger:

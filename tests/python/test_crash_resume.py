@@ -137,5 +137,6 @@ def test_killed_and_resumed_run_equals_uninterrupted(optimizer, every, strategy,
     got = torch.load(resumed)
     for i, (a, b) in enumerate(zip(ref["params"], got["params"])):
         assert torch.equal(a, b), f"parameter {i} differs (kills at {kill_points})"
+    assert_equal_nested(ref["buffers"], got["buffers"], "buffers")
     assert_equal_nested(ref["optimizer"], got["optimizer"], "optimizer")
     assert torch.equal(ref["rng"], got["rng"]), "torch RNG state differs"

@@ -19,6 +19,14 @@
 //     update: the engine copies them with the CPU and the device tensors
 //     across the device, in the same epoch, each restored to where it lives.
 //     A unit whose tensors are all on the host is itself on_host.
+//   * A module's persistent buffers (BatchNorm's running statistics, every
+//     buffer in its state_dict) make one unit, kBuffersUnit, a tensor per
+//     buffer with the buffer's state_dict key as its role; host buffers of a
+//     device model go into its "#host" companion as above. The front end
+//     copies the buffers into registered shadows at each step boundary,
+//     between that unit's hooks, so they are captured with the step's
+//     parameters (forward changes them in place before the next step's
+//     hooks could order it).
 //   * An optimizer whose update changes rows that got no gradient (momentum,
 //     weight decay, moving averages) makes every row of a table "changed"
 //     each step (MovesRowsWithoutGradient): its checkpoints stay exact, the
@@ -47,6 +55,21 @@ namespace pmsnap::frontend {
 
 // Role of the parameter itself in its unit (always the unit's first tensor).
 inline constexpr std::string_view kParamRole = "param";
+
+// The unit of a module's persistent buffers (file comment). '#' cannot
+// start a parameter's name, so it never collides with one.
+inline constexpr std::string_view kBuffersUnit = "#buffers";
+
+// Whether `unit` holds module buffers: kBuffersUnit or its host companion.
+bool IsBuffersUnit(std::string_view unit);
+
+// The units of a module's persistent buffers, ready for
+// runtime::Engine::Open: kBuffersUnit with every device buffer, then its
+// HostUnitName companion with the host ones (TensorView::on_host); a unit of
+// host buffers only is on_host itself. Each view's name is the buffer's
+// state_dict key. None for no buffers. kInvalidArgument naming the buffer
+// for an empty name or one given twice.
+Result<std::vector<runtime::UnitRegistration>> BufferUnits(std::vector<runtime::TensorView> buffers);
 
 // Name of embedding table `table`'s fixed-slot companion unit: "<table>#dense".
 std::string DenseUnitName(std::string_view table);
