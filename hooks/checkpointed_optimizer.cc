@@ -18,53 +18,12 @@
 #include <utility>
 
 #include "pmsnap/frontend/parameter_units.h"
+#include "pmsnap/hooks/module_buffers.h"
 #include "pmsnap/hooks/tracked_embedding.h"
+#include "tensor_views.h"
 
 namespace pmsnap::hooks {
 namespace {
-
-std::optional<layout::DType> DTypeOf(c10::ScalarType type) {
-  switch (type) {
-    case c10::ScalarType::Float:
-      return layout::DType::kFloat32;
-    case c10::ScalarType::Double:
-      return layout::DType::kFloat64;
-    case c10::ScalarType::Half:
-      return layout::DType::kFloat16;
-    case c10::ScalarType::BFloat16:
-      return layout::DType::kBFloat16;
-    case c10::ScalarType::Long:
-      return layout::DType::kInt64;
-    case c10::ScalarType::Int:
-      return layout::DType::kInt32;
-    case c10::ScalarType::Short:
-      return layout::DType::kInt16;
-    case c10::ScalarType::Char:
-      return layout::DType::kInt8;
-    case c10::ScalarType::Byte:
-      return layout::DType::kUInt8;
-    case c10::ScalarType::Bool:
-      return layout::DType::kBool;
-    default:
-      return std::nullopt;
-  }
-}
-
-Result<runtime::TensorView> ViewOf(const std::string& unit, const std::string& role,
-                                   const torch::Tensor& tensor) {
-  auto dtype = DTypeOf(tensor.scalar_type());
-  if (!dtype) {
-    return Status(StatusCode::kInvalidArgument,
-                  "unit '" + unit + "' tensor '" + role + "' has unsupported dtype " +
-                      std::string(c10::toString(tensor.scalar_type())));
-  }
-  runtime::TensorView view;
-  view.name = role;
-  view.data = tensor.data_ptr();
-  view.dtype = *dtype;
-  view.shape.assign(tensor.sizes().begin(), tensor.sizes().end());
-  return view;
-}
 
 std::vector<std::pair<std::string, torch::Tensor>> NamedParameters(
     const torch::nn::Module& module) {
@@ -293,7 +252,12 @@ Status CheckpointedOptimizer::MarkTableRows(const TableSlot& table) {
 
 Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
     const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-    runtime::EngineOptions options, EmbeddingTables embeddings, UpdateMode update_mode) {
+    runtime::EngineOptions options, EmbeddingTables embeddings, UpdateMode update_mode,
+    BufferMode buffer_mode) {
+  ModuleBuffers buffers;
+  if (buffer_mode == BufferMode::kCheckpoint) {
+    PMSNAP_ASSIGN_OR_RETURN(buffers, ModuleBuffers::Of(module));
+  }
   std::vector<std::pair<std::string, torch::Tensor>> named;
   try {
     named = NamedParameters(module);
@@ -304,7 +268,7 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
   }
   // Binding the trackers changes where the modules mark, not the model.
   return CreateImpl(named, optimizer, std::move(options), std::move(embeddings),
-                    const_cast<torch::nn::Module*>(&module), update_mode);
+                    const_cast<torch::nn::Module*>(&module), update_mode, std::move(buffers));
 }
 
 Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
@@ -312,13 +276,13 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::Create(
     torch::optim::Optimizer& optimizer, runtime::EngineOptions options, EmbeddingTables embeddings,
     UpdateMode update_mode) {
   return CreateImpl(named_parameters, optimizer, std::move(options), std::move(embeddings), nullptr,
-                    update_mode);
+                    update_mode, ModuleBuffers());
 }
 
 Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl(
     const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
     torch::optim::Optimizer& optimizer, runtime::EngineOptions options, EmbeddingTables embeddings,
-    torch::nn::Module* module, UpdateMode update_mode) {
+    torch::nn::Module* module, UpdateMode update_mode, ModuleBuffers buffers) {
   // The state is filled once the pool shows whether a restore will
   // overwrite it (a pass over twice the model's bytes for Adam).
   PMSNAP_ASSIGN_OR_RETURN(
@@ -414,6 +378,8 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
         StatusCode::kInvalidArgument,
         std::string("describing the parameters: libtorch: ") + error.what_without_backtrace());
   }
+  PMSNAP_ASSIGN_OR_RETURN(std::vector<runtime::UnitRegistration> buffer_units, buffers.Units());
+  for (const runtime::UnitRegistration& unit : buffer_units) units.push_back(unit);
   std::shared_ptr<diff::EmbeddingCheckpointer> checkpointer;
   if (!embeddings.names.empty()) {
     checkpointer = std::make_shared<diff::EmbeddingCheckpointer>(embeddings.options);
@@ -478,6 +444,12 @@ Result<std::unique_ptr<CheckpointedOptimizer>> CheckpointedOptimizer::CreateImpl
     PMSNAP_ASSIGN_OR_RETURN(std::vector<std::string> bound, checkpointed->TrackEmbeddings(*module));
     (void)bound;  // every table has a tracked module (checked above)
   }
+  for (const runtime::UnitRegistration& unit : buffer_units) {
+    auto id = checkpointed->engine_->FindUnit(unit.name);
+    if (!id) return Status(StatusCode::kInternal, "engine lost unit '" + unit.name + "'");
+    checkpointed->buffer_units_.push_back(*id);
+  }
+  checkpointed->buffers_ = std::move(buffers);
   checkpointed->update_mode_ = update_mode;
   if (update_mode == UpdateMode::kInBackward) {
     PMSNAP_RETURN_IF_ERROR(checkpointed->InstallBackwardHooks());
@@ -583,6 +555,7 @@ Status CheckpointedOptimizer::FinishBackwardStep(std::span<const std::byte> extr
   // The parameters whose hook did not fire: a gradient set by hand, or one
   // that does not require grad.
   Status update = stepper_->Step(b.observed ? &observer : nullptr, b.updated);
+  Status captured = CaptureBuffers(b.observed && update.ok());
   // Part of the iteration was done in backward: it counts, whatever failed.
   iteration_ = step;
   if (!b.begin.ok()) return b.begin;
@@ -590,6 +563,7 @@ Status CheckpointedOptimizer::FinishBackwardStep(std::span<const std::byte> extr
   Status end = engine_->EndStep(extra_state);
   if (!b.error.ok()) return b.error;
   if (!update.ok()) return update;
+  if (!captured.ok()) return captured;
   return end.ok() ? marked : end;
 }
 
@@ -613,11 +587,13 @@ Status CheckpointedOptimizer::Step(std::span<const std::byte> extra_state) {
   // Without a step boundary the engine's hooks would be out of order: still
   // update the model (training must not depend on checkpointing), unhooked.
   Status update = stepper_->Step(begin.ok() ? &observer : nullptr);
+  Status captured = CaptureBuffers(begin.ok() && update.ok());
   iteration_ = step;
   if (!begin.ok()) return begin;
   if (update.code() == StatusCode::kFailedPrecondition) return update;
   Status end = engine_->EndStep(extra_state);
   if (!update.ok()) return update;
+  if (!captured.ok()) return captured;
   return end.ok() ? marked : end;
 }
 
@@ -639,12 +615,25 @@ Result<RestoreInfo> CheckpointedOptimizer::Restore() {
   runtime::RestoreResult restored = std::move(restored_or).value();
   stepper_->DiscardDeferredState();  // every registered tensor was overwritten
   PMSNAP_RETURN_IF_ERROR(stepper_->SyncFromSlots());
+  PMSNAP_RETURN_IF_ERROR(buffers_.RestoreInto());
   iteration_ = restored.iteration;
   RestoreInfo info;
   info.iteration = restored.iteration;
   info.epoch = restored.epoch;
   info.extra_state = std::move(restored.extra_state);
   return info;
+}
+
+Status CheckpointedOptimizer::CaptureBuffers(bool observed) {
+  if (buffers_.empty()) return Status::Ok();
+  if (observed) {
+    for (std::uint32_t unit : buffer_units_) PMSNAP_RETURN_IF_ERROR(engine_->BeforeUpdate(unit));
+  }
+  PMSNAP_RETURN_IF_ERROR(buffers_.Capture());
+  if (observed) {
+    for (std::uint32_t unit : buffer_units_) PMSNAP_RETURN_IF_ERROR(engine_->AfterUpdate(unit));
+  }
+  return Status::Ok();
 }
 
 Status CheckpointedOptimizer::Flush() { return engine_->Flush(); }
@@ -656,7 +645,8 @@ Status CheckpointedOptimizer::Close(runtime::CloseMode mode) {
 
 Result<RestoreInfo> RestoreFromPool(const torch::nn::Module& module,
                                     torch::optim::Optimizer& optimizer,
-                                    runtime::EngineOptions options, EmbeddingTables embeddings) {
+                                    runtime::EngineOptions options, EmbeddingTables embeddings,
+                                    BufferMode buffers) {
   std::error_code error;
   if (!std::filesystem::exists(options.pool_path, error)) {
     return Status(StatusCode::kNotFound, "no pool at " + options.pool_path);
@@ -665,7 +655,8 @@ Result<RestoreInfo> RestoreFromPool(const torch::nn::Module& module,
   embeddings.rows = RowSource::kGradients;
   PMSNAP_ASSIGN_OR_RETURN(
       std::unique_ptr<CheckpointedOptimizer> checkpointed,
-      CheckpointedOptimizer::Create(module, optimizer, std::move(options), std::move(embeddings)));
+      CheckpointedOptimizer::Create(module, optimizer, std::move(options), std::move(embeddings),
+                                    UpdateMode::kInStep, buffers));
   PMSNAP_ASSIGN_OR_RETURN(RestoreInfo info, checkpointed->Restore());
   PMSNAP_RETURN_IF_ERROR(checkpointed->Close(runtime::CloseMode::kAbandon));
   return info;

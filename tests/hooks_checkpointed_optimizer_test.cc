@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "hooks_test_util.h"
+#include "pmsnap/frontend/parameter_units.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/hooks/extra_state.h"
 #include "testutil/temp_pool.h"
@@ -186,6 +187,96 @@ TEST(CheckpointedRestoreTest, RestoreFromPoolLoadsModelAndOptimizerAndReleasesTh
   // Released: the pool opens again.
   auto again = RestoreFromPool(*loaded, loaded_adamw, EveryStep(pool.path()));
   EXPECT_TRUE(again.ok()) << again.status().ToString();
+}
+
+// A module with BatchNorm: forward changes its running statistics in place;
+// every checkpoint holds them as of its step boundary and Restore brings
+// them back with the parameters ([lossless]: they used to be left out).
+struct BatchNormNet : torch::nn::Module {
+  BatchNormNet() {
+    fc = register_module("fc", torch::nn::Linear(6, 8));
+    bn = register_module("bn", torch::nn::BatchNorm1d(8));
+    out = register_module("out", torch::nn::Linear(8, 2));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return out(torch::relu(bn(fc(x))));
+  }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::nn::Linear out{nullptr};
+};
+
+void TrainBatchNormNet(BatchNormNet& net, torch::optim::Optimizer& optimizer,
+                       CheckpointedOptimizer* checkpointed, std::uint64_t first,
+                       std::uint64_t last) {
+  for (std::uint64_t step = first; step <= last; ++step) {
+    torch::manual_seed(static_cast<std::uint64_t>(step));
+    optimizer.zero_grad();
+    net.forward(torch::randn({5, 6})).square().mean().backward();
+    if (checkpointed != nullptr) {
+      ASSERT_TRUE(checkpointed->Step().ok());
+    } else {
+      optimizer.step();
+    }
+  }
+}
+
+std::string FirstBufferDifference(const BatchNormNet& a, const BatchNormNet& b) {
+  auto want = a.named_buffers();
+  auto got = b.named_buffers();
+  for (const auto& item : want) {
+    const torch::Tensor* other = got.find(item.key());
+    if (other == nullptr) return "no buffer " + item.key();
+    if (other->scalar_type() != item.value().scalar_type() || !torch::equal(*other, item.value())) {
+      return "buffer " + item.key() + " differs";
+    }
+  }
+  return "";
+}
+
+TEST(CheckpointedBuffersTest, BatchNormStatisticsAreRestoredWithTheParameters) {
+  pmsnap::testing::UseOneTorchThread();
+  TempPoolPath pool("hooks-buffers");
+  torch::manual_seed(3);
+  BatchNormNet net;
+  torch::optim::Adam adam(net.parameters());
+  {
+    auto checkpointed = CheckpointedOptimizer::Create(net, adam, EveryStep(pool.path()));
+    ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
+    TrainBatchNormNet(net, adam, checkpointed->get(), 1, 6);
+    ASSERT_TRUE((*checkpointed)->Close().ok());
+  }
+  torch::manual_seed(4);
+  BatchNormNet restored;
+  torch::optim::Adam restored_adam(restored.parameters());
+  auto checkpointed = CheckpointedOptimizer::Create(restored, restored_adam, EveryStep(pool.path()));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
+  auto info = (*checkpointed)->Restore();
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->iteration, 6u);
+  EXPECT_EQ(FirstBufferDifference(net, restored), "");
+  EXPECT_EQ(restored.bn->num_batches_tracked.item<std::int64_t>(), 6);
+  // And both go on alike.
+  TrainBatchNormNet(net, adam, nullptr, 7, 8);
+  TrainBatchNormNet(restored, restored_adam, checkpointed->get(), 7, 8);
+  EXPECT_EQ(FirstBufferDifference(net, restored), "");
+}
+
+TEST(CheckpointedBuffersTest, BufferModeSkipLeavesThemOutOfThePool) {
+  pmsnap::testing::UseOneTorchThread();
+  TempPoolPath pool("hooks-buffers-skip");
+  BatchNormNet net;
+  torch::optim::SGD sgd(net.parameters(), torch::optim::SGDOptions(0.1));
+  {
+    auto checkpointed = CheckpointedOptimizer::Create(net, sgd, EveryStep(pool.path()), {},
+                                                      UpdateMode::kInStep, BufferMode::kSkip);
+    ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
+    TrainBatchNormNet(net, sgd, checkpointed->get(), 1, 2);
+    EXPECT_FALSE((*checkpointed)->engine().FindUnit(std::string(frontend::kBuffersUnit)));
+  }
+  // Opened with buffers, the pool is another model's.
+  auto with_buffers = CheckpointedOptimizer::Create(net, sgd, EveryStep(pool.path()));
+  EXPECT_EQ(with_buffers.status().code(), StatusCode::kModelMismatch);
 }
 
 TEST(CheckpointedRestoreTest, RestoreFromMissingPoolIsNotFound) {

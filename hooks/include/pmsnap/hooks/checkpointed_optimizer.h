@@ -113,6 +113,7 @@
 
 #include "pmsnap/common/status.h"
 #include "pmsnap/diff/embedding_checkpointer.h"
+#include "pmsnap/hooks/module_buffers.h"
 #include "pmsnap/hooks/parameter_stepper.h"
 #include "pmsnap/runtime/engine.h"
 
@@ -142,6 +143,14 @@ struct EmbeddingTables {
   // Policy, retention and quantization, shared by all the tables.
   diff::EmbeddingOptions options;
   RowSource rows = RowSource::kLookups;
+};
+
+// Whether the module overload of Create checkpoints the module's buffers
+// (BatchNorm's running statistics, every registered buffer) with each step.
+enum class BufferMode : std::uint8_t {
+  kCheckpoint,  // default: restored by Restore, in every export of the pool
+  kSkip,        // the pool holds parameters and optimizer state only (pools
+                // written before pmsnap saved buffers)
 };
 
 // When CheckpointedOptimizer updates the parameters (file comment).
@@ -174,11 +183,15 @@ class CheckpointedOptimizer {
   // without a tracked module, or options.encoder already set.
   // With UpdateMode::kInBackward: hooks on every parameter update it inside
   // backward() (file comment); kAuto copy_start becomes kAfterUpdate.
+  // `module`'s buffers (module_buffers.h) are checkpointed with every step
+  // unless `buffers` is kSkip: copied at the step boundary, restored by
+  // Restore. kInvalidArgument naming a buffer that is not a CPU tensor.
   static Result<std::unique_ptr<CheckpointedOptimizer>> Create(
       const torch::nn::Module& module, torch::optim::Optimizer& optimizer,
       runtime::EngineOptions options, EmbeddingTables embeddings = {},
-      UpdateMode update_mode = UpdateMode::kInStep);
-  // As above with explicit names (e.g. several modules, or none). With
+      UpdateMode update_mode = UpdateMode::kInStep, BufferMode buffers = BufferMode::kCheckpoint);
+  // As above with explicit names (e.g. several modules, or none; no module
+  // buffers are checkpointed). With
   // RowSource::kLookups nothing is bound: call TrackEmbeddings(module) or
   // mark embedding_checkpointer()->tracker(name) before the first Step
   // (rows changed but not marked are missing from differential checkpoints).
@@ -264,7 +277,8 @@ class CheckpointedOptimizer {
   static Result<std::unique_ptr<CheckpointedOptimizer>> CreateImpl(
       const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
       torch::optim::Optimizer& optimizer, runtime::EngineOptions options,
-      EmbeddingTables embeddings, torch::nn::Module* module, UpdateMode update_mode);
+      EmbeddingTables embeddings, torch::nn::Module* module, UpdateMode update_mode,
+      ModuleBuffers buffers);
   CheckpointedOptimizer(std::unique_ptr<ParameterStepper> stepper,
                         std::unique_ptr<runtime::Engine> engine);
 
@@ -290,6 +304,9 @@ class CheckpointedOptimizer {
     Status marked;              // the first failed table marking
     std::vector<bool> updated;  // slot index -> updated in backward
   };
+  // Copies the module's buffers into their shadows between the buffer
+  // units' hooks (`observed`: the engine's step has begun; else unhooked).
+  Status CaptureBuffers(bool observed);
   Status InstallBackwardHooks();
   void RemoveBackwardHooks();
   // The hook of slot `index`; throws c10::ValueError on a second gradient.
@@ -305,6 +322,9 @@ class CheckpointedOptimizer {
   // slot index -> the table's "#dense" unit, or kNoUnit
   std::vector<std::uint32_t> dense_unit_of_slot_;
   std::vector<TableSlot> tables_;
+  // The module's buffers and their units (none with BufferMode::kSkip).
+  ModuleBuffers buffers_;
+  std::vector<std::uint32_t> buffer_units_;
   // Tracked modules bound by TrackEmbeddings (unbound by the destructor).
   std::vector<std::weak_ptr<torch::nn::Module>> bound_modules_;
   std::uint64_t iteration_ = 0;
@@ -321,6 +341,7 @@ class CheckpointedOptimizer {
 Result<RestoreInfo> RestoreFromPool(const torch::nn::Module& module,
                                     torch::optim::Optimizer& optimizer,
                                     runtime::EngineOptions options,
-                                    EmbeddingTables embeddings = {});
+                                    EmbeddingTables embeddings = {},
+                                    BufferMode buffers = BufferMode::kCheckpoint);
 
 }  // namespace pmsnap::hooks
