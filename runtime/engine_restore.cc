@@ -237,12 +237,15 @@ Result<RestoreResult> RestoreShardedEpoch(layout::Pool& pool, const UnitDevices&
       std::find(choice.holds_iteration.begin(), choice.holds_iteration.end(), false) !=
       choice.holds_iteration.end();
   if (some_rank_lacks) {
-    // Under DDP every rank is at the same data position; a rank that lost
-    // its pool takes the lowest holding rank's extra state.
+    // A rank that lost its pool takes the lowest holding rank's extra state,
+    // marked as not its own (RestoreResult::extra_state_is_own).
     const int root = static_cast<int>(holder - choice.holds_iteration.begin());
     PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> extra,
                             agreement.BroadcastBytes(restored->extra_state, root));
-    if (!choice.holds_iteration[rank]) restored->extra_state = std::move(extra);
+    if (!choice.holds_iteration[rank]) {
+      restored->extra_state = std::move(extra);
+      restored->extra_state_is_own = false;
+    }
   }
   return restored;
 }

@@ -116,6 +116,67 @@ def gather_objects(coordinator, obj):
             for r in range(world)]
 
 
+class PeerReplicas:
+    """Each rank's per-rank state (RNG states, data position, user extra
+    state) kept by the ranks that keep its replicas, so that a rank whose
+    pool is lost (a replaced node) restores its own, not another rank's
+    ([lossless]). With R replicas, rank r's state is sent to ranks r+1 ..
+    r+R-1 (mod the world size) at every checkpointed step and stored in
+    their checkpoints; any R-1 lost pools leave a copy of each rank's.
+
+    The exchange is point-to-point on a gloo group of its own (not the
+    coordinator's, whose all-reduce the engine keeps in flight across
+    steps), and so collective: every rank calls send_and_receive at the
+    same steps (the checkpointed ones, which all ranks agree on), and
+    recover after the same restore.
+
+    Thread-safety: the training thread."""
+
+    def __init__(self, coordinator, replicas, process_group=None):
+        self.rank, self.world = coordinator.rank(), coordinator.world_size()
+        ranks = (dist.get_process_group_ranks(process_group) if process_group is not None
+                 else list(range(dist.get_world_size())))
+        self._group = dist.new_group(ranks=ranks, backend="gloo")
+        count = min(replicas, self.world) - 1
+        self.targets = sorted({(self.rank + k) % self.world for k in range(1, count + 1)})
+        self.sources = sorted({(self.rank - k) % self.world for k in range(1, count + 1)})
+
+    def _exchange(self, tensor_of_target, tensor_of_source):
+        ops = [dist.P2POp(dist.isend, tensor_of_target(t), dist.get_global_rank(self._group, t),
+                          self._group) for t in self.targets]
+        ops += [dist.P2POp(dist.irecv, tensor_of_source(s), dist.get_global_rank(self._group, s),
+                           self._group) for s in self.sources]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    def send_and_receive(self, own):
+        """Sends this rank's `own` bytes to its targets; returns {source rank:
+        bytes} from the ranks whose state this rank keeps."""
+        size = torch.tensor([len(own)], dtype=torch.int64)
+        sizes = {s: torch.zeros(1, dtype=torch.int64) for s in self.sources}
+        self._exchange(lambda t: size, lambda s: sizes[s])
+        payload = torch.frombuffer(bytearray(own), dtype=torch.uint8) if own else \
+            torch.zeros(0, dtype=torch.uint8)
+        received = {s: torch.empty(int(sizes[s]), dtype=torch.uint8) for s in self.sources}
+        self._exchange(lambda t: payload, lambda s: received[s])
+        return {s: received[s].numpy().tobytes() for s in self.sources}
+
+    def recover(self, kept, own):
+        """After a restore, on every rank: `kept` ({rank: bytes} this rank's
+        checkpoint kept for its sources; {} where the pool was lost) and
+        whether this rank's own state came back (`own`). Returns this rank's
+        own bytes from a peer's copy where it did not, else None (also when
+        no surviving peer kept one: more pools lost than replicas cover)."""
+        everything = [None] * self.world
+        dist.all_gather_object(everything, (own, kept), group=self._group)
+        if own:
+            return None
+        for holder_own, holder_kept in everything:
+            if holder_own and self.rank in holder_kept:
+                return holder_kept[self.rank]
+        return None
+
+
 @contextlib.contextmanager
 def together(coordinator):
     """Runs the block on every rank; if it raised a pmsnap.Error on any rank,

@@ -43,6 +43,7 @@ engine's hooks); stats() may be called from any thread.
 """
 
 import os
+import warnings
 
 import torch
 
@@ -247,6 +248,9 @@ class CheckpointedOptimizer(UpdateInBackward):
             raise make_error(_pmsnap.InvalidArgumentError,
                              "replicas= needs sharding=\"replicated\"")
         self._coordinator = _distributed.coordinator_for(process_group)
+        self._peers = None
+        if sharding == "replicated" and replicas > 1 and self._coordinator is not None:
+            self._peers = _distributed.PeerReplicas(self._coordinator, replicas, process_group)
         self.pool = _distributed.rank_pool_path(os.fspath(pool), self._coordinator)
         self.model = model
         self.iteration = int(start_iteration)
@@ -425,7 +429,7 @@ class CheckpointedOptimizer(UpdateInBackward):
             self._table_tracker.clear()  # rows of the overwritten state
         if self._buffers is not None:
             self._buffers.restore()
-        blob = _extra.unpack(data)
+        blob = self._own_blob(_extra.unpack(data))
         self._apply_blob(blob, restore_rng)
         self.iteration = int(iteration)
         self._pool_latest = self.iteration
@@ -711,13 +715,20 @@ class CheckpointedOptimizer(UpdateInBackward):
         return None
 
     def _pack_extra(self):
+        """This step's extra state, with the peers' states this rank keeps
+        (sharding="replicated", replicas > 1: a collective, called at the
+        same, captured, steps on every rank)."""
         if "rng" in self.extra_state:
             raise make_error(_pmsnap.InvalidArgumentError,
                              "extra_state key 'rng' is reserved for the RNG states pmsnap saves")
-        return _extra.pack(self.extra_state, self._rng_states(),
-                           _extra.param_group_hyperparameters(self.optimizer),
-                           _extra.nontensor_state(self.optimizer, self._named),
-                           _extra.param_group_names(self.optimizer, self._named))
+        parts = (self.extra_state, self._rng_states(),
+                 _extra.param_group_hyperparameters(self.optimizer),
+                 _extra.nontensor_state(self.optimizer, self._named),
+                 _extra.param_group_names(self.optimizer, self._named))
+        own = _extra.pack(*parts)
+        if self._peers is None:
+            return own
+        return _extra.pack(*parts, peers=self._peers.send_and_receive(own))
 
     def _rng_states(self):
         """The RNG states stored with the step being checkpointed ({} without
@@ -741,6 +752,25 @@ class CheckpointedOptimizer(UpdateInBackward):
                 self.optimizer.state[p].update(values)
         if restore_rng and blob.get("rng"):
             _extra.apply_rng(blob["rng"])
+
+    def _own_blob(self, blob):
+        """This rank's own extra state after a restore: where its pool was
+        lost (sharding="replicated"), the copy a peer kept (PeerReplicas)
+        instead of the one the engine took from another rank. Collective
+        with replicas > 1."""
+        if self._peers is None:
+            return blob
+        own = self._engine.restored_extra_state_is_own
+        recovered = self._peers.recover(blob.get("peers", {}) if own else {}, own)
+        if recovered is not None:
+            return _extra.unpack(recovered)
+        if not own:
+            warnings.warn(f"pmsnap: rank {self._peers.rank}'s pool {self.pool} was lost and no "
+                          "surviving rank kept its extra state (RNG states, data position, "
+                          f"extra_state): it resumes with rank {self._peers.rank}'s neighbour's, "
+                          "which is not bit-exact for per-rank state", RuntimeWarning,
+                          stacklevel=3)
+        return blob
 
     @staticmethod
     def _user_view(blob):

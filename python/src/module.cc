@@ -415,10 +415,13 @@ class PyEngine {
       result.emplace(e.Restore());
     }
     runtime::RestoreResult value = ValueOrThrow(std::move(*result));
+    restored_extra_state_is_own_ = value.extra_state_is_own;
     return py::make_tuple(value.iteration, value.epoch,
                           py::bytes(reinterpret_cast<const char*>(value.extra_state.data()),
                                     value.extra_state.size()));
   }
+  // RestoreResult::extra_state_is_own of the last restore (true before one).
+  bool restored_extra_state_is_own() const { return restored_extra_state_is_own_; }
   std::optional<std::uint32_t> FindUnit(const std::string& name) const {
     return engine().FindUnit(name);
   }
@@ -566,6 +569,7 @@ class PyEngine {
 
   std::string device_note_;
   std::optional<runtime::Stats> final_stats_;  // taken at Close
+  bool restored_extra_state_is_own_ = true;
   std::unique_ptr<runtime::Device> device_;
   std::shared_ptr<diff::EmbeddingCheckpointer> checkpointer_;  // also held by the engine
   std::shared_ptr<runtime::IntervalPolicy> policy_;             // also held by the engine
@@ -1112,6 +1116,10 @@ PYBIND11_MODULE(_pmsnap, m) {
       .def("flush", &PyEngine::Flush)
       .def("close", &PyEngine::Close, py::arg("abandon") = false)
       .def("restore", &PyEngine::Restore, "-> (iteration, epoch, extra_state bytes)")
+      .def_property_readonly("restored_extra_state_is_own",
+                             &PyEngine::restored_extra_state_is_own,
+                             "False after a restore whose extra state came from another rank "
+                             "(this rank's pool was lost; runtime::RestoreResult)")
       .def("find_unit", &PyEngine::FindUnit, py::arg("name"))
       .def("mark_rows", &PyEngine::MarkRows, py::arg("table"), py::arg("ptr"), py::arg("count"),
            py::arg("dtype"), "Marks row ids (int64/int32 at `ptr`) as changed in `table`.")

@@ -143,6 +143,75 @@ def test_sharded_ranks_with_two_replicas_restore_a_deleted_pool_bit_exact():
             assert 0 < held < 4, rank
 
 
+def _per_rank_rng_run(rank, world, pool, steps, restore):
+    """DDP-like with per-rank randomness: the same model on every rank, kept
+    equal by averaging gradients, but each rank with its own dropout stream
+    (its own torch seed) and data; returns (restored iteration, restored
+    extra state's rank), and the final parameters, Adam state and RNG state."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(32, 4))
+    opt = pmsnap.CheckpointedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), pool,
+                                       model=model, every=1, sharding="replicated", replicas=2,
+                                       workers=1, part_bytes=4096)
+    start, extra = 1, {}
+    torch.manual_seed(1000 + rank)
+    if restore:
+        iteration, extra = opt.restore()
+        start = iteration + 1
+    for step in range(start, start + steps):
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(10 * step + rank))
+        model(x).square().mean().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        opt.step(extra_state={"batch": step, "rank": rank})
+        opt.zero_grad()
+    opt.close()
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for i, p in enumerate(model.parameters()):
+        for key, value in opt.optimizer.state[p].items():
+            state[f"{i}.{key}"] = value.clone() if torch.is_tensor(value) else value
+    state["rng"] = torch.get_rng_state()
+    return (start - 1, extra.get("rank")), state
+
+
+def _assert_same_states(got, want):
+    for rank, ((_, _), state) in enumerate(got):
+        _, expected = want[rank]
+        assert state.keys() == expected.keys()
+        for key in state:
+            if torch.is_tensor(state[key]):
+                assert torch.equal(state[key], expected[key]), (rank, key)
+            else:
+                assert state[key] == expected[key], (rank, key)
+
+
+@pytest.mark.parametrize("world,lost", [(2, [1]), (3, [1, 2])],
+                         ids=["2-ranks-lose-1", "3-ranks-lose-1-then-2"])
+def test_a_replaced_rank_restores_its_own_rng_and_extra_state(world, lost):
+    """[lossless]: a rank whose pool is lost used to restore the lowest
+    holding rank's RNG states and extra state: its dropout differed, and so
+    did the model, silently. Its own come from the peers that keep them."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        total = 2 + 2 * len(lost) + 2
+        reference = run_ranks(world, lambda r, w: _per_rank_rng_run(
+            r, w, os.path.join(d, "ref.{rank}.pool"), total, False))
+        pool = os.path.join(d, "run.{rank}.pool")
+        run_ranks(world, lambda r, w: _per_rank_rng_run(r, w, pool, 2, False))
+        done = 2
+        for k, rank in enumerate(lost):
+            os.remove(pool.format(rank=rank))  # a replaced node
+            steps = 2 if k + 1 < len(lost) else total - done
+            resumed = run_ranks(world, lambda r, w: _per_rank_rng_run(r, w, pool, steps, True))
+            for r, ((iteration, extra_rank), _) in enumerate(resumed):
+                assert (iteration, extra_rank) == (done, r), (rank, r)
+            done += steps
+        _assert_same_states(resumed, reference)
+        # The ranks' random streams differ: the check above has teeth.
+        assert not torch.equal(reference[0][1]["rng"], reference[1][1]["rng"])
+
+
 def test_a_run_moves_to_another_world_size_from_the_old_pools(tmp_path):
     # The same training on every rank (DDP-like), so the reference does not
     # depend on the world size: 2 ranks for 4 steps, then 3 ranks seeded from

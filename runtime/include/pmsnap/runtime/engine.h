@@ -184,6 +184,13 @@ struct RestoreResult {
   std::uint64_t iteration = 0;
   std::uint64_t epoch = 0;
   std::vector<std::byte> extra_state;
+  // False where this rank's pool did not hold the restored iteration (a
+  // replaced node under EngineOptions::shard_replicated_state): its units
+  // came from other ranks, and extra_state is the lowest holding rank's,
+  // which is right for state every rank shares (a DDP data position) and
+  // wrong for per-rank state (RNG, a per-rank sampler): the front end then
+  // takes this rank's own from the replica its peers keep.
+  bool extra_state_is_own = true;
 };
 
 class Engine {
