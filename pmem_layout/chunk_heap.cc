@@ -54,16 +54,18 @@ ChunkHeap::~ChunkHeap() = default;
 
 Result<std::unique_ptr<ChunkHeap>> ChunkHeap::Load(std::unique_ptr<State> state) {
   State& s = *state;
-  pobj_alloc_class_desc small_chunks{};
-  small_chunks.unit_size = kChunkUnitBytes;
-  small_chunks.units_per_block = kChunkRunUnits;
-  small_chunks.header_type = POBJ_HEADER_COMPACT;
-  if (pmemobj_ctl_set(s.pop, "heap.alloc_class.new.desc", &small_chunks) != 0) {
-    return Status(StatusCode::kIOError,
-                  detail::PmdkError(
-                      ("pool '" + s.path + "': cannot register the chunk allocation class").c_str()));
+  if (!s.read_only) {  // allocations only
+    pobj_alloc_class_desc small_chunks{};
+    small_chunks.unit_size = kChunkUnitBytes;
+    small_chunks.units_per_block = kChunkRunUnits;
+    small_chunks.header_type = POBJ_HEADER_COMPACT;
+    if (pmemobj_ctl_set(s.pop, "heap.alloc_class.new.desc", &small_chunks) != 0) {
+      return Status(StatusCode::kIOError,
+                    detail::PmdkError(("pool '" + s.path +
+                                       "': cannot register the chunk allocation class").c_str()));
+    }
+    s.small_chunk_class = small_chunks.class_id;
   }
-  s.small_chunk_class = small_chunks.class_id;
 
   auto in_bounds = [&](std::uint64_t offset, std::uint64_t bytes) {
     return offset >= sizeof(detail::PoolRoot) && offset <= s.file_bytes &&
@@ -99,8 +101,15 @@ std::uint64_t ChunkHeap::ChargedBytesFor(std::uint64_t payload_bytes) {
   return ChargedBytes(sizeof(ChunkHeader) + payload_bytes);
 }
 
+Status ChunkHeap::RefuseReadOnly(const char* what) const {
+  if (!state_->read_only) return Status::Ok();
+  return Status(StatusCode::kFailedPrecondition,
+                "pool '" + state_->path + "' is open read-only: cannot " + what + " a chunk");
+}
+
 Result<ChunkInfo> ChunkHeap::Alloc(std::uint64_t bytes, std::uint64_t epoch, std::uint64_t tag) {
   State& s = *state_;
+  PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("allocate"));
   std::lock_guard<std::mutex> lock(s.mutex);
   const std::uint64_t needed = ChargedBytesFor(bytes);
   const std::uint64_t used = s.root->used_bytes;
@@ -165,6 +174,7 @@ Result<ChunkInfo> ChunkHeap::Alloc(std::uint64_t bytes, std::uint64_t epoch, std
 
 Result<std::span<std::byte>> ChunkHeap::Payload(std::uint64_t chunk_id) {
   State& s = *state_;
+  PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("write"));
   std::lock_guard<std::mutex> lock(s.mutex);
   auto it = s.chunks.find(chunk_id);
   if (it == s.chunks.end()) return Status(StatusCode::kNotFound, NoChunk(s.path, chunk_id));
@@ -227,6 +237,7 @@ Result<std::span<const std::byte>> ChunkHeap::Read(std::uint64_t chunk_id) const
 
 Status ChunkHeap::Free(std::uint64_t chunk_id) {
   State& s = *state_;
+  PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("free"));
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.chunks.find(chunk_id) == s.chunks.end()) {
     return Status(StatusCode::kNotFound, NoChunk(s.path, chunk_id));
@@ -263,6 +274,7 @@ Status ChunkHeap::Free(std::uint64_t chunk_id) {
 }
 
 Status ChunkHeap::FreeNewerThan(std::uint64_t committed_epoch) {
+  PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("free"));
   std::vector<std::uint64_t> orphans;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);

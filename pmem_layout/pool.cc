@@ -319,7 +319,14 @@ Result<SnapshotView> Pool::Slot(int slot) const {
 std::optional<std::uint64_t> Pool::open_epoch() const { return impl_->open_epoch; }
 std::optional<std::uint64_t> Pool::last_committed_epoch() const { return impl_->last_committed; }
 
+Status Pool::RefuseReadOnly(const char* what) const {
+  if (!impl_->read_only) return Status::Ok();
+  return Status(StatusCode::kFailedPrecondition,
+                "pool '" + path_ + "' is open read-only: cannot " + what);
+}
+
 Result<std::uint64_t> Pool::BeginEpoch(std::uint64_t iteration) {
+  PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("begin an epoch"));
   Impl& impl = *impl_;
   if (impl.open_epoch) {
     return Status(StatusCode::kBusy, "pool '" + path_ + "': epoch " +
@@ -486,6 +493,7 @@ Status Pool::Commit(std::span<const std::byte> extra_state) {
 void Pool::Abandon() { impl_->open_epoch.reset(); }
 
 Result<std::optional<std::uint64_t>> Pool::DiscardOlderEpoch() {
+  PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("discard an epoch"));
   Impl& impl = *impl_;
   if (!recovered_slot_) {
     return Status(StatusCode::kFailedPrecondition,

@@ -213,6 +213,7 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   header.part_bytes = options.part_bytes;
   header.extra_state_capacity = options.extra_state_capacity;
   header.chunk_heap_bytes = options.chunk_heap_bytes;
+  header.file_bytes = required;
   header.group_run_id = options.group.run_id;
   header.group_rank = options.group.rank;
   header.group_world_size = options.group.world_size;

@@ -6,10 +6,12 @@
 #include <libpmemobj.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "detail/chunk_heap_state.h"
@@ -33,6 +35,71 @@ using detail::PrefaultPause;
 using detail::RecordBytes;
 using detail::SlotRecordHeader;
 using detail::Warn;
+
+namespace {
+
+// The process holding a lock on the file (`device`, `inode`) as /proc/locks
+// lists it (libpmemobj flocks a pool it opens), or 0. Takes no lock itself.
+long LockHolder(std::uint64_t device, std::uint64_t inode) {
+  std::FILE* locks = std::fopen("/proc/locks", "r");
+  if (locks == nullptr) return 0;
+  char line[512];
+  long holder = 0;
+  while (holder == 0 && std::fgets(line, sizeof(line), locks) != nullptr) {
+    // "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF" ("->" marks waiters).
+    char type[16] = {}, mode[16] = {}, access[16] = {};
+    long pid = 0;
+    unsigned major_id = 0, minor_id = 0;
+    unsigned long file_inode = 0;
+    if (std::sscanf(line, "%*d: %15s %15s %15s %ld %x:%x:%lu", type, mode, access, &pid,
+                    &major_id, &minor_id, &file_inode) == 7 &&
+        file_inode == inode && makedev(major_id, minor_id) == device) {
+      holder = pid;
+    }
+  }
+  std::fclose(locks);
+  return holder;
+}
+
+std::uint64_t LoadU64(const std::byte* at) {
+  std::uint64_t value = 0;
+  std::memcpy(&value, at, sizeof(value));
+  return value;
+}
+
+// kCorruption saying both sizes when the file is shorter than its pmsnap
+// header says it was made (PoolHeader::file_bytes), read with pread before
+// anything maps the file: libpmemobj's own message for a cut file is "pool
+// initialization failed". OK when the header cannot tell (an older pool, a
+// header out of reach or damaged: the open reports those itself).
+Status CheckNotTruncated(const std::string& path, std::uint64_t actual) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::Ok();
+  std::uint64_t root_offset = 0;
+  PoolHeader header{};
+  const bool read =
+      ::pread(fd, &root_offset, sizeof(root_offset), detail::kPmemobjRootOffsetAt) ==
+          static_cast<ssize_t>(sizeof(root_offset)) &&
+      root_offset < actual &&
+      ::pread(fd, &header, sizeof(header), static_cast<off_t>(root_offset)) ==
+          static_cast<ssize_t>(sizeof(header));
+  ::close(fd);
+  if (root_offset >= actual && root_offset != 0 && root_offset < (1ull << 56)) {
+    return Status(StatusCode::kCorruption,
+                  "pool '" + path + "' is truncated: the file is " + std::to_string(actual) +
+                      " bytes, but its root object is at byte " + std::to_string(root_offset));
+  }
+  if (!read || std::memcmp(header.magic, detail::kPoolMagic, 8) != 0 ||
+      detail::HeaderChecksum(header) != header.header_checksum || header.file_bytes <= actual) {
+    return Status::Ok();
+  }
+  return Status(StatusCode::kCorruption,
+                "pool '" + path + "' is truncated: the file is " + std::to_string(actual) +
+                    " bytes, it was created with " + std::to_string(header.file_bytes) +
+                    " (expected a file of " + std::to_string(header.file_bytes) + " bytes)");
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Pool>> Pool::Open(const std::string& path, const OpenOptions& options) {
   return OpenImpl(path, nullptr, options);
@@ -82,6 +149,7 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
                       " bytes, a pool has at least " + std::to_string(kPmemobjMinPool));
   }
 
+  PMSNAP_RETURN_IF_ERROR(CheckNotTruncated(path, static_cast<std::uint64_t>(st.st_size)));
   PMSNAP_ASSIGN_OR_RETURN(const PmBandwidth pm_bandwidth, ResolvePmBandwidth(options.pm_bandwidth));
 
   std::unique_ptr<Pool> pool(new Pool());
@@ -95,8 +163,12 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
   if (pm_bandwidth.read_gbps > 0) {
     impl.pm.read = std::make_unique<BandwidthPacer>(pm_bandwidth.read_gbps);
   }
-  impl.pop = pmemobj_open(path.c_str(), kPoolLayoutName);
-  if (impl.pop == nullptr) {
+  if (options.read_only) {
+    PMSNAP_RETURN_IF_ERROR(pool->MapReadOnly(st.st_dev, st.st_ino));
+  } else {
+    impl.pop = pmemobj_open(path.c_str(), kPoolLayoutName);
+  }
+  if (!options.read_only && impl.pop == nullptr) {
     const int err = errno;
     const std::string pmdk = PmdkMessage(err);
     const std::string message = "cannot open pool '" + path + "': " + pmdk;
@@ -123,7 +195,9 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
     }
     return Status(err == EINVAL ? StatusCode::kCorruption : StatusCode::kIOError, message);
   }
-  detail::seam::Mapped(impl.pop, reinterpret_cast<std::byte*>(impl.pop), pool->file_bytes_);
+  if (!options.read_only) {
+    detail::seam::Mapped(impl.pop, reinterpret_cast<std::byte*>(impl.pop), pool->file_bytes_);
+  }
   PMSNAP_RETURN_IF_ERROR(pool->LoadAndRecover(options));
 
   if (expected != nullptr && expected->Signature() != pool->signature()) {
@@ -133,8 +207,59 @@ Result<std::unique_ptr<Pool>> Pool::OpenImpl(const std::string& path, const Mani
                                                   "' was made for another model: pool has " +
                                                   difference + " (pool vs this model)");
   }
-  if (options.prefault_mapping) pool->StartPrefault(options.prefault_method);
+  if (options.prefault_mapping && !options.read_only) pool->StartPrefault(options.prefault_method);
   return pool;
+}
+
+Status Pool::MapReadOnly(std::uint64_t device, std::uint64_t inode) {
+  Impl& impl = *impl_;
+  const long holder = LockHolder(device, inode);
+  if (holder != 0) {
+    return Status(StatusCode::kBusy, "pool '" + path_ + "' is open in process " +
+                                         std::to_string(holder) +
+                                         " (a trainer writes it): read it once that process "
+                                         "closed it, or read a copy");
+  }
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return PoolFileError(err, "cannot open pool '" + path_ + "' for reading", std::strerror(err));
+  }
+  void* mapping = ::mmap(nullptr, file_bytes_, PROT_READ, MAP_SHARED, fd, 0);
+  const int map_error = errno;
+  ::close(fd);
+  if (mapping == MAP_FAILED) {
+    return PoolFileError(map_error, "cannot map pool '" + path_ + "' for reading",
+                         std::strerror(map_error));
+  }
+  impl.read_only = true;
+  impl.base = static_cast<std::byte*>(mapping);
+  impl.read_only_bytes = file_bytes_;
+  impl.device = device;
+  impl.inode = inode;
+  std::uint32_t major = 0;
+  std::memcpy(&major, impl.base + detail::kPmemobjMajorAt, sizeof(major));
+  if (major != detail::kPmemobjMajor) {
+    return Status(StatusCode::kUnsupportedVersion,
+                  "pool '" + path_ + "' has libpmemobj pool format " + std::to_string(major) +
+                      ", this build reads format " + std::to_string(detail::kPmemobjMajor));
+  }
+  impl.run_id_at_open = LoadU64(impl.base + detail::kPmemobjRunIdAt);
+  return Status::Ok();
+}
+
+Status Pool::CheckUndisturbed() const {
+  const Impl& impl = *impl_;
+  if (!impl.read_only) return Status::Ok();
+  const long holder = LockHolder(impl.device, impl.inode);
+  if (holder == 0 && LoadU64(impl.base + detail::kPmemobjRunIdAt) == impl.run_id_at_open) {
+    return Status::Ok();
+  }
+  return Status(StatusCode::kBusy,
+                "pool '" + path_ + "' was opened by " +
+                    (holder != 0 ? "process " + std::to_string(holder) : "another process") +
+                    " while it was read: what was read may be torn; read it again once that "
+                    "process closed it");
 }
 
 void Pool::StartPrefault(PrefaultMethod method) {
@@ -162,18 +287,36 @@ void Pool::StartPrefault(PrefaultMethod method) {
 
 Status Pool::LoadAndRecover(const OpenOptions& options) {
   Impl& impl = *impl_;
-  impl.base = reinterpret_cast<std::byte*>(impl.pop);
+  if (!impl.read_only) impl.base = reinterpret_cast<std::byte*>(impl.pop);
   impl.is_pmem = pmem_is_pmem(impl.base, file_bytes_) != 0;
   const std::string where = "pool '" + path_ + "'";
   auto corruption = [&](const std::string& what) {
     return Status(StatusCode::kCorruption, where + ": " + what);
   };
 
-  if (pmemobj_root_size(impl.pop) < sizeof(PoolRoot)) {
-    return Status(StatusCode::kNotAPool, where + " has no pmsnap root object");
+  std::uint64_t pool_uuid_lo = 0;
+  if (impl.read_only) {
+    // Where libpmemobj's descriptor says (detail/pmdk.h), checked as any
+    // other offset a damaged file could hold.
+    const std::uint64_t root_offset = LoadU64(impl.base + detail::kPmemobjRootOffsetAt);
+    if (LoadU64(impl.base + detail::kPmemobjRootSizeAt) < sizeof(PoolRoot)) {
+      return Status(StatusCode::kNotAPool, where + " has no pmsnap root object");
+    }
+    if (root_offset % alignof(PoolRoot) != 0 || root_offset > file_bytes_ ||
+        sizeof(PoolRoot) > file_bytes_ - root_offset) {
+      return corruption("libpmemobj's root object offset " + std::to_string(root_offset) +
+                        " lies outside the file of " + std::to_string(file_bytes_) +
+                        " bytes (truncated?)");
+    }
+    impl.root = impl.At<PoolRoot>(root_offset);
+  } else {
+    if (pmemobj_root_size(impl.pop) < sizeof(PoolRoot)) {
+      return Status(StatusCode::kNotAPool, where + " has no pmsnap root object");
+    }
+    PMEMoid root_oid = pmemobj_root(impl.pop, sizeof(PoolRoot));
+    impl.root = static_cast<PoolRoot*>(pmemobj_direct(root_oid));
+    pool_uuid_lo = root_oid.pool_uuid_lo;
   }
-  PMEMoid root_oid = pmemobj_root(impl.pop, sizeof(PoolRoot));
-  impl.root = static_cast<PoolRoot*>(pmemobj_direct(root_oid));
   const PoolHeader& header = impl.header();
 
   static constexpr char kZeroMagic[8] = {};
@@ -198,13 +341,28 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   auto in_bounds = [&](std::uint64_t offset, std::uint64_t bytes) {
     return offset >= sizeof(PoolRoot) && offset <= file_bytes_ && bytes <= file_bytes_ - offset;
   };
+  // A file cut short: say how long it is and how long the header says it
+  // must be (the end of its furthest structure), not just that it is.
+  auto outside = [&](const std::string& what, std::uint64_t offset, std::uint64_t bytes) {
+    std::uint64_t end = offset + bytes;
+    if (end < offset) end = ~0ull;
+    if (offset < sizeof(PoolRoot) || end <= file_bytes_ || offset > (1ull << 56)) {
+      return corruption(what + " lies outside the file");
+    }
+    return corruption("the file is truncated: it is " + std::to_string(file_bytes_) +
+                      " bytes, but its " + what + " reaches byte " + std::to_string(end) +
+                      " (expected a file of at least " + std::to_string(end) + " bytes)");
+  };
   if (!in_bounds(header.manifest_offset, header.manifest_bytes)) {
-    return corruption("manifest lies outside the file");
+    return outside("manifest", header.manifest_offset, header.manifest_bytes);
   }
   for (int s = 0; s < 2; ++s) {
-    if (!in_bounds(header.slot_data_offset[s], header.slot_bytes) ||
-        !in_bounds(header.slot_record_offset[s], header.record_bytes)) {
-      return corruption("slot " + std::to_string(s) + " lies outside the file (truncated?)");
+    if (!in_bounds(header.slot_data_offset[s], header.slot_bytes)) {
+      return outside("slot " + std::to_string(s), header.slot_data_offset[s], header.slot_bytes);
+    }
+    if (!in_bounds(header.slot_record_offset[s], header.record_bytes)) {
+      return outside("slot " + std::to_string(s) + "'s commit record",
+                     header.slot_record_offset[s], header.record_bytes);
     }
     // The record is read through a SlotRecordHeader (8-byte words, the
     // commit word atomic) and the slot data by 64-byte non-temporal stores:
@@ -275,9 +433,10 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
 
   auto chunk_heap = std::make_unique<ChunkHeap::State>();
   chunk_heap->pop = impl.pop;
+  chunk_heap->read_only = impl.read_only;
   chunk_heap->base = impl.base;
   chunk_heap->file_bytes = file_bytes_;
-  chunk_heap->pool_uuid_lo = root_oid.pool_uuid_lo;
+  chunk_heap->pool_uuid_lo = pool_uuid_lo;
   chunk_heap->root = &impl.root->chunks;
   chunk_heap->capacity = header.chunk_heap_bytes;
   chunk_heap->path = path_;

@@ -7,7 +7,9 @@
 // recovers to the newest epoch whose Commit returned, or to the one being
 // committed, bit-exact (tensors, iteration, extra state, that epoch's chunk).
 // A test-only switch that drops the drain before the commit word must be
-// caught. Covered: pool create, epoch writes and commits, an abandoned
+// caught, and images are also taken the moment each Commit returns: a commit
+// word flushed but not drained, or a part checksum never persisted, shows
+// there (both mutations fail this test). Covered: pool create, epoch writes and commits, an abandoned
 // epoch, slot fallback, extra state, chunk allocate, seal, free and the
 // sweep of orphans at BeginEpoch; and the simulator itself keeps drains of
 // several threads in order (the Engine persists from its workers).
@@ -42,8 +44,11 @@ using pmsnap::testing::TempPoolPath;
 constexpr std::uint64_t kChunkTag = 7;
 constexpr std::uint64_t kEpochs = 4;
 
-// Two units whose tensors span two parts each, plus 8-byte ones.
-Manifest SmallManifest() { return pmsnap::testing::MakeManifest(2, 1100); }
+// Three units whose tensors span two parts each, plus 8-byte ones: 15 part
+// checksums, so that the table has a cache line of its own between the
+// record header's and the extra state's (with fewer, their flushes would
+// also write back a checksum nobody persisted, and hide that bug).
+Manifest SmallManifest() { return pmsnap::testing::MakeManifest(3, 1100); }
 
 PoolOptions SmallOptions(std::uint64_t chunk_heap_bytes) {
   PoolOptions options;
@@ -93,7 +98,8 @@ PowerLossSimulator::Plan CapturePlan(const std::atomic<bool>* armed,
 // begins, allocates and seals one chunk, writes every tensor and commits;
 // epoch 3 is first begun, half written and abandoned. Updates `progress`
 // around each Commit.
-void RunEpochs(Pool& pool, bool with_chunks, std::atomic<std::uint64_t>* progress) {
+void RunEpochs(Pool& pool, bool with_chunks, std::atomic<std::uint64_t>* progress,
+               PowerLossSimulator& simulator) {
   const Manifest& manifest = pool.manifest();
   Progress state;
   for (std::uint64_t epoch = 1; epoch <= kEpochs; ++epoch) {
@@ -134,6 +140,10 @@ void RunEpochs(Pool& pool, bool with_chunks, std::atomic<std::uint64_t>* progres
     ASSERT_TRUE(pool.Commit({reinterpret_cast<const std::byte*>(extra.data()), extra.size()}).ok());
     state = {epoch, false};
     progress->store(state.Pack());
+    // Commit returned: the epoch is durable now, not at the next drain (a
+    // commit word flushed but not drained, or a part checksum never
+    // persisted, shows here and maybe nowhere else).
+    simulator.CaptureNow({2, state.Pack()});
   }
 }
 
@@ -215,7 +225,7 @@ Outcome RunWorkload(bool with_chunks, std::uint64_t seed) {
     EXPECT_TRUE(pool.ok()) << pool.status().message();
     if (!pool.ok()) return outcome;
     armed = true;
-    RunEpochs(**pool, with_chunks, &progress);
+    RunEpochs(**pool, with_chunks, &progress, simulator);
   }
   simulator.Stop();
   outcome.persist_points = simulator.persist_points();

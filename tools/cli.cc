@@ -23,14 +23,24 @@ using pmsnap::layout::SlotState;
 constexpr int kExitOk = 0;
 constexpr int kExitDamaged = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitBusy = 3;
 
 int Usage(std::ostream& err) {
   err << "usage: pmsnap info POOL [--json]\n"
          "       pmsnap verify POOL [--json]\n"
          "  info    print the pool's format, model signature, units and both slots\n"
-         "  verify  check every checksum (records, unit data, chunks); exit 0 if the\n"
-         "          pool is consistent, 1 if anything is damaged\n";
+         "  verify  check every checksum (records, unit data, chunks)\n"
+         "Both only read the pool (it stays byte for byte as it was) and take no\n"
+         "lock, so a trainer can open it meanwhile.\n"
+         "Exit status: 0 ok; 1 damaged or unreadable (the message says what);\n"
+         "2 usage; 3 busy (another process has the pool open, or opened it while\n"
+         "it was read: try again once it closed it).\n";
   return kExitUsage;
+}
+
+// The exit status for a pool that could not be read: busy or damaged.
+int ExitFor(const pmsnap::Status& status) {
+  return status.code() == pmsnap::StatusCode::kBusy ? kExitBusy : kExitDamaged;
 }
 
 std::string JsonString(const std::string& s) {
@@ -290,6 +300,7 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
   const bool verify = positional[0] == "verify";
   pmsnap::layout::OpenOptions options;
   options.verify_data = false;  // `verify` checks every slot itself, `info` reads metadata
+  options.read_only = true;     // inspecting a pool never changes a byte of it
   pmsnap::layout::SetWarningSink(nullptr);  // warnings are printed in the report
   auto pool = Pool::Open(positional[1], options);
   if (!pool.ok()) {
@@ -300,9 +311,18 @@ int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream
     } else {
       err << "pmsnap: " << pool.status().ToString() << "\n";
     }
-    return kExitDamaged;
+    return ExitFor(pool.status());
   }
-  return verify ? Verify(**pool, json, out) : Info(**pool, json, out);
+  std::ostringstream report;
+  const int code = verify ? Verify(**pool, json, report) : Info(**pool, json, report);
+  // A process that opened the pool while it was read may have torn what
+  // was read: that is busy, not damage.
+  if (pmsnap::Status undisturbed = (*pool)->CheckUndisturbed(); !undisturbed.ok()) {
+    err << "pmsnap: " << undisturbed.ToString() << "\n";
+    return kExitBusy;
+  }
+  out << report.str();
+  return code;
 }
 
 }  // namespace pmsnap::tools

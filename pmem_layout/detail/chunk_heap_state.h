@@ -19,7 +19,8 @@ namespace pmsnap::layout {
 
 struct ChunkHeap::State {
   // Fixed at open, before any call.
-  PMEMobjpool* pop = nullptr;
+  PMEMobjpool* pop = nullptr;  // null for a read-only open: nothing may be written
+  bool read_only = false;
   std::byte* base = nullptr;  // the mapping: pool offsets are relative to it
   std::uint64_t file_bytes = 0;
   std::uint64_t pool_uuid_lo = 0;

@@ -46,7 +46,11 @@ struct PoolHeader {
   std::uint32_t group_rank;
   std::uint32_t group_world_size;
   std::uint64_t group_model_fingerprint;
-  std::uint64_t reserved[8];
+  // The file's size at creation, so that a truncated file is reported with
+  // both sizes. 0 in pools made before this field existed (the reserved
+  // bytes were 0): size unknown.
+  std::uint64_t file_bytes;
+  std::uint64_t reserved[7];
 };
 static_assert(std::is_standard_layout_v<PoolHeader>);
 static_assert(std::has_unique_object_representations_v<PoolHeader>);  // hashed whole
@@ -74,7 +78,8 @@ static_assert(offsetof(PoolHeader, group_run_id) == 168);
 static_assert(offsetof(PoolHeader, group_rank) == 176);
 static_assert(offsetof(PoolHeader, group_world_size) == 180);
 static_assert(offsetof(PoolHeader, group_model_fingerprint) == 184);
-static_assert(offsetof(PoolHeader, reserved) == 192);
+static_assert(offsetof(PoolHeader, file_bytes) == 192);
+static_assert(offsetof(PoolHeader, reserved) == 200);
 
 // Mutable list head of the chunk heap; changed only inside transactions.
 struct ChunkHeapRoot {

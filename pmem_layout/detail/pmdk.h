@@ -30,6 +30,19 @@ inline constexpr std::uint64_t kPmemobjMinPool = 8ull << 20;
 // libpmemobj's compact allocation header, in front of every object.
 inline constexpr std::uint64_t kAllocationHeaderBytes = 16;
 
+// libpmemobj 1.x's pool descriptor (struct pmemobjpool, src/libpmemobj/obj.h),
+// where a read-only open (OpenOptions::read_only) finds the root object
+// without libpmemobj: the 4 KiB pool header (signature "PMEMOBJ", then the
+// format's major version), the 1 KiB layout name, lanes_offset, nlanes,
+// heap_offset, 8 + 984 unused bytes and the descriptor checksum, then
+// root_offset, run_id (which every pmemobj_open moves) and root_size.
+// pool_readonly_test checks these against pmemobj_root on a live pool.
+inline constexpr std::uint64_t kPmemobjMajorAt = 8;
+inline constexpr std::uint32_t kPmemobjMajor = 6;
+inline constexpr std::uint64_t kPmemobjRootOffsetAt = 6144;
+inline constexpr std::uint64_t kPmemobjRunIdAt = 6152;
+inline constexpr std::uint64_t kPmemobjRootSizeAt = 6160;
+
 // "<what>: <libpmemobj's last message, or errno's text>".
 inline std::string PmdkError(const char* what) {
   const char* msg = pmemobj_errormsg();

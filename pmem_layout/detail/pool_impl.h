@@ -4,6 +4,7 @@
 #pragma once
 
 #include <libpmemobj.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <cstddef>
@@ -24,8 +25,15 @@
 namespace pmsnap::layout {
 
 struct Pool::Impl {
-  PMEMobjpool* pop = nullptr;
-  std::byte* base = nullptr;  // the mapping: pool offsets are relative to it
+  PMEMobjpool* pop = nullptr;  // null for a read-only open (OpenOptions::read_only)
+  std::byte* base = nullptr;   // the mapping: pool offsets are relative to it
+  // A read-only open's own PROT_READ mapping (unmapped here), the file's
+  // identity and libpmemobj's run id when it was mapped (CheckUndisturbed).
+  bool read_only = false;
+  std::uint64_t read_only_bytes = 0;
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  std::uint64_t run_id_at_open = 0;
   detail::PoolRoot* root = nullptr;
   bool is_pmem = false;  // true: flushes + drain persist; false: msync
   std::unordered_map<std::string, std::uint32_t> unit_index;
@@ -64,6 +72,7 @@ struct Pool::Impl {
       detail::seam::Unmapping(pop);
       pmemobj_close(pop);
     }
+    if (read_only && base != nullptr) ::munmap(base, read_only_bytes);
   }
 
   template <typename T = std::byte>

@@ -14,8 +14,10 @@
       per tensor: max |a - b| and the L2 norm of a - b
 
 Human tables by default, --json for scripts. Exit codes as the C++ commands
-(tools/cli.h): 0 success, 1 an error (the message names the pool), 2 a usage
-error. `info` and `verify` are the C++ ones (_pmsnap.run_cli).
+(tools/cli.cc): 0 success, 1 damaged or unreadable (the message names the
+pool; `list` also when a retained checkpoint fails its checksums), 2 a usage
+error, 3 busy (another process has the pool open). `info` and `verify` are
+the C++ ones (_pmsnap.run_cli). Only prune writes to the pool.
 
 Thread-safety: a command line runs on one thread.
 """
@@ -36,6 +38,7 @@ from .state_dict import PoolCheckpoint
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_BUSY = 3
 
 
 class _UsageError(Exception):
@@ -96,7 +99,7 @@ def main(argv, out=sys.stdout, err=sys.stderr):
         if getattr(args, "json", False):
             out.write(json.dumps({"pool": args.pool, "error": str(e)}) + "\n")
         err.write(f"pmsnap: {e}\n")
-        return EXIT_ERROR
+        return EXIT_BUSY if isinstance(e, _pmsnap.BusyError) else EXIT_ERROR
 
 
 def _iso(unix_ns):
@@ -124,11 +127,16 @@ def _table(out, header, rows):
 
 
 def list_checkpoints(pool):
-    """[{epoch, iteration, time, commit_time_unix_ns, bytes, policy, latest}]
-    of the retained epochs, newest first, and the warnings (damaged slots)."""
+    """[{epoch, iteration, time, commit_time_unix_ns, bytes, policy, latest,
+    damaged}] of the retained epochs, newest first, and the warnings. Every
+    checksum of each is checked: `damaged` lists what fails ([] when none)."""
     with PoolCheckpoint(pool) as checkpoint:
-        rows = [_list_row(checkpoint.at(epoch), epoch == checkpoint.retained[0])
-                for epoch in checkpoint.retained]
+        problems = checkpoint.verify()
+        rows = []
+        for epoch in checkpoint.retained:
+            row = _list_row(checkpoint.at(epoch), epoch == checkpoint.retained[0])
+            row["damaged"] = problems.get(epoch, [])
+            rows.append(row)
         return rows, checkpoint.warnings
 
 
@@ -149,17 +157,25 @@ def _list_row(c, latest):
 
 def _list(args, out):
     rows, warnings = list_checkpoints(args.pool)
+    damaged = [r for r in rows if r["damaged"]]
+    code = EXIT_ERROR if damaged else EXIT_OK
     if args.json:
         out.write(json.dumps({"pool": args.pool, "checkpoints": rows, "warnings": warnings})
                   + "\n")
-        return EXIT_OK
-    out.write(f"pool {args.pool}: {len(rows)} retained checkpoint(s)\n")
+        return code
+    out.write(f"pool {args.pool}: {len(rows)} retained checkpoint(s)"
+              f"{f', {len(damaged)} DAMAGED' if damaged else ''}\n")
     _table(out, ("epoch", "iteration", "time", "bytes", "policy", ""),
            [(r["epoch"], r["iteration"], r["time"], _human(r["bytes"]), r["policy"],
-             "latest" if r["latest"] else "") for r in rows])
+             ", ".join((["latest"] if r["latest"] else []) +
+                       (["DAMAGED"] if r["damaged"] else []))) for r in rows])
+    for r in damaged:
+        more = len(r["damaged"]) - 1
+        out.write(f"damaged: epoch {r['epoch']}: {r['damaged'][0]}"
+                  f"{f' (+{more} more)' if more else ''}\n")
     for w in warnings:
         out.write(f"warning: {w}\n")
-    return EXIT_OK
+    return code
 
 
 def _export(args, out, err):

@@ -156,8 +156,27 @@ class PoolCheckpoint:
         other._init(self._paths, epoch, self._infos)
         return other
 
+    def verify(self):
+        """{epoch: [problems]} for every retained epoch, each rank's pool
+        checked in full (every checksum, pmsnap verify's check); a damaged
+        chunk counts against every epoch. BusyError if a process opened a
+        pool while it was read."""
+        out = {e: [] for e in self.retained}
+        iteration_of = {e["epoch"]: e["iteration"] for e in self._readers[0].epochs()}
+        for reader, info in zip(self._readers, self._infos):
+            found = reader.verify()
+            chunks = [f"pool {info['path']}: chunk problem: {p}" for p in found.pop(-1, [])]
+            iterations = {e["epoch"]: e["iteration"] for e in reader.epochs()}
+            for number, problems in found.items():
+                for epoch in out:
+                    if iteration_of[epoch] == iterations.get(number):
+                        out[epoch] += [f"pool {info['path']}: {p}" for p in problems]
+            for epoch in out:
+                out[epoch] += chunks
+        return out
+
     def close(self):
-        """Releases the pool files (their locks) now; views from view() stay valid."""
+        """Releases the pool files now; views from view() stay valid."""
         for reader in self._readers:
             reader.close()
 

@@ -638,6 +638,7 @@ std::unique_ptr<layout::Pool> OpenForReading(const std::string& path) {
   py::gil_scoped_release release;
   layout::OpenOptions options;
   options.verify_data = false;  // chunks are verified as they are read
+  options.read_only = true;
   return ValueOrThrow(layout::Pool::Open(path, options));
 }
 
@@ -688,7 +689,7 @@ class CheckpointReader {
     py::gil_scoped_release release;
     layout::OpenOptions options;
     options.verify_data = false;
-    options.prefault_mapping = false;
+    options.read_only = true;
     pool_ = ValueOrThrow(layout::Pool::Open(path, options));
   }
 
@@ -742,6 +743,25 @@ class CheckpointReader {
       d["extra_state_bytes"] = v.extra_state().size();
       out.append(d);
     }
+    return out;
+  }
+
+  // Every checksum of the pool (layout::Pool::Verify, deep): {epoch:
+  // [problems]} for the committed slots, the chunk heap's under -1. Then
+  // BusyError if a process opened the pool while it was read.
+  py::dict Verify() const {
+    const layout::Pool& pool = this->pool();
+    layout::VerifyReport report;
+    {
+      py::gil_scoped_release release;
+      report = pool.Verify(/*deep=*/true);
+    }
+    ThrowIfError(pool.CheckUndisturbed());
+    py::dict out;
+    for (const auto& slot : report.slots) {
+      if (slot.info.state == layout::SlotState::kComplete) out[py::int_(slot.info.epoch)] = slot.problems;
+    }
+    out[py::int_(-1)] = report.chunk_problems;
     return out;
   }
 
@@ -979,6 +999,7 @@ py::dict ReadPool(const std::string& path, bool verify_data) {
     py::gil_scoped_release release;
     layout::OpenOptions options;
     options.verify_data = verify_data;
+    options.read_only = true;
     pool = ValueOrThrow(layout::Pool::Open(path, options));
   }
   py::dict d;
@@ -1274,6 +1295,9 @@ PYBIND11_MODULE(_pmsnap, m) {
       .def("describe", &CheckpointReader::Describe,
            "Path, rank group, units [(name, encoded, [(role, dtype, shape, bytes)])], slots.")
       .def("epochs", &CheckpointReader::Epochs, "Retained epochs, newest first.")
+      .def("verify", &CheckpointReader::Verify,
+           "Every checksum: {epoch: [problems]} for the committed slots, chunk problems under "
+           "-1; BusyError if another process opened the pool meanwhile.")
       .def("close", &CheckpointReader::Close, "Releases the pool file now.")
       .def("extra_state", &CheckpointReader::ExtraState, py::arg("epoch"))
       .def("read_tensor", &CheckpointReader::ReadTensor, py::arg("epoch"), py::arg("unit"),

@@ -231,17 +231,25 @@ void PowerLossSimulator::AfterEventLocked(SeamEvent::Kind kind, std::uint64_t of
   if (event.persist_point()) ++persist_points_;
   if (library_depth_ > 0 || !plan_) return;
   const std::optional<CaptureRequest> request = plan_(event);
-  if (!request) return;
+  if (request) CaptureLocked(event.index, *request);
+}
+
+void PowerLossSimulator::CaptureNow(const CaptureRequest& request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (mapped_) CaptureLocked(events_, request);
+}
+
+void PowerLossSimulator::CaptureLocked(std::uint64_t event_index, const CaptureRequest& request) {
   const std::size_t first = images_.size();
   const std::vector<std::uint64_t> lines = UnsettledLinesLocked();
   images_.push_back(BuildImageLocked(Choice::kNone, "drained only", lines));
   images_.push_back(BuildImageLocked(Choice::kAll, "everything", lines));
-  for (int k = 0; k < request->random_images; ++k) {
+  for (int k = 0; k < request.random_images; ++k) {
     images_.push_back(BuildImageLocked(Choice::kRandom, "random " + std::to_string(k), lines));
   }
   for (std::size_t i = first; i < images_.size(); ++i) {
-    images_[i].event = event.index;
-    images_[i].note = request->note;
+    images_[i].event = event_index;
+    images_[i].note = request.note;
   }
 }
 

@@ -96,6 +96,10 @@ class PowerLossSimulator final : public layout::detail::Persistence {
   PowerLossSimulator& operator=(const PowerLossSimulator&) = delete;
 
   void SetPlan(Plan plan);
+  // Captures images now, as at a seam event (numbered as the next one
+  // would be): for points no seam call marks, such as the moment a call
+  // returned to its caller (a Commit that returned must be durable).
+  void CaptureNow(const CaptureRequest& request);
   // Gives the seam back to production. Images stay readable.
   void Stop();
 
@@ -142,6 +146,7 @@ class PowerLossSimulator final : public layout::detail::Persistence {
   // own writes), keeping lines that were already dirty then and unchanged.
   void AbsorbLibraryWritesLocked(const std::map<std::uint64_t, LineBytes>& before);
   void AfterEventLocked(SeamEvent::Kind kind, std::uint64_t offset = 0, std::uint64_t bytes = 0);
+  void CaptureLocked(std::uint64_t event_index, const CaptureRequest& request);
   // Lines an image may hold other than as first mapped: durable ones that
   // changed, and ones stored or flushed since their last drain. Computed
   // once per event, shared by its images.

@@ -92,6 +92,9 @@ class ChunkHeap {
  private:
   friend class Pool;
   struct State;  // the mapping and the DRAM mirror: detail/chunk_heap_state.h
+  // kFailedPrecondition naming the pool when it was opened read-only
+  // (OpenOptions::read_only) and `what` would change a chunk.
+  Status RefuseReadOnly(const char* what) const;
   explicit ChunkHeap(std::unique_ptr<State> state);
   // Registers the chunk allocation class (allocation classes are not
   // persistent) and mirrors the list in DRAM. A damaged list ends the walk

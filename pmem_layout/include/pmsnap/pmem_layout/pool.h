@@ -170,6 +170,16 @@ struct OpenOptions {
   PrefaultMethod prefault_method = PrefaultMethod::kAuto;
   // Simulated PM bandwidth (PmBandwidth), for this open only.
   PmBandwidth pm_bandwidth;
+  // For readers (pmsnap verify, info, list, export; load_state_dict): the
+  // file is opened O_RDONLY and mapped read-only without libpmemobj, whose
+  // own open writes the pool (its run id, lane descriptors), and no lock is
+  // taken, so a trainer can open the pool meanwhile. The pool's bytes stay
+  // as they are, whatever it finds. A pool another process holds open
+  // (libpmemobj's lock, as /proc/locks shows it) is kBusy naming the
+  // process; a change that would write (BeginEpoch, DiscardOlderEpoch, the
+  // chunk heap's Alloc, Free, Seal) is kFailedPrecondition. prefault_mapping
+  // and pm_bandwidth's writes do not apply.
+  bool read_only = false;
 };
 
 enum class SlotState : std::uint8_t { kEmpty = 0, kWriting = 1, kComplete = 2 };
@@ -268,6 +278,13 @@ class Pool {
   // (kModelMismatch naming the first unit that differs).
   static Result<std::unique_ptr<Pool>> Open(const std::string& path, const Manifest& expected,
                                             const OpenOptions& options = {});
+
+  // Read-only opens (OpenOptions::read_only): OK while nothing opened the
+  // pool for writing since this open; kBusy naming the pool when some
+  // process opened it meanwhile (its libpmemobj run id moved, or it holds
+  // the lock), so that what was read may be torn: a reader reports that
+  // instead of damage. Always OK for other opens.
+  Status CheckUndisturbed() const;
 
   const std::string& path() const { return path_; }
   const Manifest& manifest() const { return manifest_; }
@@ -391,6 +408,11 @@ class Pool {
   static Result<std::unique_ptr<Pool>> OpenImpl(const std::string& path, const Manifest* expected,
                                                 const OpenOptions& options);
   Status LoadAndRecover(const OpenOptions& options);
+  // OpenOptions::read_only: maps the file PROT_READ (kBusy if a process
+  // holds it open; kUnsupportedVersion for another libpmemobj format).
+  Status MapReadOnly(std::uint64_t device, std::uint64_t inode);
+  // kFailedPrecondition naming the pool if it was opened read-only.
+  Status RefuseReadOnly(const char* what) const;
   // Recovery: the newest COMPLETE slot not in `excluded` whose record (and,
   // if deep, data) verifies; `rejected` lists earlier rejections for the
   // warning or the error.
