@@ -266,6 +266,9 @@ Status DifferentialLog::Append(std::uint64_t iteration, std::vector<Differential
 }
 
 Status DifferentialLog::WaitCopied(std::uint64_t iteration) {
+  if (closed_) {
+    return Status(StatusCode::kFailedPrecondition, "differential log of " + pool_path_ + " is closed");
+  }
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return !error_.ok() || copied_through_ >= iteration || stopping_; });
@@ -274,6 +277,9 @@ Status DifferentialLog::WaitCopied(std::uint64_t iteration) {
 }
 
 Status DifferentialLog::WaitWritten() {
+  if (closed_) {
+    return Status(StatusCode::kFailedPrecondition, "differential log of " + pool_path_ + " is closed");
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   const std::uint64_t through = last_appended_.value_or(0);
   changed_.wait(lock, [&] { return !error_.ok() || copied_through_ >= through || stopping_; });
@@ -308,6 +314,9 @@ Status DifferentialLog::Close() {
 }
 
 Status DifferentialLog::SetBatch(std::uint32_t batch) {
+  if (closed_) {
+    return Status(StatusCode::kFailedPrecondition, "differential log of " + pool_path_ + " is closed");
+  }
   if (batch == 0) {
     return Status(StatusCode::kInvalidArgument,
                   "differential log of " + pool_path_ + ": batch size must be >= 1");

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -86,6 +87,27 @@ Result<std::uint64_t> Pool::RequiredBytes(const Manifest& manifest, const PoolOp
   const std::uint64_t zones = heap / kPmemobjZoneBytes + 1;
   return std::max(kPmemobjMinPool, kPmemobjBaseOverhead + zones * kPmemobjZoneOverhead + heap);
 }
+
+namespace {
+void (*g_before_create_rename)(const char* path) = nullptr;
+}  // namespace
+
+namespace detail {
+
+int RenameNoReplace(const char* from, const char* to) {
+  if (::renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS) return errno;
+  // A file system without RENAME_NOREPLACE: link fails with EEXIST just the same.
+  if (::link(from, to) != 0) return errno;
+  ::unlink(from);
+  return 0;
+}
+
+void SetBeforeCreateRenameForTesting(void (*hook)(const char* path)) {
+  g_before_create_rename = hook;
+}
+
+}  // namespace detail
 
 Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manifest& manifest,
                                            const PoolOptions& options) {
@@ -230,13 +252,17 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   detail::seam::Unmapping(pop);
   pmemobj_close(pop);
 
-  // The file appears under its real name only once complete.
-  std::filesystem::rename(temp_path, path, ec);
-  if (ec) {
-    const std::error_code rename_error = ec;
+  // The file appears under its real name only once complete, and never
+  // over a file created there since the check above.
+  if (g_before_create_rename != nullptr) g_before_create_rename(path.c_str());
+  if (const int err = detail::RenameNoReplace(temp_path.c_str(), path.c_str()); err != 0) {
     std::filesystem::remove(temp_path, ec);
-    return PoolFileError(rename_error.value(), "cannot rename new pool to '" + path + "'",
-                         rename_error.message());
+    if (err == EEXIST) {
+      return Status(StatusCode::kInvalidArgument,
+                    "cannot create pool '" + path +
+                        "': the file already exists (it appeared while the pool was created)");
+    }
+    return PoolFileError(err, "cannot rename new pool to '" + path + "'", std::strerror(err));
   }
   const int dir_fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY);
   if (dir_fd >= 0) {

@@ -97,10 +97,12 @@ std::string MappingIdentityOf(const void* ptr, std::size_t bytes) {
     const std::uintptr_t points[2] = {first, last};
     for (int i = 0; i < 2; ++i) {
       if (points[i] < start || points[i] >= end) continue;
+      // Anonymous memory is named without its bounds: the kernel merges a
+      // neighbour's anonymous mapping into the same line (a malloc beside a
+      // staging buffer), which changes the bounds but not the memory.
       found[i] = inode != 0 ? path + " (" + dev + " inode " + std::to_string(inode) +
                                   ") at offset " + std::to_string(offset + (points[i] - start))
-                            : "anonymous mapping " + RangeText(reinterpret_cast<void*>(start),
-                                                                end - start);
+                            : std::string("anonymous memory");
     }
   }
   std::fclose(maps);

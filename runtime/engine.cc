@@ -12,6 +12,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -1541,8 +1543,25 @@ std::uint32_t Engine::unit_count() const {
   return static_cast<std::uint32_t>(impl_->shards ? impl_->shards->registered.size()
                                                   : impl_->units.size());
 }
-const layout::Pool& Engine::pool() const { return *impl_->pool; }
-layout::Pool& Engine::pool() { return *impl_->pool; }
+namespace {
+
+// Engine::pool()'s precondition: a broken contract is a message and an
+// abort, not a null dereference.
+layout::Pool& OpenPool(const std::unique_ptr<layout::Pool>& pool, const std::string& path) {
+  if (pool == nullptr) {
+    std::fprintf(stderr,
+                 "pmsnap: Engine::pool() called after Close for pool '%s' (Close releases the "
+                 "pool)\n",
+                 path.c_str());
+    std::abort();
+  }
+  return *pool;
+}
+
+}  // namespace
+
+const layout::Pool& Engine::pool() const { return OpenPool(impl_->pool, impl_->options.pool_path); }
+layout::Pool& Engine::pool() { return OpenPool(impl_->pool, impl_->options.pool_path); }
 Device& Engine::device() const { return *impl_->device; }
 const ConflictStrategy& Engine::strategy() const { return *impl_->strategy; }
 const IntervalPolicy& Engine::policy() const { return *impl_->policy; }

@@ -324,7 +324,16 @@ TEST(DifferentialLogTest, BadConfigurationsAreRejectedWithThePoolNamed) {
   EXPECT_EQ(gap.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(gap.message(), HasSubstr("iteration 7 appended after 5"));
   ASSERT_TRUE((*log)->Close().ok());
+  // After Close every call says so ([architecture2]: SetBatch, WaitCopied and
+  // WaitWritten returned OK).
+  for (const Status& late : {(*log)->Append(6, {}), (*log)->WaitCopied(5), (*log)->WaitWritten(),
+                             (*log)->Flush(), (*log)->SetBatch(2), (*log)->Close()}) {
+    EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late.ToString();
+    EXPECT_THAT(late.message(), HasSubstr("is closed"));
+  }
   ASSERT_TRUE((*engine2)->Close().ok());
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the engine's workers are threads
+  EXPECT_DEATH((void)(*engine2)->pool(), "Engine::pool\\(\\) called after Close");
 }
 
 }  // namespace

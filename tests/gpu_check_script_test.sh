@@ -72,12 +72,17 @@ csv="$out/gpu_stall.csv"
 PYTHONPATH="$pythonpath" PMSNAP_POOL_DIR="${PMSNAP_POOL_DIR:-/dev/shm}" "$python" \
   "$root/bench/gpu/gpu_stall.py" --device cpu --tiny --steps 2 --warmup 1 --every 1 \
   --csv "$csv" >"$out/bench.log" 2>&1 || fail "benchmark smoke run failed: $(cat "$out/bench.log")"
-# columns: device,method,step_ms,overhead_pct,gpu_step_ms,gpu_stall_ms,checkpoints,...
-for method in none pmsnap dcp_async checkfreq; do
-  grep -q "^cpu smoke test (not a GPU),$method," "$csv" || fail "no $method row in $(cat "$csv")"
+# One row per method; those that checkpoint report checkpoints.
+column() { head -n 1 "$csv" | tr ',' '\n' | grep -nx "$1" | cut -d: -f1; }
+method_col="$(column method)"
+checkpoints_col="$(column checkpoints)"
+for method in none pmsnap pmsnap-continuous pmsnap-staged dcp_async checkfreq; do
+  awk -F, -v c="$method_col" -v m="$method" '$c == m { found = 1 } END { exit !found }' "$csv" ||
+    fail "no $method row in $(cat "$csv")"
 done
-for method in pmsnap dcp_async checkfreq; do
-  awk -F, -v m="$method" '$2 == m && $7 > 0 { found = 1 } END { exit !found }' "$csv" ||
+for method in pmsnap pmsnap-continuous pmsnap-staged dcp_async checkfreq; do
+  awk -F, -v c="$method_col" -v k="$checkpoints_col" -v m="$method" \
+    '$c == m && $k > 0 { found = 1 } END { exit !found }' "$csv" ||
     fail "$method's row reports no checkpoint: $(cat "$csv")"
 done
 echo "gpu_check_script_test: ok"

@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "detail/file_system.h"
@@ -121,6 +122,28 @@ TEST(PoolCreateTest, ExistingFileIsNeverOverwritten) {
   std::string content;
   in >> content;
   EXPECT_EQ(content, "precious");
+}
+
+// [architecture2]: the existence check and the final rename are apart, and
+// a plain rename replaced a file created between them.
+TEST(PoolCreateTest, AFileThatAppearsWhileThePoolIsBuiltIsNeverReplaced) {
+  TempPoolPath path("create-race");
+  detail::SetBeforeCreateRenameForTesting([](const char* target) {
+    std::ofstream(target) << "squatter";
+  });
+  auto pool = Pool::Create(path.path(), MakeManifest(1, 64));
+  detail::SetBeforeCreateRenameForTesting(nullptr);
+  ASSERT_FALSE(pool.ok());
+  EXPECT_EQ(pool.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(pool.status().message(), HasSubstr("already exists"));
+  std::ifstream in(path.path());
+  const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "squatter");
+  const std::filesystem::path dir = std::filesystem::path(path.path()).parent_path();
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().string().find(path.path() + ".creating-"), std::string::npos)
+        << entry.path();
+  }
 }
 
 TEST(PoolCreateTest, FileSystemTooSmallReportsNeededAndFreeBytes) {

@@ -131,6 +131,35 @@ TEST(SimulatedRegistrationTest, ARangeUnmappedWhileRegisteredIsStaleForEveryone)
   ASSERT_TRUE(second.UnregisterHostDestination(address, new_file.bytes()).ok());
 }
 
+// The kernel merges anonymous mappings that touch into one line of
+// /proc/self/maps (a malloc placed beside a staging buffer): the memory is
+// the same, so the registration is not stale. CI met this as an engine
+// Close that failed at random under load.
+TEST(SimulatedRegistrationTest, AnAnonymousNeighbourMergedIntoTheMappingIsNotAReplacement) {
+  SimulatedDevice device({});
+  const std::size_t bytes = 4 * kPage;
+  // Reserve room for both, then give the second half back so that the
+  // neighbour lands exactly after the registered range.
+  void* reserved = ::mmap(nullptr, 2 * bytes, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(reserved, MAP_FAILED);
+  auto* registered = static_cast<std::byte*>(reserved);
+  ASSERT_EQ(::munmap(registered + bytes, bytes), 0);
+  ASSERT_TRUE(device.RegisterHostDestination(registered, bytes).ok());
+
+  void* neighbour = ::mmap(registered + bytes, bytes, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  ASSERT_EQ(neighbour, static_cast<void*>(registered + bytes));
+  std::memset(registered, 1, 2 * bytes);  // both halves in use, as memory is
+
+  std::vector<std::byte> source(kPage, std::byte{2});
+  const Status copy = device.CopyToHost(registered, source.data(), kPage);
+  EXPECT_TRUE(copy.ok()) << copy.ToString();
+  const Status unregistered = device.UnregisterHostDestination(registered, bytes);
+  EXPECT_TRUE(unregistered.ok()) << unregistered.ToString();
+  ASSERT_EQ(::munmap(registered, 2 * bytes), 0);
+}
+
 TEST(SimulatedRegistrationTest, HostRegistrationUnregistersWhenItGoes) {
   SimulatedDevice device({});
   MappedFile file("registration-raii", 1);

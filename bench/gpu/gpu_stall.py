@@ -1,25 +1,33 @@
 #!/usr/bin/env python3
-"""GPU stall benchmark: what checkpointing every k steps costs a training run
-on one GPU, for a GPT-2-small-sized transformer (12 layers, d_model 768, 12
-heads, vocabulary 50257: about 124M parameters, AdamW).
+"""GPU stall benchmark: what checkpointing costs a training run on one GPU,
+for a GPT-2-small-sized transformer (12 layers, d_model 768, 12 heads,
+vocabulary 50257: about 124M parameters) and a 1.3B one (24 layers, d_model
+2048, 16 heads), AdamW, bf16 autocast.
 
-Methods, each from a fresh model in the same process:
-  none        no checkpoint (the baseline)
-  pmsnap      pmsnap.CheckpointedOptimizer, device "cuda" (copies ordered by
-              events on torch's current stream), pool in $PMSNAP_POOL_DIR
-  dcp_async   torch.distributed.checkpoint.async_save of model and optimizer
-              state (one process group of one rank, gloo), waiting for the
-              previous save before starting the next
-  checkfreq   CheckFreq-style: snapshot model and optimizer state into pinned
-              host memory on a side stream, the next optimizer step waits for
-              the snapshot (event), a thread persists it with torch.save
+Methods, each from a fresh model, interleaved in rounds (every method once
+per round, the baseline first) so that drift hits all alike:
+  none                no checkpoint (the baseline)
+  pmsnap              pmsnap.CheckpointedOptimizer, device "cuda" (copies
+                      ordered by events on torch's current stream), every k
+  pmsnap-continuous   the same, a checkpoint at every step boundary after the
+                      previous one committed (only with --every 1)
+  pmsnap-staged       continuous with a host staging buffer
+                      (dram_staging_buffers=1; only with --every 1)
+  dcp_async           torch.distributed.checkpoint.async_save of model and
+                      optimizer state every k steps, with torch's pinned-memory
+                      stager (DefaultStager: pinned, asynchronous staging);
+                      the next optimizer step waits for the staging, the next
+                      save for the previous upload
+  checkfreq           CheckFreq-style: snapshot into pinned host memory on a
+                      side stream, the next optimizer step waits for it
+                      (event), a thread persists it with torch.save
 
-Per method: mean step time (wall, the GPU synchronized once per step only
-for the measurement window's ends), overhead against the baseline, and the
-GPU-side stall: the compute stream's mean busy time per step from CUDA
-events recorded at each step's start and end, minus the baseline's. For
-pmsnap also the stall its CUDA device measured at conflict waits
-(cudaEventElapsedTime). Prints a table and writes CSV.
+Per (model, interval, method), medians over rounds: step time (wall), its
+overhead against the same round's baseline, the GPU-side stall (the compute
+stream's busy time per step from CUDA events, minus the baseline's), and
+for pmsnap the checkpoint rate (bytes per checkpoint over the last epoch's
+seconds) against the card's pinned device-to-host bandwidth measured here.
+Prints a table and writes CSV (one row per model, interval and method).
 
 --device cpu --tiny runs the same code on a small model on the CPU (a smoke
 test of the script; no GPU-side figures).
@@ -43,16 +51,26 @@ def parse_args():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--tiny", action="store_true", help="a small model (smoke test)")
-    p.add_argument("--steps", type=int, default=30, help="measured steps per method")
+    p.add_argument("--models", default="gpt2:3,1.3b:1:6",
+                   help="models, each name[:rounds[:measured steps]] (gpt2, 1.3b)")
+    p.add_argument("--steps", type=int, default=20, help="measured steps per run")
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--every", type=int, default=5, help="checkpoint every k steps")
+    p.add_argument("--every", default="1,5", help="checkpoint intervals (comma-separated)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--methods", default="none,pmsnap,dcp_async,checkfreq")
+    p.add_argument("--methods",
+                   default="none,pmsnap,pmsnap-continuous,pmsnap-staged,dcp_async,checkfreq")
     p.add_argument("--strategy", default="adaptive", help="pmsnap conflict strategy")
     p.add_argument("--pool-dir", default=os.environ.get("PMSNAP_POOL_DIR", "/dev/shm"))
     p.add_argument("--csv", default="bench/results/gpu_stall.csv")
     return p.parse_args()
+
+
+MODELS = {  # vocab, d_model, heads, layers
+    "gpt2": (50257, 768, 12, 12),
+    "1.3b": (50257, 2048, 16, 24),
+    "tiny": (1000, 64, 4, 2),
+}
 
 
 class Gpt2Small(nn.Module):
@@ -91,14 +109,17 @@ class Method:
 
 
 class PmsnapMethod(Method):
-    def __init__(self, model, optimizer, args, device):
+    def __init__(self, model, optimizer, args, device, every, mode="every"):
         import pmsnap
         super().__init__(model, optimizer)
         self.pool = os.path.join(args.pool_dir, f"pmsnap-gpu-stall-{os.getpid()}.pool")
+        how = {"every": every} if mode == "every" else {"mode": "continuous"}
+        if mode == "staged":
+            how["dram_staging_buffers"] = 1
         self.opt = pmsnap.CheckpointedOptimizer(
-            optimizer, pool=self.pool, model=model, every=args.every,
+            optimizer, pool=self.pool, model=model,
             device="cuda" if device == "cuda" else "host", strategy=args.strategy,
-            capture_rng=False)
+            capture_rng=False, **how)
         self.note = self.opt.device_note
 
     def step(self, k):
@@ -112,36 +133,72 @@ class PmsnapMethod(Method):
 
     def extra(self):
         s = self.stats
-        return {"checkpoints": s["epochs_committed"], "conflicts": s["conflicts"],
+        epochs = s["epochs_committed"]
+        rate = (s["bytes_written"] / epochs / s["last_epoch_seconds"] / 1e9
+                if epochs and s["last_epoch_seconds"] else float("nan"))
+        return {"checkpoints": epochs, "conflicts": s["conflicts"],
                 "device_stall_ms": 1e3 * s.get("compute_stall_seconds", 0.0),
-                "host_blocked_ms": 1e3 * s["blocked_seconds"], "note": self.note}
+                "host_blocked_ms": 1e3 * s["blocked_seconds"], "ckpt_gbps": rate,
+                "note": self.note}
 
 
 class DcpAsyncMethod(Method):
-    def __init__(self, model, optimizer, args):
+    """DCP async_save with torch's pinned-memory stager where torch has one
+    (torch.distributed.checkpoint.staging.DefaultStager, torch >= 2.9)."""
+
+    def __init__(self, model, optimizer, args, every):
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         super().__init__(model, optimizer)
-        self.dcp, self.every = dcp, args.every
+        self.dcp, self.every = dcp, every
         self.dir = tempfile.mkdtemp(prefix="dcp-", dir=args.pool_dir)
         if not dist.is_initialized():
             store = dist.FileStore(os.path.join(self.dir, "store"), 1)
             dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        self.pending = None
+        self.stager = None
+        if torch.cuda.is_available():  # pinned memory and non-blocking copies need one
+            try:
+                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+                self.stager = DefaultStager(StagingOptions(
+                    use_pinned_memory=True, use_shared_memory=False, use_async_staging=True,
+                    use_non_blocking_copy=True))
+            except (ImportError, TypeError):
+                pass  # an older torch: async_save's own staging
+        self.staging = None  # the staging of the last save, which the next update must wait for
+        self.upload = None
+        self.saved_dir = None  # the previous save's, removed once the next one is written
         self.saves = 0
 
+    def _wait_staging(self):
+        if self.staging is not None:
+            self.staging.result()
+            self.staging = None
+
     def step(self, k):
+        self._wait_staging()
         self.optimizer.step()
         if k % self.every == 0:
-            if self.pending is not None:
-                self.pending.result()
+            if self.upload is not None:
+                self.upload.result()
             state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
-            self.pending = self.dcp.async_save(state, checkpoint_id=os.path.join(self.dir, str(k)))
+            kwargs = {"async_stager": self.stager} if self.stager is not None else {}
+            target = os.path.join(self.dir, str(k))
+            response = self.dcp.async_save(state, checkpoint_id=target, **kwargs)
+            if self.saved_dir is not None:  # one checkpoint kept, as a pool keeps its slots
+                shutil.rmtree(self.saved_dir, ignore_errors=True)
+            self.saved_dir = target
+            if hasattr(response, "staging_completion"):
+                self.staging, self.upload = response.staging_completion, response.upload_completion
+            else:
+                self.upload = response
             self.saves += 1
 
     def close(self):
-        if self.pending is not None:
-            self.pending.result()
+        self._wait_staging()
+        if self.upload is not None:
+            self.upload.result()
+        if self.stager is not None and hasattr(self.stager, "close"):
+            self.stager.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def extra(self):
@@ -151,9 +208,9 @@ class DcpAsyncMethod(Method):
 class CheckFreqMethod(Method):
     """Snapshot (GPU -> pinned host, side stream) then persist (thread)."""
 
-    def __init__(self, model, optimizer, args, device):
+    def __init__(self, model, optimizer, args, device, every):
         super().__init__(model, optimizer)
-        self.every, self.device = args.every, device
+        self.every, self.device = every, device
         self.dir = tempfile.mkdtemp(prefix="checkfreq-", dir=args.pool_dir)
         self.side = torch.cuda.Stream() if device == "cuda" else None
         self.snapshot_done = None
@@ -196,12 +253,18 @@ class CheckFreqMethod(Method):
                 self.host[n].copy_(t)
             done = None
         path = os.path.join(self.dir, f"{k}.pt")
+        previous = getattr(self, "saved_path", None)
+        self.saved_path = path
 
         def persist():
             if done is not None:
                 done.synchronize()
             torch.save(self.host, path)
-            os.fsync(os.open(path, os.O_RDONLY))
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            if previous is not None and os.path.exists(previous):
+                os.remove(previous)  # one checkpoint kept
 
         self.persist = threading.Thread(target=persist)
         self.persist.start()
@@ -216,25 +279,31 @@ class CheckFreqMethod(Method):
         return {"checkpoints": self.saves}
 
 
-def run(method_name, args, device):
+def make_method(name, model, optimizer, args, device, every):
+    if name == "none":
+        return Method(model, optimizer)
+    if name == "pmsnap":
+        return PmsnapMethod(model, optimizer, args, device, every)
+    if name == "pmsnap-continuous":
+        return PmsnapMethod(model, optimizer, args, device, every, mode="continuous")
+    if name == "pmsnap-staged":
+        return PmsnapMethod(model, optimizer, args, device, every, mode="staged")
+    if name == "dcp_async":
+        return DcpAsyncMethod(model, optimizer, args, every)
+    if name == "checkfreq":
+        return CheckFreqMethod(model, optimizer, args, device, every)
+    raise SystemExit(f"unknown method {name}")
+
+
+def run(method_name, model_name, every, args, device):
+    """One run: a fresh model trained warmup + steps steps; its row."""
     torch.manual_seed(0)
-    if args.tiny:
-        vocab, d, heads, layers, seq, batch = 1000, 64, 4, 2, 64, 4
-    else:
-        vocab, d, heads, layers, seq, batch = 50257, 768, 12, 12, args.seq, args.batch
+    vocab, d, heads, layers = MODELS[model_name]
+    seq, batch = (64, 4) if model_name == "tiny" else (args.seq, args.batch)
     model = Gpt2Small(vocab, d, heads, layers, seq).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     params = sum(p.numel() for p in model.parameters())
-    if method_name == "none":
-        method = Method(model, optimizer)
-    elif method_name == "pmsnap":
-        method = PmsnapMethod(model, optimizer, args, device)
-    elif method_name == "dcp_async":
-        method = DcpAsyncMethod(model, optimizer, args)
-    elif method_name == "checkfreq":
-        method = CheckFreqMethod(model, optimizer, args, device)
-    else:
-        raise SystemExit(f"unknown method {method_name}")
+    method = make_method(method_name, model, optimizer, args, device, every)
     x = torch.randint(0, vocab, (batch, seq), device=device)
     y = torch.randint(0, vocab, (batch, seq), device=device)
     cuda = device == "cuda"
@@ -262,13 +331,38 @@ def run(method_name, args, device):
     wall = (time.perf_counter() - start) / args.steps
     method.close()
     gpu_ms = (sum(b.elapsed_time(e) for b, e in events) / len(events)) if events else float("nan")
-    row = {"method": method_name, "params_m": params / 1e6, "step_ms": wall * 1e3,
-           "gpu_step_ms": gpu_ms}
+    row = {"model": model_name, "every": every, "method": method_name, "params_m": params / 1e6,
+           "steps": args.steps, "step_ms": wall * 1e3, "gpu_step_ms": gpu_ms}
     row.update(method.extra())
     del model, optimizer, method
     if cuda:
         torch.cuda.empty_cache()
     return row
+
+
+def pinned_d2h_gbps():
+    """The card's device -> pinned host copy rate (GB/s), 1 GiB, best of 3."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    best = 0.0
+    for _ in range(3):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        best = max(best, (1 << 30) / (begin.elapsed_time(end) * 1e-3) / 1e9)
+    del src, dst
+    torch.cuda.empty_cache()
+    return best
+
+
+def median(values):
+    values = sorted(v for v in values if v == v)  # drop NaN
+    if not values:
+        return float("nan")
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
 
 
 def main():
@@ -279,32 +373,69 @@ def main():
               file=sys.stderr)
         return 2
     label = torch.cuda.get_device_name(0) if device == "cuda" else "cpu smoke test (not a GPU)"
-    rows = [run(m, args, device) for m in args.methods.split(",")]
-    base = next((r for r in rows if r["method"] == "none"), rows[0])
-    for r in rows:
-        r["overhead_pct"] = 100.0 * (r["step_ms"] / base["step_ms"] - 1.0)
-        r["gpu_stall_ms"] = r["gpu_step_ms"] - base["gpu_step_ms"]
-    print(f"GPU stall benchmark on {label}: {rows[0]['params_m']:.1f}M parameters, AdamW, "
-          f"checkpoint every {args.every} steps, {args.steps} measured steps")
-    header = ["method", "step_ms", "overhead_pct", "gpu_step_ms", "gpu_stall_ms", "checkpoints",
-              "conflicts", "device_stall_ms", "host_blocked_ms"]
-    print(" | ".join(f"{h:>15}" for h in header))
-    for r in rows:
+    d2h = pinned_d2h_gbps() if device == "cuda" else float("nan")
+    models = [("tiny", 1, args.steps)]
+    if not args.tiny:
+        models = []
+        for spec in args.models.split(","):
+            name, *rest = spec.split(":")
+            models.append((name, int(rest[0]) if rest else 1,
+                           int(rest[1]) if len(rest) > 1 else args.steps))
+    intervals = [int(e) for e in str(args.every).split(",")]
+    methods = args.methods.split(",")
+    summary = []
+    for model_name, rounds, steps in models:
+        args.steps = steps
+        for every in intervals:
+            # Continuous and staged checkpoint as often as they can: one interval.
+            wanted = [m for m in methods if every == intervals[0] or m in
+                      ("none", "pmsnap", "dcp_async", "checkfreq")]
+            per_round = []
+            for _ in range(rounds):
+                rows = {m: run(m, model_name, every, args, device) for m in wanted}
+                base = rows.get("none")
+                for r in rows.values():
+                    if base is not None:
+                        r["overhead_pct"] = 100.0 * (r["step_ms"] / base["step_ms"] - 1.0)
+                        r["gpu_stall_ms"] = r["gpu_step_ms"] - base["gpu_step_ms"]
+                per_round.append(rows)
+            for m in wanted:
+                runs = [rows[m] for rows in per_round]
+                row = dict(runs[-1])
+                for key in ("step_ms", "overhead_pct", "gpu_step_ms", "gpu_stall_ms",
+                            "ckpt_gbps", "device_stall_ms", "host_blocked_ms"):
+                    if key in row:
+                        row[key] = median([r.get(key, float("nan")) for r in runs])
+                row["step_ms_min"] = min(r["step_ms"] for r in runs)
+                row["step_ms_max"] = max(r["step_ms"] for r in runs)
+                row["rounds"] = rounds
+                row["pinned_d2h_gbps"] = d2h
+                row["ckpt_pct_of_d2h"] = 100.0 * row.get("ckpt_gbps", float("nan")) / d2h
+                summary.append(row)
+    print(f"GPU stall benchmark on {label}: AdamW, bf16 autocast, "
+          f"{', '.join(f'{m} {s} measured steps x {r} rounds' for m, r, s in models)} "
+          f"(medians over rounds); pinned D2H {d2h:.1f} GB/s")
+    header = ["model", "every", "method", "step_ms", "overhead_pct", "gpu_stall_ms",
+              "checkpoints", "conflicts", "device_stall_ms", "host_blocked_ms", "ckpt_gbps",
+              "ckpt_pct_of_d2h"]
+    print(" | ".join(f"{h:>14}" for h in header))
+    for r in summary:
         cells = []
         for h in header:
             v = r.get(h, "")
-            cells.append(f"{v:>15.2f}" if isinstance(v, float) else f"{str(v):>15}")
+            cells.append(f"{v:>14.2f}" if isinstance(v, float) else f"{str(v):>14}")
         print(" | ".join(cells))
-    for r in rows:
+    for r in summary:
         if r.get("note"):
-            print(f"note ({r['method']}): {r['note']}")
+            print(f"note ({r['model']} {r['method']}): {r['note']}")
     os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
     with open(args.csv, "w", newline="") as f:
-        keys = ["device"] + header + ["params_m", "every", "steps"]
+        keys = ["device"] + header + ["gpu_step_ms", "params_m", "steps", "rounds",
+                                     "step_ms_min", "step_ms_max", "pinned_d2h_gbps"]
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
-        for r in rows:
-            w.writerow(dict(r, device=label, every=args.every, steps=args.steps))
+        for r in summary:
+            w.writerow(dict(r, device=label))
     print(f"wrote {args.csv}")
     return 0
 

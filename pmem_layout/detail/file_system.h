@@ -51,6 +51,16 @@ struct PoolOsError {
   const char* hint = "";
 };
 
+// Renames `from` to `to` unless `to` exists (then EEXIST, nothing changed):
+// renameat2(RENAME_NOREPLACE), or link + unlink on a file system without
+// it. 0 or an errno. Pool::Create's last step: a file created at `to`
+// after its existence check must never be replaced.
+int RenameNoReplace(const char* from, const char* to);
+
+// Tests: called right before Pool::Create's rename with the pool's path
+// (a file created there then races the creation). nullptr: none.
+void SetBeforeCreateRenameForTesting(void (*hook)(const char* path));
+
 inline PoolOsError ClassifyPoolOsError(int err) {
   switch (err) {
     case ENOSPC:

@@ -106,7 +106,7 @@ struct DifferentialLogStats {
   std::uint32_t batch = 1;            // b in force
   std::uint32_t max_loss = 0;         // b - 1: differentials a crash may lose beyond a write in flight
   double write_seconds = 0;           // worker time in Alloc + copy + Seal
-  double copy_wait_seconds = 0;       // training thread waiting in WaitCopied / Append
+  double copy_wait_seconds = 0;       // training thread waiting in WaitCopied (Append never waits)
   // Measured write bandwidth of the differential chunks (bytes / second of
   // Alloc + payload copy + Seal); 0 until a batch was written.
   double write_bandwidth() const { return write_seconds > 0 ? bytes_written / write_seconds : 0; }

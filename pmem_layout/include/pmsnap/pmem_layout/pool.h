@@ -254,7 +254,9 @@ class Pool {
   static Result<std::uint64_t> RequiredBytes(const Manifest& manifest, const PoolOptions& options);
 
   // Creates a new pool file. Fails without touching `path` if it exists
-  // (kInvalidArgument), the manifest is invalid, or the file system has less
+  // (kInvalidArgument; also when a file appears there while the pool is
+  // being built: the final rename never replaces one), if its directory
+  // does not exist (kNotFound), the manifest is invalid, or the file system has less
   // free space than RequiredBytes (kNoSpace, with both figures). The file
   // appears at `path` only once complete (built under a temporary name), and
   // a failure leaves no partial file behind. Errors of the file system, naming

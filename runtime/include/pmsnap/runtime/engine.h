@@ -15,7 +15,11 @@
 // the pool slot, persist, and commit the epoch when all are durable; at most
 // one epoch is in flight. Worker errors surface as the Status of the next
 // BeginStep, BeforeUpdate or EndStep on the training thread, and of every
-// one after it (the first error is kept: no further epoch starts). The whole
+// one after it (the first error is kept: no further epoch starts). With
+// several ranks (EngineOptions::coordinator) BeforeUpdate and EndStep
+// return OK and the error surfaces at the next BeginStep, on every rank in
+// the same boundary exchange: a rank that stopped mid-step would leave the
+// others waiting at that boundary. The whole
 // path, hook by hook: docs/ARCHITECTURE.md, "From an optimizer hook to a
 // committed epoch".
 //
@@ -248,10 +252,13 @@ class Engine {
 
   std::optional<std::uint32_t> FindUnit(const std::string& name) const;
   std::uint32_t unit_count() const;
+  // The engine's pool. Precondition: not closed (Close releases the pool;
+  // calling this afterwards aborts the process with a message saying so).
   const layout::Pool& pool() const;
   // The same pool, for a writer of its chunk heap beside the engine
   // (diff::DifferentialLog: LowDiff's differentials between full
   // checkpoints). The slots and commit records stay the engine's alone.
+  // Precondition as above.
   layout::Pool& pool();
   Device& device() const;
   const ConflictStrategy& strategy() const;
