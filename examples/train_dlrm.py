@@ -14,8 +14,10 @@ it chose and why: the embedding tables through a differential policy
 so each checkpoint writes those rows), the adaptive conflict strategy, and
 where the machine has two or more CPUs the training thread pinned to one and
 pmsnap's checkpoint workers to the others. --embedding-policy dense,
---strategy and --no-pin choose otherwise; --measure-overhead first trains the
-same iterations with the plain optimizer and prints the difference.
+--strategy and --no-pin choose otherwise. --measure-overhead measures instead
+of training: --rounds rounds (default 3), each a run with the plain optimizer
+and a checkpointed run into a fresh pool, their order alternating, and
+prints the median overhead with its spread and the time blocked in hooks.
 
 Every iteration is checkpointed into the pool through pmsnap's
 CheckpointedOptimizer; run the script again with the same pool (e.g. after
@@ -88,6 +90,82 @@ def make_batch(args, teacher, generator):
     return dense, ids, offsets, labels
 
 
+def build(args):
+    """A fresh model, teacher, Adagrad optimizer and data generator, seeded."""
+    torch.manual_seed(0)
+    model = DLRM(args.dense, args.table_rows, args.dim)
+    teacher = DLRM(args.dense, args.table_rows, args.dim)
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=args.lr)
+    return model, teacher, optimizer, torch.Generator().manual_seed(1)
+
+
+def timed_run(args, checkpoint_kwargs=None):
+    """One run of --iterations from scratch: (seconds per iteration after the
+    first, blocked seconds per step). The first iteration creates the
+    optimizer state (and the pool) and is left out. Plain optimizer when
+    `checkpoint_kwargs` is None, else a CheckpointedOptimizer built with them
+    (into a pool that must not exist yet; it is deleted afterwards)."""
+    model, teacher, optimizer, generator = build(args)
+    loss_fn = nn.BCEWithLogitsLoss()
+    opt = optimizer
+    if checkpoint_kwargs is not None:
+        opt = pmsnap.CheckpointedOptimizer(optimizer, model=model, **checkpoint_kwargs)
+    seconds = 0.0
+    for it in range(1, args.iterations + 1):
+        began = time.perf_counter()
+        dense, ids, offsets, labels = make_batch(args, teacher, generator)
+        opt.zero_grad()
+        loss_fn(model(dense, ids, offsets), labels).backward()
+        opt.step()
+        if it > 1:
+            seconds += time.perf_counter() - began
+    blocked = 0.0
+    if checkpoint_kwargs is not None:
+        opt.close()
+        s = opt.stats()
+        blocked = s["blocked_seconds"] / max(1, s["steps"])
+        os.remove(checkpoint_kwargs["pool"])
+    return seconds / max(1, args.iterations - 1), blocked
+
+
+def median_and_spread(values, scale, fmt):
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return f"{median * scale:{fmt}}  [{ordered[0] * scale:{fmt}} .. {ordered[-1] * scale:{fmt}}]"
+
+
+def measure_overhead(args, checkpoint_kwargs):
+    """--rounds rounds of a plain and a checkpointed run in this process, the
+    order alternating so that neither side always runs first; prints each
+    round and the medians with their spread."""
+    plain, checkpointed, blocked, overhead = [], [], [], []
+    pool = checkpoint_kwargs["pool"] + ".overhead"
+    for round_number in range(1, args.rounds + 1):
+        first_plain = round_number % 2 == 1
+        for plain_turn in (first_plain, not first_plain):
+            if plain_turn:
+                seconds, _ = timed_run(args)
+                plain.append(seconds)
+            else:
+                if os.path.exists(pool):
+                    os.remove(pool)
+                seconds, blocked_seconds = timed_run(args, dict(checkpoint_kwargs, pool=pool))
+                checkpointed.append(seconds)
+                blocked.append(blocked_seconds)
+        overhead.append(checkpointed[-1] / plain[-1] - 1)
+        print(f"  round {round_number}/{args.rounds}  plain {1e3 * plain[-1]:.3f} ms/it, "
+              f"checkpointed {1e3 * checkpointed[-1]:.3f} ms/it ({100 * overhead[-1]:+.1f}%), "
+              f"blocked {1e3 * blocked[-1]:.3f} ms/it", flush=True)
+    print(f"overhead (median of {args.rounds} interleaved rounds of {args.iterations} "
+          f"iterations, checkpoint every {args.every}  [min .. max])")
+    print(f"  iteration time, plain optimizer       {median_and_spread(plain, 1e3, '.3f')} ms")
+    print(f"  iteration time, checkpointed          "
+          f"{median_and_spread(checkpointed, 1e3, '.3f')} ms")
+    print(f"  overhead (checkpointed / plain - 1)   {median_and_spread(overhead, 1e2, '+.1f')} %")
+    print(f"  blocked in hooks per iteration        {median_and_spread(blocked, 1e3, '.3f')} ms")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pool", default=os.path.join(os.environ.get("PMSNAP_POOL_DIR",
@@ -112,7 +190,10 @@ def main():
     parser.add_argument("--no-pin", action="store_true",
                         help="leave the training thread and the workers to the OS scheduler")
     parser.add_argument("--measure-overhead", action="store_true",
-                        help="first train the same iterations with the plain optimizer")
+                        help="measure instead of training: --rounds rounds of a plain and a "
+                             "checkpointed run of --iterations, interleaved")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of --measure-overhead (default 3)")
     parser.add_argument("--quantize-bits", default=None,
                         help="quantize table checkpoints: 2, 3, 4, 8 or auto")
     parser.add_argument("--retain", type=int, default=None,
@@ -148,40 +229,21 @@ def main():
 
     if args.fresh and os.path.exists(args.pool):
         os.remove(args.pool)
-    loss_fn = nn.BCEWithLogitsLoss()
-    plain_seconds = None
+    checkpoint_kwargs = dict(pool=args.pool, every=args.every, device=args.device,
+                             strategy=args.strategy, track_embeddings=True,
+                             worker_cpus=worker_cpus, **embedding_kwargs)
     if args.measure_overhead:
-        # The same model, data and iterations with the plain optimizer.
-        torch.manual_seed(0)
-        model = DLRM(args.dense, args.table_rows, args.dim)
-        teacher = DLRM(args.dense, args.table_rows, args.dim)
-        optimizer = torch.optim.Adagrad(model.parameters(), lr=args.lr)
-        generator = torch.Generator().manual_seed(1)
-        plain_seconds = 0.0
-        for it in range(1, args.iterations + 1):
-            began = time.perf_counter()
-            dense, ids, offsets, labels = make_batch(args, teacher, generator)
-            optimizer.zero_grad()
-            loss_fn(model(dense, ids, offsets), labels).backward()
-            optimizer.step()
-            if it > 1:  # the first iteration creates the optimizer state (and below, the pool)
-                plain_seconds += time.perf_counter() - began
-        print(f"plain optimizer: {args.iterations} iterations, "
-              f"{1e3 * plain_seconds / max(1, args.iterations - 1):.3f} ms each after the first")
+        if args.rounds < 1:
+            parser.error("--rounds must be at least 1")
+        measure_overhead(args, checkpoint_kwargs)
+        return
 
-    torch.manual_seed(0)
-    model = DLRM(args.dense, args.table_rows, args.dim)
-    teacher = DLRM(args.dense, args.table_rows, args.dim)
-    optimizer = torch.optim.Adagrad(model.parameters(), lr=args.lr)
-
-    opt = pmsnap.CheckpointedOptimizer(optimizer, pool=args.pool, model=model, every=args.every,
-                                       device=args.device, strategy=args.strategy,
-                                       track_embeddings=True, worker_cpus=worker_cpus,
-                                       **embedding_kwargs)
+    loss_fn = nn.BCEWithLogitsLoss()
+    model, teacher, optimizer, generator = build(args)
+    opt = pmsnap.CheckpointedOptimizer(optimizer, model=model, **checkpoint_kwargs)
     if opt.device_note:
         print(f"pmsnap: {opt.device_note}")
     start = 0
-    generator = torch.Generator().manual_seed(1)
     if pmsnap.has_checkpoint(args.pool):
         start, extra = opt.restore()
         generator.set_state(extra["data_rng"])
@@ -190,18 +252,14 @@ def main():
         print(f"new pool {args.pool}")
 
     began = time.perf_counter()
-    train_seconds = 0.0  # the iterations themselves, after the first (which opens the pool)
     with opt:
         for it in range(start + 1, args.iterations + 1):
-            iteration_began = time.perf_counter()
             dense, ids, offsets, labels = make_batch(args, teacher, generator)
             opt.zero_grad()
             loss = loss_fn(model(dense, ids, offsets), labels)
             loss.backward()
             # Stored with this iteration's checkpoint: where the data stream is.
             opt.step(extra_state={"data_rng": generator.get_state()})
-            if it > start + 1:
-                train_seconds += time.perf_counter() - iteration_began
             if it % 50 == 0 or it == args.iterations:
                 s = opt.stats()
                 print(f"iter {it:5d}  loss {loss.item():.4f}  checkpoints {s['epochs_committed']}"
@@ -228,11 +286,6 @@ def main():
     elapsed = time.perf_counter() - began
     s = opt.stats()
     print(f"{args.iterations - start} iterations in {elapsed:.1f} s; rows touched: {touched}")
-    if plain_seconds is not None and start == 0 and plain_seconds > 0:
-        per = 1e3 * train_seconds / max(1, args.iterations - 1)
-        print(f"iteration time with checkpointing every {args.every} iteration(s) {per:.3f} ms: "
-              f"{100 * (train_seconds / plain_seconds - 1):+.1f}% against the plain optimizer "
-              f"({1e3 * plain_seconds / max(1, args.iterations - 1):.3f} ms)")
     print(s["summary"])
     print(f"pool {args.pool}: last committed iteration "
           f"{pmsnap.read_pool(args.pool)['latest']['iteration']}")

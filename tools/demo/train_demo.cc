@@ -13,6 +13,13 @@
 //   4. verify    the recovered run's final parameters and optimizer state
 //                are compared byte for byte with the baseline's; the stall
 //                profile comes from Engine::stats() of the recovered run.
+//   5. overhead  --rounds rounds (default 3), each a plain and a
+//                checkpointed run of --round-iterations in fresh processes
+//                and fresh pools, their order alternating; the overhead is
+//                the median of the rounds' ratios, printed with its spread
+//                and the time blocked in hooks. One cold run each would
+//                compare a cold baseline with a warm machine (a fresh
+//                machine printed -5.3% that way).
 //
 // It runs pmsnap's recommended configuration for this model and says why
 // (--table-checkpoints, --strategy, --pin choose otherwise):
@@ -48,6 +55,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -98,6 +106,8 @@ struct Options {
   int workers = 0;                             // 0: from the CPUs (ResolveWorkers)
   int threads = 1;            // torch intra-op threads per child
   std::uint64_t kill_at = 0;  // 0: random in the middle half
+  int rounds = 3;                    // overhead rounds; 0: compare the demo's own runs
+  std::uint64_t round_iterations = 0;  // 0: a quarter of --iterations
   std::uint64_t seed = 0;     // 0: from the clock
   bool keep_pool = false;
   std::string out;    // child: where to write the final state
@@ -121,6 +131,9 @@ const char* kUsage =
     "  --workers=N         checkpoint worker threads (default: the CPUs left to them, 1-2)\n"
     "  --threads=N         torch threads per training process (default 1)\n"
     "  --kill-at=K         iteration at which the training child is killed (default random)\n"
+    "  --rounds=N          overhead: N interleaved rounds of a plain and a checkpointed run\n"
+    "                      (default 3; 0: compare the demo's own two runs, one cold each)\n"
+    "  --round-iterations=M  iterations of each overhead run (default: --iterations / 4)\n"
     "  --seed=S            data and kill-point seed (default: clock)\n"
     "  --keep-pool         leave the pool file behind (inspect it with `pmsnap info`)\n";
 
@@ -162,6 +175,10 @@ bool ParseFlag(const std::string& key, const std::string& value, Options* o) {
     o->threads = static_cast<int>(num());
   else if (key == "--kill-at")
     o->kill_at = num();
+  else if (key == "--rounds")
+    o->rounds = static_cast<int>(num());
+  else if (key == "--round-iterations")
+    o->round_iterations = num();
   else if (key == "--seed")
     o->seed = num();
   else if (key == "--keep-pool")
@@ -575,7 +592,8 @@ std::string ReadAll(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Runs `role` to completion with progress; returns its exit status.
+// Runs `role` to completion with progress (none when `label` is empty);
+// returns its exit status.
 int RunWithProgress(const std::string& role, const std::string& label, const Options& o,
                     const std::string& out, const std::string& stats, std::uint64_t kill_at = 0,
                     std::uint64_t* last_step = nullptr, std::uint64_t* restored = nullptr,
@@ -588,13 +606,13 @@ int RunWithProgress(const std::string& role, const std::string& label, const Opt
     if (line.rfind("restored ", 0) == 0) {
       const std::uint64_t from = std::stoull(line.substr(9));
       if (restored) *restored = from;
-      progress = std::make_unique<Progress>(label, o.iterations, from);
+      if (!label.empty()) progress = std::make_unique<Progress>(label, o.iterations, from);
       continue;
     }
     if (line.rfind("step ", 0) != 0) continue;
     const std::uint64_t step = std::stoull(line.substr(5));
-    if (!progress) progress = std::make_unique<Progress>(label, o.iterations, 0);
-    progress->Update(step);
+    if (!progress && !label.empty()) progress = std::make_unique<Progress>(label, o.iterations, 0);
+    if (progress) progress->Update(step);
     if (last_step) *last_step = step;
     if (kill_at != 0 && step >= kill_at) {
       // Land mid-iteration: up to ~one iteration after the report.
@@ -616,6 +634,75 @@ std::string Bytes(double bytes) {
   return buffer;
 }
 
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
+// "median [min .. max]" of `values` scaled by `scale`, in `format` (a printf
+// conversion for one double).
+std::string MedianAndSpread(const std::vector<double>& values, double scale, const char* format) {
+  auto text = [&](double v) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof(buffer), format, v * scale);
+    return std::string(buffer);
+  };
+  if (values.empty()) return "-";
+  const auto [low, high] = std::minmax_element(values.begin(), values.end());
+  return text(Median(values)) + "  [" + text(*low) + " .. " + text(*high) + "]";
+}
+
+// Per-round figures of the overhead measurement (seconds per iteration).
+struct OverheadRounds {
+  std::vector<double> plain, checkpointed, blocked, overhead;
+};
+
+// Runs o.rounds rounds of a plain and a checkpointed child, fresh processes
+// and a fresh pool each, the order alternating between rounds so that
+// neither side always runs first (cold). Returns the rounds, or an error
+// message naming the run that failed.
+pmsnap::Result<OverheadRounds> MeasureOverhead(const Options& o, const std::string& work) {
+  Options run = o;
+  run.iterations = o.round_iterations;
+  OverheadRounds rounds;
+  for (int round = 1; round <= o.rounds; ++round) {
+    double plain = 0, checkpointed = 0, blocked = 0;
+    for (int turn = 0; turn < 2; ++turn) {
+      const bool plain_turn = (turn == 0) == (round % 2 == 1);
+      const std::string tag = "round" + std::to_string(round) + (plain_turn ? "-plain" : "-ckpt");
+      run.pool = work + "/" + tag + ".pool";
+      const std::string stats_path = work + "/" + tag + ".stats";
+      const int rc = RunWithProgress(plain_turn ? "baseline" : "train", "", run,
+                                     work + "/" + tag + ".state", stats_path);
+      if (rc != 0) {
+        return pmsnap::Status(pmsnap::StatusCode::kInternal,
+                              "overhead run " + tag + " failed (exit " + std::to_string(rc) + ")");
+      }
+      const auto stats = ReadStats(stats_path);
+      if (plain_turn) {
+        plain = Num(stats, "iteration_seconds");
+      } else {
+        checkpointed = Num(stats, "iteration_seconds");
+        blocked = Num(stats, "blocked_seconds") / std::max(1.0, Num(stats, "iterations"));
+      }
+      std::filesystem::remove(run.pool);
+      std::filesystem::remove(work + "/" + tag + ".state");
+    }
+    rounds.plain.push_back(plain);
+    rounds.checkpointed.push_back(checkpointed);
+    rounds.blocked.push_back(blocked);
+    rounds.overhead.push_back(plain > 0 ? checkpointed / plain - 1 : 0);
+    std::printf("  round %d/%d  plain %.3f ms/it, checkpointed %.3f ms/it (%+.1f%%), "
+                "blocked %.3f ms/it\n",
+                round, o.rounds, plain * 1e3, checkpointed * 1e3, rounds.overhead.back() * 1e2,
+                blocked * 1e3);
+    std::fflush(stdout);
+  }
+  return rounds;
+}
+
 int RunParent(Options o) {
   if (o.seed == 0) {
     o.seed = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()) % 1000000007 + 1;
@@ -624,6 +711,7 @@ int RunParent(Options o) {
   if (o.kill_at == 0)
     o.kill_at = o.iterations / 4 + rng() % std::max<std::uint64_t>(o.iterations / 2, 1);
   if (o.kill_at >= o.iterations) o.kill_at = o.iterations - 1;
+  if (o.round_iterations == 0) o.round_iterations = std::max<std::uint64_t>(o.iterations / 4, 4);
   const std::string dir = pmsnap::PoolDirectory();
   if (o.pool.empty()) o.pool = dir + "/pmsnap-demo-" + std::to_string(getpid()) + ".pool";
   if (std::filesystem::exists(o.pool)) {
@@ -680,13 +768,14 @@ int RunParent(Options o) {
 
   const std::string reference = work + "/baseline.state";
   const std::string baseline_stats = work + "/baseline.stats";
-  std::printf("[1/3] uninterrupted run, plain optimizer, no checkpointing\n");
+  const int phases = o.rounds > 0 ? 4 : 3;
+  std::printf("[1/%d] uninterrupted run, plain optimizer, no checkpointing\n", phases);
   if (int rc = RunWithProgress("baseline", "baseline", o, reference, baseline_stats); rc != 0) {
     std::fprintf(stderr, "pmsnap-demo: baseline run failed (%d)\n", rc);
     return 1;
   }
 
-  std::printf("[2/3] checkpointed run, killed with SIGKILL at iteration %llu\n",
+  std::printf("[2/%d] checkpointed run, killed with SIGKILL at iteration %llu\n", phases,
               static_cast<unsigned long long>(o.kill_at));
   std::uint64_t last_step = 0;
   const std::string crash_stats = work + "/crash.stats";
@@ -700,7 +789,7 @@ int RunParent(Options o) {
   std::printf("  killed (SIGKILL) after it reported iteration %llu\n",
               static_cast<unsigned long long>(last_step));
 
-  std::printf("[3/3] new process: restore from the pool, train to the end\n");
+  std::printf("[3/%d] new process: restore from the pool, train to the end\n", phases);
   const std::string resumed = work + "/resumed.state";
   const std::string stats_path = work + "/resumed.stats";
   std::uint64_t restored = 0;
@@ -726,16 +815,48 @@ int RunParent(Options o) {
       "uninterrupted run)\n\n",
       exact ? "YES" : "NO", Bytes(static_cast<double>(a.size())).c_str());
 
-  const double plain = Num(base, "iteration_seconds");
-  const double with = Num(stats, "iteration_seconds");
+  std::optional<OverheadRounds> rounds;
+  if (o.rounds > 0) {
+    std::printf(
+        "[4/4] overhead: %d rounds of %llu iterations, each a plain and a checkpointed run "
+        "(fresh processes and pools, the order alternating)\n",
+        o.rounds, static_cast<unsigned long long>(o.round_iterations));
+    auto measured = MeasureOverhead(o, work);
+    if (!measured.ok()) {
+      std::fprintf(stderr, "pmsnap-demo: %s\n", measured.status().message().c_str());
+      return 1;
+    }
+    rounds = std::move(measured).value();
+    std::printf("\n");
+  }
+
   const double iterations = std::max(1.0, Num(stats, "iterations"));
+  if (rounds) {
+    std::printf("overhead (median of %d interleaved rounds of %llu iterations  [min .. max])\n",
+                o.rounds, static_cast<unsigned long long>(o.round_iterations));
+    std::printf("  iteration time, plain optimizer       %s ms\n",
+                MedianAndSpread(rounds->plain, 1e3, "%.3f").c_str());
+    std::printf("  iteration time, checkpoint %-10s %s ms\n",
+                o.policy == "every1" ? "every it." : "continuous",
+                MedianAndSpread(rounds->checkpointed, 1e3, "%.3f").c_str());
+    std::printf("  overhead (checkpointed / plain - 1)   %s %%\n",
+                MedianAndSpread(rounds->overhead, 1e2, "%+.1f").c_str());
+    std::printf("  blocked in hooks per iteration        %s ms\n\n",
+                MedianAndSpread(rounds->blocked, 1e3, "%.3f").c_str());
+  }
   std::printf("stall profile (recovered run, %s, %s, device %s)\n",
               stats.count("policy") ? stats.at("policy").c_str() : "?",
               stats.count("strategy") ? stats.at("strategy").c_str() : "?",
               stats.count("device") ? stats.at("device").c_str() : "?");
-  std::printf("  iteration time without checkpointing  %8.3f ms\n", plain * 1e3);
-  std::printf("  iteration time with checkpointing     %8.3f ms  (%+.1f%%)\n", with * 1e3,
-              plain > 0 ? (with / plain - 1) * 100 : 0.0);
+  if (!rounds) {
+    // One run each, the baseline first and cold: indicative only.
+    const double plain = Num(base, "iteration_seconds");
+    const double with = Num(stats, "iteration_seconds");
+    std::printf("  iteration time without checkpointing  %8.3f ms  (one cold run: --rounds=0)\n",
+                plain * 1e3);
+    std::printf("  iteration time with checkpointing     %8.3f ms  (%+.1f%%, recovered run)\n",
+                with * 1e3, plain > 0 ? (with / plain - 1) * 100 : 0.0);
+  }
   std::printf(
       "  blocked in hooks per iteration        %8.3f ms mean, p50 %.3f, p99 %.3f, "
       "max %.3f ms\n",

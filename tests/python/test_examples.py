@@ -1,0 +1,59 @@
+"""The runnable examples under examples/, run as a user runs them.
+
+examples/train_dlrm.py trains into a pool and, run again with the same pool,
+resumes from its last committed iteration; with --measure-overhead it
+measures in interleaved rounds (a plain and a checkpointed run each, the
+order alternating) and prints medians with their spread, leaving no pool
+behind.
+
+Thread-safety: each test runs the example in a child process of its own.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+NUMBER = r"[-+]?\d+\.\d+"
+
+
+def run_example(name, *args):
+    completed = subprocess.run([sys.executable, os.path.join(EXAMPLES, name), *args],
+                               capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed.stdout
+
+
+SMALL_DLRM = ("--table-rows", "2000", "500", "--batch", "32", "--no-pin")
+
+
+def test_train_dlrm_resumes_from_its_pool_where_it_stopped(pool_path):
+    first = run_example("train_dlrm.py", "--pool", pool_path, "--iterations", "12", *SMALL_DLRM)
+    assert f"new pool {pool_path}" in first
+    assert first.rstrip().endswith("last committed iteration 12")
+    second = run_example("train_dlrm.py", "--pool", pool_path, "--iterations", "20", *SMALL_DLRM)
+    assert f"resumed from {pool_path} at iteration 12" in second
+    assert second.rstrip().endswith("last committed iteration 20")
+
+
+def test_measure_overhead_reports_medians_and_spreads_of_interleaved_rounds(pool_path):
+    out = run_example("train_dlrm.py", "--pool", pool_path, "--iterations", "8",
+                      "--measure-overhead", "--rounds", "2", *SMALL_DLRM)
+    rounds = re.findall(rf"^  round (\d)/2  plain ({NUMBER}) ms/it, checkpointed ({NUMBER}) ms/it",
+                        out, re.MULTILINE)
+    assert [r[0] for r in rounds] == ["1", "2"], out
+    assert "median of 2 interleaved rounds of 8 iterations" in out
+    for line in ("iteration time, plain optimizer", "iteration time, checkpointed",
+                 r"overhead \(checkpointed / plain - 1\)", "blocked in hooks per iteration"):
+        match = re.search(rf"^  {line} +({NUMBER})  \[({NUMBER}) \.\. ({NUMBER})\] (ms|%)$", out,
+                          re.MULTILINE)
+        assert match, f"no '{line}' line with a median and a spread:\n{out}"
+        median, low, high = (float(match.group(i)) for i in (1, 2, 3))
+        assert low <= median <= high
+    # The spread is the rounds' own range (the same numbers, printed alike).
+    plain = sorted((r[1] for r in rounds), key=float)
+    assert f"[{plain[0]} .. {plain[1]}] ms" in out, out
+    # The rounds' pools are gone, and the user's pool was never created.
+    assert not os.path.exists(pool_path)
+    assert not os.path.exists(pool_path + ".overhead")
