@@ -525,6 +525,8 @@ std::span<std::byte> Pool::slot_mapping(int slot) const {
   return {impl_->slot_data(slot), impl_->header().slot_bytes};
 }
 
+std::span<const std::byte> Pool::mapping() const { return {impl_->base, file_bytes_}; }
+
 FileRegions Pool::regions() const {
   const Impl& impl = *impl_;
   const PoolHeader& header = impl.header();

@@ -29,6 +29,7 @@
 #include "detail/engine_restore.h"
 #include "detail/unit_devices.h"
 #include "pmsnap/common/cpu_affinity.h"
+#include "pmsnap/common/memory_usage.h"
 #include "pmsnap/common/page_prefault.h"
 #include "pmsnap/pmem_layout/checksum.h"
 
@@ -198,6 +199,7 @@ class StagingBuffers {
   bool enabled() const { return !buffers_.empty(); }
   std::size_t count() const { return buffers_.size(); }
   std::span<std::byte> buffer(std::size_t index) const { return {buffers_[index], bytes_}; }
+  std::uint64_t bytes() const { return bytes_ * buffers_.size(); }
 
  private:
   std::vector<std::byte*> buffers_;
@@ -291,6 +293,25 @@ struct Engine::Impl {
   // unregistered before either goes (Close clears them first).
   std::vector<HostRegistration> registrations;
 
+  // What the engine holds in memory now (Stats::memory). Caller holds
+  // stats_mutex, which Close takes before releasing any of it.
+  MemoryStats MemoryNow() const {
+    MemoryStats memory;
+    if (pool) {
+      const std::span<const std::byte> mapped = pool->mapping();
+      memory.pool_mapped_bytes = mapped.size();
+      memory.pool_resident_bytes = ResidentBytes(mapped.data(), mapped.size());
+    }
+    memory.staging_bytes = staging.bytes();
+    for (std::size_t i = 0; i < staging.count(); ++i) {
+      memory.staging_resident_bytes += ResidentBytes(staging.buffer(i).data(), staging.buffer(i).size());
+    }
+    for (const HostRegistration& registration : registrations) {
+      memory.registered_bytes += registration.bytes();
+    }
+    return memory;
+  }
+
   std::mutex error_mutex;  // guards first_error
   Status first_error;
 
@@ -317,6 +338,9 @@ struct Engine::Impl {
   mutable std::mutex stats_mutex;
   Stats stats;
   std::deque<double> blocked_history;
+  // Set by Close (under stats_mutex) once stats.memory holds the figures at
+  // Close: the pool, staging buffers and registrations are going.
+  bool memory_taken_at_close = false;
   Clock::time_point opened_at = Clock::now();
   std::atomic<std::uint64_t> bytes_written{0};
   std::atomic<std::uint64_t> held_bytes{0};
@@ -1486,6 +1510,11 @@ Status Engine::Close(CloseMode mode) {
   impl.pinning.clear();
   impl.arena->terminate();
   impl.device_stream->terminate();
+  {
+    std::lock_guard<std::mutex> lock(impl.stats_mutex);
+    impl.stats.memory = impl.MemoryNow();
+    impl.memory_taken_at_close = true;
+  }
   // Before the memory they cover goes (Device::RegisterHostDestination).
   for (HostRegistration& registration : impl.registrations) {
     if (Status released = registration.Release(); !released.ok()) impl.RecordError(released);
@@ -1580,6 +1609,7 @@ Stats Engine::stats() const {
   out.in_device_fallbacks = impl.strategy->fallbacks();
   out.wall_seconds = SecondsSince(impl.opened_at);
   out.blocked_per_step.assign(impl.blocked_history.begin(), impl.blocked_history.end());
+  if (!impl.memory_taken_at_close) out.memory = impl.MemoryNow();
   return out;
 }
 

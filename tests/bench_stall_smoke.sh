@@ -36,7 +36,7 @@ for device in host simulated; do
 done
 # The overhead's bootstrap interval brackets its median; training-thread
 # counters are positive where the kernel offers them (nan where it does not).
-python3 - "$out/stall.csv" <<'PY' || fail "stall.csv: overhead interval or training-thread counters wrong"
+python3 - "$out/stall.csv" <<'PY' || fail "stall.csv: overhead interval, training-thread counters or peak RSS wrong"
 import csv, math, sys
 for row in csv.DictReader(open(sys.argv[1])):
     low, mid, high = (float(row[k]) for k in
@@ -47,5 +47,8 @@ for row in csv.DictReader(open(sys.argv[1])):
     # Cold start (the warm-up iterations) and page faults, reported apart.
     assert float(row["cold_ms"]) > 0, row
     assert float(row["faults_per_iter"]) >= 0 and float(row["cold_faults_per_iter"]) >= 0, row
+    # Peak resident set per method (reset before each) and its excess over none's.
+    assert float(row["peak_rss_mb"]) > 0, row
+    assert not math.isnan(float(row["extra_peak_rss_mb"])), row
 PY
 echo "bench_stall_smoke: restores in fresh processes on host and simulated: ok"

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -250,6 +251,49 @@ TEST(EngineRegistrationTest, AStaleRegistrationFailsTheNextOpenNamingThePool) {
   auto engine = Engine::Open(Options(path.path(), device), model.Registrations());
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   ASSERT_TRUE((*engine)->Close().ok());
+}
+
+// Stats::memory says what the engine holds: the pool's mapping, the staging
+// buffers and the host memory registered (pinned) with the device; after
+// Close, what it held at Close.
+TEST(EngineMemoryTest, StatsSayWhatTheEngineHoldsInMemory) {
+  SimulatedDevice device({});
+  TempPoolPath path("memory-stats");
+  constexpr std::uint64_t kUnitFloats = 1 << 16;
+  ToyModel model(3, kUnitFloats);
+  auto engine = Engine::Open(Options(path.path(), device, 1), model.Registrations());
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  for (std::uint64_t k = 1; k <= 4; ++k) ASSERT_TRUE(model.Step(**engine, k).ok());
+  ASSERT_TRUE((*engine)->Flush().ok());
+
+  const MemoryStats memory = (*engine)->stats().memory;
+  EXPECT_EQ(memory.pool_mapped_bytes, std::filesystem::file_size(path.path()));
+  EXPECT_GT(memory.pool_resident_bytes, 0u);
+  EXPECT_LE(memory.pool_resident_bytes, memory.pool_mapped_bytes);
+  EXPECT_GE(memory.staging_bytes, 3 * kUnitFloats * sizeof(float));  // one checkpoint
+  EXPECT_LE(memory.staging_bytes, (*engine)->pool().slot_mapping(0).size());
+  EXPECT_LE(memory.staging_resident_bytes, memory.staging_bytes);
+  EXPECT_EQ(memory.registered_bytes,
+            2 * (*engine)->pool().slot_mapping(0).size() + memory.staging_bytes);
+  EXPECT_THAT((*engine)->stats().Summary(), HasSubstr("memory: pool"));
+  EXPECT_THAT((*engine)->stats().Summary(), HasSubstr("MB pinned"));
+
+  ASSERT_TRUE((*engine)->Close().ok());
+  const MemoryStats at_close = (*engine)->stats().memory;
+  EXPECT_EQ(at_close.pool_mapped_bytes, memory.pool_mapped_bytes);
+  EXPECT_EQ(at_close.staging_bytes, memory.staging_bytes);
+  EXPECT_EQ(at_close.registered_bytes, memory.registered_bytes);
+
+  // The host device copies with the CPU: nothing is pinned.
+  TempPoolPath host_path("memory-stats-host");
+  EngineOptions host_options = Options(host_path.path(), device);
+  host_options.device = nullptr;
+  auto host_engine = Engine::Open(host_options, model.Registrations());
+  ASSERT_TRUE(host_engine.ok()) << host_engine.status().ToString();
+  EXPECT_EQ((*host_engine)->stats().memory.registered_bytes, 0u);
+  EXPECT_EQ((*host_engine)->stats().memory.staging_bytes, 0u);
+  EXPECT_GT((*host_engine)->stats().memory.pool_mapped_bytes, 0u);
+  ASSERT_TRUE((*host_engine)->Close().ok());
 }
 
 }  // namespace

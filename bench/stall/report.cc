@@ -21,7 +21,8 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
          "conflicts,cost_per_checkpoint_ms,k_under_3.5pct,rounds,note,overhead_min_pct,"
          "overhead_max_pct,overhead_ci95_low_pct,overhead_ci95_high_pct,cycles_overhead_pct,"
          "training_ipc,step_ms,extra_step_ms,extra_forward_backward_ms,cold_ms,cold_overhead_pct,"
-         "cold_faults_per_iter,faults_per_iter,training_faults_per_iter,pm\n";
+         "cold_faults_per_iter,faults_per_iter,training_faults_per_iter,pm,peak_rss_mb,"
+         "extra_peak_rss_mb\n";
   for (const auto& r : rows) {
     const double n = 1e3;
     csv << r.workload << "," << r.device << "," << r.method << "," << r.family << "," << r.median_ms
@@ -38,7 +39,7 @@ void WriteCsv(const Options& o, const std::vector<Row>& rows,
         << r.extra_step_ms << "," << r.extra_forward_backward_ms << "," << r.cold_ms << ","
         << r.cold_overhead_pct << "," << r.cold_faults_per_iter << "," << r.faults_per_iter << ","
         << r.training_faults_per_iter << ",\"" << (o.pm_label.empty() ? "machine" : o.pm_label)
-        << "\"\n";
+        << "\"," << r.peak_rss_mb << "," << r.extra_peak_rss_mb << "\n";
   }
   std::ofstream rcsv(o.out + "/" + o.tag + "_restore.csv");
   rcsv << "workload,device,method,open_ms,restore_ms,total_ms,bytes,speedup_vs_torch_load,"
@@ -76,18 +77,21 @@ void PrintTable(const Results& res) {
   std::printf(
       "(stall columns: ms per measured iteration on the training thread; k<3.5%%: "
       "estimated longest-frequency interval keeping overhead under 3.5%%)\n");
-  std::printf("\n%-11s %-9s %-22s %9s %9s | %12s %12s %12s\n", "workload", "device", "method",
-              "cold ms", "cold ovh%", "cold flt/it", "flt/it", "train flt/it");
+  std::printf("\n%-11s %-9s %-22s %9s %9s | %12s %12s %12s | %9s %9s\n", "workload", "device",
+              "method", "cold ms", "cold ovh%", "cold flt/it", "flt/it", "train flt/it",
+              "peak MB", "+MB");
   for (const auto& r : res.rows) {
     if (r.rounds_ok == 0) continue;
-    std::printf("%-11s %-9s %-22s %9.1f %+9.1f | %12.0f %12.0f %12.0f\n", r.workload.c_str(),
-                r.device.c_str(), r.method.c_str(), r.cold_ms, r.cold_overhead_pct,
-                r.cold_faults_per_iter, r.faults_per_iter, r.training_faults_per_iter);
+    std::printf("%-11s %-9s %-22s %9.1f %+9.1f | %12.0f %12.0f %12.0f | %9.1f %+9.1f\n",
+                r.workload.c_str(), r.device.c_str(), r.method.c_str(), r.cold_ms,
+                r.cold_overhead_pct, r.cold_faults_per_iter, r.faults_per_iter,
+                r.training_faults_per_iter, r.peak_rss_mb, r.extra_peak_rss_mb);
   }
   std::printf(
       "(cold: the --warmup iterations right after a method was set up, i.e. a fresh pool, "
       "file or buffer, against none's; flt/it: page faults per iteration, whole process "
-      "and training thread)\n");
+      "and training thread; peak MB: the process's peak resident set while the method ran, "
+      "+MB: its excess over none's, a pool on tmpfs included as it is mapped)\n");
   std::printf("\n%-11s %-9s %-36s %9s %9s %9s %9s\n", "workload", "device", "restore", "open ms",
               "copy ms", "total ms", "MB");
   for (const auto& r : res.restores)

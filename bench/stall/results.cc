@@ -18,7 +18,8 @@ Row SummarizeTrials(const std::string& workload, const std::string& device, cons
   row.family = m.family;
   std::vector<double> all, means, overheads, conflict, boundary, copy, save, hook, cpm, bytes,
       per_ckpt, cost, ipc, cycle_overheads, instructions_per_cycle, steps, extra_steps,
-      extra_forward_backwards, colds, cold_overheads, cold_faults, faults, training_faults;
+      extra_forward_backwards, colds, cold_overheads, cold_faults, faults, training_faults,
+      peak_rss, extra_peak_rss;
   for (std::size_t r = 0; r < method_trials.size(); ++r) {
     const Trial& t = method_trials[r];
     if (!t.ok) {
@@ -44,6 +45,11 @@ Row SummarizeTrials(const std::string& workload, const std::string& device, cons
       colds.push_back(cold);
       if (r < none.size() && none[r].ok && !none[r].cold_iteration_seconds.empty())
         cold_overheads.push_back((cold / Mean(none[r].cold_iteration_seconds) - 1) * 100);
+    }
+    if (t.peak_rss_bytes >= 0) {
+      peak_rss.push_back(t.peak_rss_bytes / 1e6);
+      if (r < none.size() && none[r].ok && none[r].peak_rss_bytes >= 0)
+        extra_peak_rss.push_back((t.peak_rss_bytes - none[r].peak_rss_bytes) / 1e6);
     }
     if (t.cold_process_faults >= 0) cold_faults.push_back(t.cold_process_faults);
     if (t.process_faults >= 0) faults.push_back(t.process_faults);
@@ -83,6 +89,8 @@ Row SummarizeTrials(const std::string& workload, const std::string& device, cons
   if (!cold_faults.empty()) row.cold_faults_per_iter = Median(cold_faults);
   if (!faults.empty()) row.faults_per_iter = Median(faults);
   if (!training_faults.empty()) row.training_faults_per_iter = Median(training_faults);
+  if (!peak_rss.empty()) row.peak_rss_mb = Median(peak_rss);
+  if (!extra_peak_rss.empty()) row.extra_peak_rss_mb = Median(extra_peak_rss);
   if (!overheads.empty()) {
     row.overhead_min_pct = *std::min_element(overheads.begin(), overheads.end());
     row.overhead_max_pct = *std::max_element(overheads.begin(), overheads.end());

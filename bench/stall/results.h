@@ -40,6 +40,9 @@ struct Row {
   double stall_per_checkpoint_ms = 0;
   double commits_per_min = 0, iterations_per_commit = 0;
   double bytes_per_iter = 0;
+  // Peak resident set of the process while the method ran (median over
+  // rounds) and its excess over `none`'s in the same rounds; NaN: unknown.
+  double peak_rss_mb = std::nan(""), extra_peak_rss_mb = std::nan("");
   std::uint64_t conflicts = 0;
   double cost_per_checkpoint_s = 0;  // extra wall time per commit vs none
   std::uint64_t k35 = 0;             // longest-frequency estimate: every k35 iterations

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "pmsnap/common/memory_usage.h"
 #include "pmsnap/conflict/strategies.h"
 #include "pmsnap/runtime/interval_policy.h"
 #include "stall/methods.h"
@@ -93,6 +94,7 @@ Trial RunTrial(Context& c, const MethodSpec& m, bool keep_files) {
     return trial;
   };
   const std::size_t block_bytes = m.libtorch_step ? 0 : c.o.block_kib << 10;
+  const bool peak_reset = ResetPeakRss();
   if (m.family == 1) {
     method = MakeNoCheckpoint(c.w, block_bytes);
   } else if (m.family == 2) {
@@ -153,6 +155,7 @@ Trial RunTrial(Context& c, const MethodSpec& m, bool keep_files) {
         at_end[i] < 0 || at_start[i] < 0 ? -1.0 : (at_end[i] - at_start[i]) / c.iterations;
   trial.counters = method->Read();
   Status s = method->Finish();
+  if (peak_reset) trial.peak_rss_bytes = static_cast<double>(PeakRssBytes());
   trial.note = method->Note();
   method.reset();
   if (!s.ok()) return fail(s.ToString());

@@ -55,6 +55,9 @@ struct Trial {
   // Training-thread hardware counters per measured iteration (-1: absent).
   std::array<double, ThreadCounters::kCount> per_iteration{};
   double wall = 0;
+  // The process's peak resident set while the method ran, from a reset at
+  // its set-up (-1: the kernel would not reset it).
+  double peak_rss_bytes = -1;
   Counters counters;
   std::string note;
   bool ok = true;

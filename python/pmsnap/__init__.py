@@ -20,6 +20,14 @@ flight. Embedding tables can use differential / incremental checkpoints:
     for c in pmsnap.list_checkpoints(path, "emb.weight"):
         table = pmsnap.recover_table(path, "emb.weight", c["epoch"])
 
+A training loop's whole state (model, optimizer, LR scheduler, data-loader
+position, RNG) resumes in one call with pmsnap.TrainingState:
+
+    state = pmsnap.TrainingState(path, model, optimizer, lr_scheduler=scheduler,
+                                 stateful={"data": loader})
+    for step in range(state.resume(), steps + 1):
+        ...; state.zero_grad(); loss.backward(); state.step()
+
 Checkpoints leave the pool without the model: pmsnap.load_state_dict(path)
 reads any retained epoch as a state dict, pmsnap.export(path, "w.safetensors")
 writes safetensors, torch.save or DCP files (also `python -m pmsnap export`).
@@ -60,6 +68,7 @@ from .export import export, read_export  # noqa: F401
 from .lowdiff_plus import LowDiffPlus  # noqa: F401
 from .optimizer import CheckpointedOptimizer  # noqa: F401
 from .state_dict import PoolCheckpoint, load_state_dict  # noqa: F401
+from .training_state import TrainingState  # noqa: F401
 
 
 
@@ -72,7 +81,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "CheckpointedOptimizer", "LowDiffPlus", "EmbeddingTracker", "EmbeddingOptions", "Policy", "restore",
+    "CheckpointedOptimizer", "TrainingState", "LowDiffPlus", "EmbeddingTracker", "EmbeddingOptions", "Policy", "restore",
     "has_checkpoint", "read_pool", "list_checkpoints", "recover_table",
     "cuda_support_compiled", "load_state_dict", "PoolCheckpoint", "export", "read_export",
     "Error", "AbortedError", "BusyError", "CapacityExceededError",

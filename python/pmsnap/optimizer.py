@@ -490,7 +490,15 @@ class CheckpointedOptimizer(UpdateInBackward):
         return False
 
     def stats(self, per_step=False):
-        """Runtime statistics as a dict (runtime::Stats plus iteration and pool)."""
+        """Runtime statistics as a dict (runtime::Stats plus iteration and pool).
+
+        stats()["memory"] is what pmsnap holds, in bytes: the pool file's
+        mapping (pool_mapped_bytes; pool_resident_bytes of it in memory, on
+        /dev/shm DRAM), host staging buffers (staging_bytes,
+        staging_resident_bytes), host memory pinned for the GPU
+        (registered_bytes) and the Python front end's own copies
+        (python_copies_bytes on the host, python_copies_device_bytes on the
+        GPU: the module buffers' shadows). After close(): as at close()."""
         if self._engine is not None:
             return self._stats_of(self._engine, per_step)
         if self._final_stats is not None:
@@ -577,6 +585,11 @@ class CheckpointedOptimizer(UpdateInBackward):
         s["iteration"] = self.iteration
         s["pool"] = self.pool
         s["open"] = not engine.closed
+        # Copies the Python front end keeps beside the engine's: the module
+        # buffers' shadows (host memory, or device memory for CUDA buffers).
+        copies = self._buffers.shadow_bytes() if self._buffers is not None else {}
+        s["memory"]["python_copies_bytes"] = copies.get("cpu", 0)
+        s["memory"]["python_copies_device_bytes"] = sum(v for k, v in copies.items() if k != "cpu")
         return s
 
     def _check_resumes_pool(self, step):

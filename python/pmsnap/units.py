@@ -208,6 +208,14 @@ class ModuleBuffers:
     def __len__(self):
         return len(self.names)
 
+    def shadow_bytes(self):
+        """Bytes the shadows take (a copy of every buffer), by device type."""
+        by_device = {}
+        for shadow in self._shadows:
+            by_device[shadow.device.type] = (by_device.get(shadow.device.type, 0)
+                                             + shadow.numel() * shadow.element_size())
+        return by_device
+
     def specs(self):
         """{name: (dtype name, shape list)} of every buffer, as pools record them."""
         return {name: (dtype_name(shadow.dtype), list(shadow.shape))

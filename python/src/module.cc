@@ -247,6 +247,13 @@ py::dict StatsToDict(const runtime::Stats& stats, bool per_step) {
   d["compute_stalls"] = stats.device_queues.compute_stalls;
   d["compute_stall_seconds"] = stats.device_queues.compute_stall_seconds;
   d["staging_peak_bytes"] = stats.device_queues.staging_peak_bytes;
+  py::dict memory;
+  memory["pool_mapped_bytes"] = stats.memory.pool_mapped_bytes;
+  memory["pool_resident_bytes"] = stats.memory.pool_resident_bytes;
+  memory["staging_bytes"] = stats.memory.staging_bytes;
+  memory["staging_resident_bytes"] = stats.memory.staging_resident_bytes;
+  memory["registered_bytes"] = stats.memory.registered_bytes;
+  d["memory"] = memory;
   d["wall_seconds"] = stats.wall_seconds;
   d["checkpoints_per_minute"] = stats.checkpoints_per_minute();
   d["summary"] = stats.Summary();

@@ -6,6 +6,8 @@ buffers stay out. The first user of a BatchNorm model found restore() and
 every export silently without them (SIGKILL/resume with BatchNorm:
 test_crash_resume.py)."""
 
+import os
+
 import pytest
 import safetensors.torch
 import torch
@@ -156,3 +158,22 @@ def test_a_buffer_that_changes_shape_is_named(pool_path):
         model.seen = torch.zeros(3, dtype=torch.float64)  # rebound, another shape
         with pytest.raises(pmsnap.ModelMismatchError, match="'seen'"):
             copt.step()
+
+
+def test_stats_say_what_pmsnap_holds_in_memory_shadows_included(pool_path):
+    model, opt = make()
+    copt = pmsnap.CheckpointedOptimizer(opt, pool_path, model=model, every=1)
+    train(model, copt, 1, 3)
+    memory = copt.stats()["memory"]
+    assert memory["pool_mapped_bytes"] == os.path.getsize(pool_path)
+    assert 0 < memory["pool_resident_bytes"] <= memory["pool_mapped_bytes"]
+    assert memory["staging_bytes"] == 0 and memory["registered_bytes"] == 0  # host, no staging
+    # One shadow per persistent buffer: running_mean and running_var (8
+    # floats each), num_batches_tracked (one int64), seen (2 doubles).
+    assert memory["python_copies_bytes"] == 8 * 4 * 2 + 8 + 2 * 8
+    assert memory["python_copies_device_bytes"] == 0
+    copt.close()
+    at_close = copt.stats()["memory"]  # as at close()
+    for key in ("pool_mapped_bytes", "python_copies_bytes", "registered_bytes"):
+        assert at_close[key] == memory[key], key
+    assert at_close["pool_resident_bytes"] > 0

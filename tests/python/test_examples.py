@@ -4,7 +4,8 @@ examples/train_dlrm.py trains into a pool and, run again with the same pool,
 resumes from its last committed iteration; with --measure-overhead it
 measures in interleaved rounds (a plain and a checkpointed run each, the
 order alternating) and prints medians with their spread, leaving no pool
-behind.
+behind. examples/train_loop.py (pmsnap.TrainingState in a torchtitan-style
+loop) continues from its pool at the step after the last committed one.
 
 Thread-safety: each test runs the example in a child process of its own.
 """
@@ -57,3 +58,13 @@ def test_measure_overhead_reports_medians_and_spreads_of_interleaved_rounds(pool
     # The rounds' pools are gone, and the user's pool was never created.
     assert not os.path.exists(pool_path)
     assert not os.path.exists(pool_path + ".overhead")
+
+
+def test_train_loop_continues_at_the_step_after_the_last_committed_one(pool_path):
+    small = ("--dim", "16", "--layers", "1", "--seq", "8", "--batch", "2", "--vocab", "64")
+    first = run_example("train_loop.py", "--pool", pool_path, "--steps", "6", *small)
+    assert f"new pool {pool_path}" in first
+    assert first.rstrip().endswith("last committed step 6")
+    second = run_example("train_loop.py", "--pool", pool_path, "--steps", "10", *small)
+    assert f"resumed from {pool_path}: continuing at step 7" in second
+    assert second.rstrip().endswith("last committed step 10")

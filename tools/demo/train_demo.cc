@@ -65,6 +65,7 @@
 
 #include "pmsnap/common/child_process.h"
 #include "pmsnap/common/cpu_affinity.h"
+#include "pmsnap/common/memory_usage.h"
 #include "pmsnap/common/command_line.h"
 #include "pmsnap/common/pool_directory.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
@@ -407,7 +408,8 @@ int RunChild(const Options& o) {
       Report(step);
     }
     stats << "iteration_seconds " << SecondsSince(start) / static_cast<double>(o.iterations)
-          << "\n";
+          << "\n"
+          << "peak_rss_bytes " << pmsnap::PeakRssBytes() << "\n";
     return WriteState(o.out, model, *optimizer);
   }
 
@@ -512,6 +514,11 @@ int RunChild(const Options& o) {
         << "bytes_written " << s.bytes_written << "\n"
         << "encoded_bytes_written " << s.encoded_bytes_written << "\n"
         << "last_epoch_seconds " << s.last_epoch_seconds << "\n"
+        << "pool_mapped_bytes " << s.memory.pool_mapped_bytes << "\n"
+        << "pool_resident_bytes " << s.memory.pool_resident_bytes << "\n"
+        << "staging_bytes " << s.memory.staging_bytes << "\n"
+        << "registered_bytes " << s.memory.registered_bytes << "\n"
+        << "peak_rss_bytes " << pmsnap::PeakRssBytes() << "\n"
         << "final_loss " << loss << "\n"
         << "device " << s.device << (device_note.empty() ? "" : " [" + device_note + "]") << "\n"
         << "policy " << s.policy << "\n"
@@ -657,6 +664,7 @@ std::string MedianAndSpread(const std::vector<double>& values, double scale, con
 // Per-round figures of the overhead measurement (seconds per iteration).
 struct OverheadRounds {
   std::vector<double> plain, checkpointed, blocked, overhead;
+  std::vector<double> plain_peak_rss, checkpointed_peak_rss;  // bytes
 };
 
 // Runs o.rounds rounds of a plain and a checkpointed child, fresh processes
@@ -683,7 +691,9 @@ pmsnap::Result<OverheadRounds> MeasureOverhead(const Options& o, const std::stri
       const auto stats = ReadStats(stats_path);
       if (plain_turn) {
         plain = Num(stats, "iteration_seconds");
+        rounds.plain_peak_rss.push_back(Num(stats, "peak_rss_bytes"));
       } else {
+        rounds.checkpointed_peak_rss.push_back(Num(stats, "peak_rss_bytes"));
         checkpointed = Num(stats, "iteration_seconds");
         blocked = Num(stats, "blocked_seconds") / std::max(1.0, Num(stats, "iterations"));
       }
@@ -841,8 +851,12 @@ int RunParent(Options o) {
                 MedianAndSpread(rounds->checkpointed, 1e3, "%.3f").c_str());
     std::printf("  overhead (checkpointed / plain - 1)   %s %%\n",
                 MedianAndSpread(rounds->overhead, 1e2, "%+.1f").c_str());
-    std::printf("  blocked in hooks per iteration        %s ms\n\n",
+    std::printf("  blocked in hooks per iteration        %s ms\n",
                 MedianAndSpread(rounds->blocked, 1e3, "%.3f").c_str());
+    std::printf("  peak resident set, plain optimizer    %s MB\n",
+                MedianAndSpread(rounds->plain_peak_rss, 1e-6, "%.1f").c_str());
+    std::printf("  peak resident set, checkpointed       %s MB\n\n",
+                MedianAndSpread(rounds->checkpointed_peak_rss, 1e-6, "%.1f").c_str());
   }
   std::printf("stall profile (recovered run, %s, %s, device %s)\n",
               stats.count("policy") ? stats.at("policy").c_str() : "?",
@@ -866,6 +880,11 @@ int RunParent(Options o) {
               Num(stats, "conflicts"), Num(stats, "conflict_wait_seconds") / iterations * 1e3);
   std::printf("    of which waiting for the previous epoch at the step boundary  %.3f ms/it\n",
               Num(stats, "boundary_wait_seconds") / iterations * 1e3);
+  std::printf(
+      "  pmsnap's memory                       pool %s mapped (%s resident; on tmpfs that is "
+      "DRAM), staging %s, pinned %s\n",
+      Bytes(Num(stats, "pool_mapped_bytes")).c_str(), Bytes(Num(stats, "pool_resident_bytes")).c_str(),
+      Bytes(Num(stats, "staging_bytes")).c_str(), Bytes(Num(stats, "registered_bytes")).c_str());
   std::printf("  checkpoints committed                 %8.0f  (%.0f per minute)\n",
               Num(stats, "epochs_committed"), Num(stats, "checkpoints_per_minute"));
   std::printf("  written to the pool                   %s, last epoch %.2f ms capture->commit\n",

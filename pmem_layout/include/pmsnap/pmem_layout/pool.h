@@ -400,6 +400,9 @@ class Pool {
   // The mapped data of a slot (both slots stay mapped while the pool is
   // open), e.g. to register it for GPU DMA.
   std::span<std::byte> slot_mapping(int slot) const;
+  // The whole file as mapped (file_bytes() from its first byte), e.g. to
+  // measure how much of it is in memory. Valid while the pool is open.
+  std::span<const std::byte> mapping() const;
 
   // Checks both slots' records and, if deep, every data checksum and chunk.
   VerifyReport Verify(bool deep) const;

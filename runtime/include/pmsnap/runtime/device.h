@@ -207,6 +207,8 @@ class HostRegistration {
   HostRegistration& operator=(const HostRegistration&) = delete;
 
   bool registered() const { return device_ != nullptr; }
+  // The bytes registered (0 when not registered).
+  std::size_t bytes() const { return registered() ? bytes_ : 0; }
   // Unregisters now (nothing left to undo afterwards); the device's error,
   // if any. The destructor does the same and reports an error on stderr.
   Status Release();

@@ -25,6 +25,21 @@ struct UnitStats {
   std::uint64_t strategy_counts[5] = {0, 0, 0, 0, 0};  // index: StrategyChoice (1..4)
 };
 
+// What an engine holds in this process's memory, in bytes, taken when
+// Engine::stats() is called (after Close: as it was at Close).
+struct MemoryStats {
+  std::uint64_t pool_mapped_bytes = 0;    // the pool file's mapping (Pool::mapping)
+  // Of it in memory now (mincore: the file's pages in the page cache). On
+  // tmpfs (/dev/shm, emulated PM) that is DRAM, the whole file from its
+  // creation; on a DAX file system, PM.
+  std::uint64_t pool_resident_bytes = 0;
+  std::uint64_t staging_bytes = 0;           // EngineOptions::dram_staging_buffers, mapped
+  std::uint64_t staging_resident_bytes = 0;  // of them in memory now
+  // Host memory registered (pinned, page-locked) with the device as copy
+  // destinations: the pool's slots and the staging buffers on a GPU.
+  std::uint64_t registered_bytes = 0;
+};
+
 struct Stats {
   std::string device;    // Device::name(), e.g. "simulated(...)"
   std::string pm;        // "" on the machine's PM, else "simulated PM (...)" (PmBandwidth)
@@ -52,6 +67,7 @@ struct Stats {
   // The device's queues (Device::queue_stats): compute-stream waits for
   // copies that conflicts asked for, GPU-side stalls, and the staging ring.
   DeviceQueueStats device_queues;
+  MemoryStats memory;
   double wall_seconds = 0;  // engine open -> now
   // Training-thread blocked time per step (last 65536 steps).
   std::vector<double> blocked_per_step;
