@@ -21,16 +21,26 @@ per round, the baseline first) so that drift hits all alike:
   checkfreq           CheckFreq-style: snapshot into pinned host memory on a
                       side stream, the next optimizer step waits for it
                       (event), a thread persists it with torch.save
+  torch_save          torch.save of model and optimizer state_dicts every k
+                      steps, synchronously (written, fsynced, then training
+                      goes on)
+  safetensors         safetensors.torch.save_file of every model and optimizer
+                      tensor every k steps, synchronously (the same)
 
 Per (model, interval, method), medians over rounds: step time (wall), its
-overhead against the same round's baseline, the GPU-side stall (the compute
-stream's busy time per step from CUDA events, minus the baseline's), and
-for pmsnap the checkpoint rate (bytes per checkpoint over the last epoch's
-seconds) against the card's pinned device-to-host bandwidth measured here.
+overhead against the same round's baseline, the stall (the step time above
+the baseline's, ms), the GPU-side stall (the compute stream's busy time per
+step from CUDA events, minus the baseline's), and for pmsnap the checkpoint
+rate (bytes per checkpoint over the last epoch's seconds) against the card's
+pinned device-to-host bandwidth measured here. After each run the method's
+last checkpoint is restored into a fresh model and optimizer and timed
+(restore_ms: pmsnap restore(), torch.load + load_state_dict, dcp.load,
+safetensors load_file + load_state_dict; checkfreq's flat file is not).
 Prints a table and writes CSV (one row per model, interval and method).
 
---device cpu --tiny runs the same code on a small model on the CPU (a smoke
-test of the script; no GPU-side figures).
+--device cpu runs the same code on the CPU (no GPU-side figures): --tiny is a
+smoke test of the script, --models small a GPT-like model of 36M parameters
+for the CPU half of bench/RESULTS.md's headline table.
 """
 import argparse
 import csv
@@ -59,7 +69,8 @@ def parse_args():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--methods",
-                   default="none,pmsnap,pmsnap-continuous,pmsnap-staged,dcp_async,checkfreq")
+                   default="none,pmsnap,pmsnap-continuous,pmsnap-staged,dcp_async,checkfreq,"
+                           "torch_save,safetensors")
     p.add_argument("--strategy", default="adaptive", help="pmsnap conflict strategy")
     p.add_argument("--pool-dir", default=os.environ.get("PMSNAP_POOL_DIR", "/dev/shm"))
     p.add_argument("--csv", default="bench/results/gpu_stall.csv")
@@ -70,6 +81,7 @@ MODELS = {  # vocab, d_model, heads, layers
     "gpt2": (50257, 768, 12, 12),
     "1.3b": (50257, 2048, 16, 24),
     "tiny": (1000, 64, 4, 2),
+    "small": (16000, 512, 8, 6),
 }
 
 
@@ -102,10 +114,109 @@ class Method:
         self.optimizer.step()
 
     def close(self):
-        pass
+        """Finishes pending saves; the last checkpoint stays for restore()."""
+
+    def restore(self, model, optimizer):
+        """Loads the last checkpoint into a fresh `model` and `optimizer`;
+        False when the method has no restore to time."""
+        return False
+
+    def cleanup(self):
+        """Removes the method's files."""
 
     def extra(self):
         return {}
+
+
+def optimizer_tensors(optimizer):
+    """{"optim.<index>.<key>": tensor} of an optimizer's state."""
+    return {f"optim.{i}.{key}": value
+            for i, state in enumerate(optimizer.state_dict()["state"].values())
+            for key, value in state.items() if torch.is_tensor(value)}
+
+
+def load_optimizer_tensors(optimizer, tensors, param_groups):
+    """The inverse of optimizer_tensors, for a fresh optimizer."""
+    state = {}
+    for name, value in tensors.items():
+        _, index, key = name.split(".", 2)
+        state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+
+
+def fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+class FileMethod(Method):
+    """Synchronous saves every k steps into a file of its own, one kept."""
+
+    suffix = ""
+
+    def __init__(self, model, optimizer, args, every):
+        super().__init__(model, optimizer)
+        self.every = every
+        self.dir = tempfile.mkdtemp(prefix=type(self).__name__ + "-", dir=args.pool_dir)
+        self.path = None
+        self.saves = 0
+
+    def step(self, k):
+        self.optimizer.step()
+        if k % self.every:
+            return
+        path = os.path.join(self.dir, f"{k}{self.suffix}")
+        self.save(path)
+        fsync(path)
+        if self.path is not None:
+            os.remove(self.path)
+        self.path = path
+        self.saves += 1
+
+    def cleanup(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def extra(self):
+        return {"checkpoints": self.saves}
+
+
+class TorchSaveMethod(FileMethod):
+    suffix = ".pt"
+
+    def save(self, path):
+        torch.save({"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}, path)
+
+    def restore(self, model, optimizer):
+        if self.path is None:
+            return False
+        state = torch.load(self.path, map_location=next(model.parameters()).device)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optim"])
+        return True
+
+
+class SafetensorsMethod(FileMethod):
+    suffix = ".safetensors"
+
+    def save(self, path):
+        import safetensors.torch
+        tensors = {"model." + n: t for n, t in self.model.state_dict().items()}
+        tensors.update(optimizer_tensors(self.optimizer))
+        safetensors.torch.save_file(tensors, path)
+        self.param_groups = self.optimizer.state_dict()["param_groups"]
+
+    def restore(self, model, optimizer):
+        import safetensors.torch
+        if self.path is None:
+            return False
+        device = next(model.parameters()).device
+        tensors = safetensors.torch.load_file(self.path, device=str(device))
+        model.load_state_dict({n[len("model."):]: t for n, t in tensors.items()
+                               if n.startswith("model.")})
+        load_optimizer_tensors(optimizer, {n: t for n, t in tensors.items()
+                                           if n.startswith("optim.")}, self.param_groups)
+        return True
 
 
 class PmsnapMethod(Method):
@@ -116,9 +227,9 @@ class PmsnapMethod(Method):
         how = {"every": every} if mode == "every" else {"mode": "continuous"}
         if mode == "staged":
             how["dram_staging_buffers"] = 1
+        self.device = "cuda" if device == "cuda" else "host"
         self.opt = pmsnap.CheckpointedOptimizer(
-            optimizer, pool=self.pool, model=model,
-            device="cuda" if device == "cuda" else "host", strategy=args.strategy,
+            optimizer, pool=self.pool, model=model, device=self.device, strategy=args.strategy,
             capture_rng=False, **how)
         self.note = self.opt.device_note
 
@@ -128,6 +239,15 @@ class PmsnapMethod(Method):
     def close(self):
         self.opt.close()  # waits for the last epoch: stats() then counts it
         self.stats = self.opt.stats()
+
+    def restore(self, model, optimizer):
+        import pmsnap
+        with pmsnap.CheckpointedOptimizer(optimizer, pool=self.pool, model=model,
+                                          device=self.device, capture_rng=False) as fresh:
+            fresh.restore()
+        return True
+
+    def cleanup(self):
         if os.path.exists(self.pool):
             os.remove(self.pool)
 
@@ -180,7 +300,9 @@ class DcpAsyncMethod(Method):
         if k % self.every == 0:
             if self.upload is not None:
                 self.upload.result()
-            state = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+            model_state, optim_state = get_state_dict(self.model, self.optimizer)
+            state = {"model": model_state, "optim": optim_state}  # DCP's keys (FQNs)
             kwargs = {"async_stager": self.stager} if self.stager is not None else {}
             target = os.path.join(self.dir, str(k))
             response = self.dcp.async_save(state, checkpoint_id=target, **kwargs)
@@ -199,6 +321,19 @@ class DcpAsyncMethod(Method):
             self.upload.result()
         if self.stager is not None and hasattr(self.stager, "close"):
             self.stager.close()
+
+    def restore(self, model, optimizer):
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        if self.saved_dir is None:
+            return False
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        self.dcp.load(state, checkpoint_id=self.saved_dir)
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        return True
+
+    def cleanup(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def extra(self):
@@ -273,6 +408,8 @@ class CheckFreqMethod(Method):
     def close(self):
         if self.persist is not None:
             self.persist.join()
+
+    def cleanup(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def extra(self):
@@ -292,16 +429,24 @@ def make_method(name, model, optimizer, args, device, every):
         return DcpAsyncMethod(model, optimizer, args, every)
     if name == "checkfreq":
         return CheckFreqMethod(model, optimizer, args, device, every)
+    if name == "torch_save":
+        return TorchSaveMethod(model, optimizer, args, every)
+    if name == "safetensors":
+        return SafetensorsMethod(model, optimizer, args, every)
     raise SystemExit(f"unknown method {name}")
 
 
 def run(method_name, model_name, every, args, device):
     """One run: a fresh model trained warmup + steps steps; its row."""
-    torch.manual_seed(0)
     vocab, d, heads, layers = MODELS[model_name]
     seq, batch = (64, 4) if model_name == "tiny" else (args.seq, args.batch)
-    model = Gpt2Small(vocab, d, heads, layers, seq).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def fresh():
+        torch.manual_seed(0)
+        model = Gpt2Small(vocab, d, heads, layers, seq).to(device)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    model, optimizer = fresh()
     params = sum(p.numel() for p in model.parameters())
     method = make_method(method_name, model, optimizer, args, device, every)
     x = torch.randint(0, vocab, (batch, seq), device=device)
@@ -330,14 +475,34 @@ def run(method_name, model_name, every, args, device):
         torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / args.steps
     method.close()
+    restore_ms = float("nan")
+    if method_name != "none":
+        restored_model, restored_optimizer = fresh()
+        began = time.perf_counter()
+        if method.restore(restored_model, restored_optimizer):
+            if cuda:
+                torch.cuda.synchronize()
+            restore_ms = (time.perf_counter() - began) * 1e3
+            check_restored(model, restored_model, method_name)
+        del restored_model, restored_optimizer
+    method.cleanup()
     gpu_ms = (sum(b.elapsed_time(e) for b, e in events) / len(events)) if events else float("nan")
     row = {"model": model_name, "every": every, "method": method_name, "params_m": params / 1e6,
-           "steps": args.steps, "step_ms": wall * 1e3, "gpu_step_ms": gpu_ms}
+           "steps": args.steps, "step_ms": wall * 1e3, "gpu_step_ms": gpu_ms,
+           "restore_ms": restore_ms}
     row.update(method.extra())
     del model, optimizer, method
     if cuda:
         torch.cuda.empty_cache()
     return row
+
+
+def check_restored(model, restored, method_name):
+    """The restored weights are the trained ones, bitwise: a restore that
+    loaded nothing (or something else) is not a restore time."""
+    for (name, want), got in zip(model.state_dict().items(), restored.state_dict().values()):
+        if not torch.equal(want, got):
+            raise SystemExit(f"gpu_stall: {method_name} restored '{name}' wrong")
 
 
 def pinned_d2h_gbps():
@@ -372,7 +537,8 @@ def main():
         print("gpu_stall: no CUDA device visible to torch; use --device cpu --tiny for a smoke test",
               file=sys.stderr)
         return 2
-    label = torch.cuda.get_device_name(0) if device == "cuda" else "cpu smoke test (not a GPU)"
+    label = (torch.cuda.get_device_name(0) if device == "cuda"
+             else "cpu smoke test (not a GPU)" if args.tiny else "cpu (not a GPU)")
     d2h = pinned_d2h_gbps() if device == "cuda" else float("nan")
     models = [("tiny", 1, args.steps)]
     if not args.tiny:
@@ -383,13 +549,20 @@ def main():
                            int(rest[1]) if len(rest) > 1 else args.steps))
     intervals = [int(e) for e in str(args.every).split(",")]
     methods = args.methods.split(",")
+    if "safetensors" in methods:
+        try:
+            import safetensors.torch  # noqa: F401
+        except ImportError:  # e.g. a GPU machine's torch environment without it
+            print("gpu_stall: safetensors is not installed here; that method is left out",
+                  file=sys.stderr)
+            methods.remove("safetensors")
     summary = []
     for model_name, rounds, steps in models:
         args.steps = steps
         for every in intervals:
             # Continuous and staged checkpoint as often as they can: one interval.
             wanted = [m for m in methods if every == intervals[0] or m in
-                      ("none", "pmsnap", "dcp_async", "checkfreq")]
+                      ("none", "pmsnap", "dcp_async", "checkfreq", "torch_save", "safetensors")]
             per_round = []
             for _ in range(rounds):
                 rows = {m: run(m, model_name, every, args, device) for m in wanted}
@@ -397,13 +570,14 @@ def main():
                 for r in rows.values():
                     if base is not None:
                         r["overhead_pct"] = 100.0 * (r["step_ms"] / base["step_ms"] - 1.0)
+                        r["stall_ms"] = r["step_ms"] - base["step_ms"]
                         r["gpu_stall_ms"] = r["gpu_step_ms"] - base["gpu_step_ms"]
                 per_round.append(rows)
             for m in wanted:
                 runs = [rows[m] for rows in per_round]
                 row = dict(runs[-1])
-                for key in ("step_ms", "overhead_pct", "gpu_step_ms", "gpu_stall_ms",
-                            "ckpt_gbps", "device_stall_ms", "host_blocked_ms"):
+                for key in ("step_ms", "overhead_pct", "stall_ms", "gpu_step_ms", "gpu_stall_ms",
+                            "ckpt_gbps", "device_stall_ms", "host_blocked_ms", "restore_ms"):
                     if key in row:
                         row[key] = median([r.get(key, float("nan")) for r in runs])
                 row["step_ms_min"] = min(r["step_ms"] for r in runs)
@@ -415,9 +589,9 @@ def main():
     print(f"GPU stall benchmark on {label}: AdamW, bf16 autocast, "
           f"{', '.join(f'{m} {s} measured steps x {r} rounds' for m, r, s in models)} "
           f"(medians over rounds); pinned D2H {d2h:.1f} GB/s")
-    header = ["model", "every", "method", "step_ms", "overhead_pct", "gpu_stall_ms",
+    header = ["model", "every", "method", "step_ms", "overhead_pct", "stall_ms", "gpu_stall_ms",
               "checkpoints", "conflicts", "device_stall_ms", "host_blocked_ms", "ckpt_gbps",
-              "ckpt_pct_of_d2h"]
+              "ckpt_pct_of_d2h", "restore_ms"]
     print(" | ".join(f"{h:>14}" for h in header))
     for r in summary:
         cells = []

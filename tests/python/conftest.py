@@ -166,6 +166,25 @@ def train_step(model, optimizer, step, batch=8):
     return loss.item()
 
 
+def assert_equal_nested(a, b, where="state"):
+    """Nested states (dicts, lists, tensors) are equal, tensors bitwise and
+    on the same device; a failure names the path to what differs."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
+        assert a.device == b.device, f"{where}: on {b.device}, was on {a.device}"
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert sorted(a, key=str) == sorted(b, key=str), where
+        for k in a:
+            assert_equal_nested(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_equal_nested(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
 def assert_same_training_state(model_a, opt_a, model_b, opt_b):
     """Parameters and optimizer state are bitwise equal (tensors) or equal (others)."""
     for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):

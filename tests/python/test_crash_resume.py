@@ -21,6 +21,7 @@ import time
 import pytest
 import torch
 
+from conftest import assert_equal_nested
 from crash_trainer import CUDA_ONLY, OPTIMIZERS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -84,23 +85,6 @@ def run_and_kill(args, kill_after_step, steps_later):
     if child.returncode != -signal.SIGKILL:
         pytest.fail(f"trainer ended with {child.returncode} before the kill: {stderr}")
     return last
-
-
-def assert_equal_nested(a, b, where="state"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
-        assert a.device == b.device, f"{where}: on {b.device}, was on {a.device}"
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert sorted(a, key=str) == sorted(b, key=str), where
-        for k in a:
-            assert_equal_nested(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_equal_nested(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} vs {b!r}"
 
 
 @pytest.mark.parametrize("optimizer,every,strategy,in_backward,kills", CASES,

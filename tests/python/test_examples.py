@@ -29,13 +29,20 @@ def run_example(name, *args):
 SMALL_DLRM = ("--table-rows", "2000", "500", "--batch", "32", "--no-pin")
 
 
-def test_train_dlrm_resumes_from_its_pool_where_it_stopped(pool_path):
-    first = run_example("train_dlrm.py", "--pool", pool_path, "--iterations", "12", *SMALL_DLRM)
+def assert_resumes(script, pool_path, count_flag, unit, resumed_line, args):
+    """Runs `script` for 6 steps into a new pool, then for 10: the second
+    run prints `resumed_line` and both end at their last step committed."""
+    first = run_example(script, "--pool", pool_path, count_flag, "6", *args)
     assert f"new pool {pool_path}" in first
-    assert first.rstrip().endswith("last committed iteration 12")
-    second = run_example("train_dlrm.py", "--pool", pool_path, "--iterations", "20", *SMALL_DLRM)
-    assert f"resumed from {pool_path} at iteration 12" in second
-    assert second.rstrip().endswith("last committed iteration 20")
+    assert first.rstrip().endswith(f"last committed {unit} 6")
+    second = run_example(script, "--pool", pool_path, count_flag, "10", *args)
+    assert resumed_line in second, second
+    assert second.rstrip().endswith(f"last committed {unit} 10")
+
+
+def test_train_dlrm_resumes_from_its_pool_where_it_stopped(pool_path):
+    assert_resumes("train_dlrm.py", pool_path, "--iterations", "iteration",
+                   f"resumed from {pool_path} at iteration 6", SMALL_DLRM)
 
 
 def test_measure_overhead_reports_medians_and_spreads_of_interleaved_rounds(pool_path):
@@ -62,9 +69,5 @@ def test_measure_overhead_reports_medians_and_spreads_of_interleaved_rounds(pool
 
 def test_train_loop_continues_at_the_step_after_the_last_committed_one(pool_path):
     small = ("--dim", "16", "--layers", "1", "--seq", "8", "--batch", "2", "--vocab", "64")
-    first = run_example("train_loop.py", "--pool", pool_path, "--steps", "6", *small)
-    assert f"new pool {pool_path}" in first
-    assert first.rstrip().endswith("last committed step 6")
-    second = run_example("train_loop.py", "--pool", pool_path, "--steps", "10", *small)
-    assert f"resumed from {pool_path}: continuing at step 7" in second
-    assert second.rstrip().endswith("last committed step 10")
+    assert_resumes("train_loop.py", pool_path, "--steps", "step",
+                   f"resumed from {pool_path}: continuing at step 7", small)

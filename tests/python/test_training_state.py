@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import pmsnap
+from conftest import assert_equal_nested
 
 TRAINER = os.path.join(os.path.dirname(__file__), "loop_trainer.py")
 STEPS = 14
@@ -44,23 +45,6 @@ def run(mode, pool, out, kill_at=0, scheduler="sequential"):
     return start, child.returncode
 
 
-def same(a, b, where="state"):
-    """Asserts two nested states are equal, tensors bitwise."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), f"{where} differs"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"{where}: keys {sorted(map(str, a))} != {sorted(map(str, b))}"
-        for key in a:
-            same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 @pytest.mark.parametrize("scheduler", ["sequential", "plateau"])
 def test_a_loop_killed_twice_resumes_bit_exact_scheduler_data_and_rng_included(
         pool_path, tmp_path, rng, scheduler):
@@ -72,7 +56,8 @@ def test_a_loop_killed_twice_resumes_bit_exact_scheduler_data_and_rng_included(
     assert run("pmsnap", pool_path, resumed, kill_at=first, scheduler=scheduler) == (1, -9)
     assert run("pmsnap", pool_path, resumed, kill_at=second, scheduler=scheduler)[0] == first + 1
     assert run("pmsnap", pool_path, resumed, scheduler=scheduler)[0] == second + 1
-    same(torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False))
+    assert_equal_nested(torch.load(reference, weights_only=False),
+                        torch.load(resumed, weights_only=False))
 
 
 class Counter:
