@@ -20,7 +20,7 @@
 set -euo pipefail
 
 rounds="${1:-20}"
-default_regex='crash|power_loss|resume|ranks|agreement|fork|c10d|lowdiff|cpr|ddp|staging|registration'
+default_regex='crash|power_loss|resume|ranks|agreement|fork|c10d|lowdiff|cpr|ddp|staging|registration|training_state'
 regex="${2:-$default_regex}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${PMSNAP_BUILD_DIR:-$root/build}"

@@ -9,6 +9,8 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_lowdiff.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr_ranks.py
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_training_state.py
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_examples.py
                    ${CMAKE_CURRENT_SOURCE_DIR}/python)
   # A sanitizer build (scripts/sanitize.sh) runs the interpreter with libasan
   # preloaded and an instrumented extension: several times slower.
@@ -52,6 +54,15 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr.py)
   set_tests_properties(python_cpr_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
                        TIMEOUT ${_pmsnap_python_timeout})
+  # Whole training processes: TrainingState SIGKILLed and resumed, and the
+  # runnable examples as a user runs them; on their own beside the rest.
+  foreach(_pmsnap_file training_state examples)
+    add_test(NAME python_${_pmsnap_file}_test
+             COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                     ${CMAKE_CURRENT_SOURCE_DIR}/python/test_${_pmsnap_file}.py)
+    set_tests_properties(python_${_pmsnap_file}_test PROPERTIES
+                         ENVIRONMENT "${_pmsnap_python_env}" TIMEOUT ${_pmsnap_python_timeout})
+  endforeach()
   add_test(NAME python_cpr_ranks_test
            COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr_ranks.py)
