@@ -395,9 +395,7 @@ class CheckFreqMethod(Method):
             if done is not None:
                 done.synchronize()
             torch.save(self.host, path)
-            fd = os.open(path, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+            fsync(path)
             if previous is not None and os.path.exists(previous):
                 os.remove(previous)  # one checkpoint kept
 
