@@ -24,7 +24,7 @@
 #      error left behind; the staging ring) and the event-ordering and
 #      registration tests that also run without a GPU;
 #    - cuda-tests-launch-blocking: runtime_cuda_test and runtime_device_test
-#      again with CUDA_LAUNCH_BLOCKING=1 (a hang fails after 180 s);
+#      again with CUDA_LAUNCH_BLOCKING=1 (a hang fails after 120 s);
 #    - hooks: the libtorch hooks' tests, built against the wheel's libtorch;
 #    - extension: the Python extension owns its C++ runtime, and `python -m
 #      pmsnap verify|info|list|export` run after `import torch`;
@@ -45,8 +45,11 @@
 # third_party/debs), PMSNAP_POOL_DIR (default /dev/shm), PMSNAP_GPU_WERROR
 # (default ON), PMSNAP_GPU_BENCH_ARGS (extra benchmark arguments),
 # PMSNAP_GPU_JOBS (build jobs, default nproc), PMSNAP_GPU_ITEMS (the items to
-# run, comma-separated; default all); PMSNAP_GPU_CHECK_REHEARSAL=1 runs every
-# step without a GPU (to test this script; the report says so).
+# run, comma-separated; default all), PMSNAP_GPU_DEADLINE_S (default 480: the
+# benchmark gets what is left of these seconds, counted from the start, as
+# its --time-budget, less a margin for the report, and runs as many rounds as
+# fit); PMSNAP_GPU_CHECK_REHEARSAL=1 runs every step without a GPU (to test
+# this script; the report says so).
 set -euo pipefail
 
 mode="${1:-all}"
@@ -58,6 +61,7 @@ deps="$build_dir/deps"
 pool_dir="${PMSNAP_POOL_DIR:-/dev/shm}"
 werror="${PMSNAP_GPU_WERROR:-ON}"
 jobs="${PMSNAP_GPU_JOBS:-$(nproc)}"
+deadline_s="${PMSNAP_GPU_DEADLINE_S:-480}"
 
 say() { echo "gpu_check: $*" >&2; }
 die() {
@@ -68,7 +72,7 @@ die() {
 case "$mode" in
   all | deps) ;;
   -h | --help | help)
-    sed -n '2,51p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,54p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *) die 64 "unknown mode '$mode' (expected no argument, or 'deps')" ;;
@@ -210,30 +214,6 @@ if [[ -n "$torch_prefix" ]]; then with_torch=ON; fi
 cuda_tests=(runtime_cuda_test runtime_device_test runtime_async_device_test
   runtime_staging_ring_test runtime_registration_test conflict_async_ordering_test)
 hooks_tests=(hooks_checkpointed_optimizer_test hooks_resume_test)
-say "building in $build_dir (log: $log)"
-build_status=passed
-{
-  cmake -S "$root" -B "$build_dir" "${generator[@]}" \
-    -DPMSNAP_WITH_CUDA=ON -DPMSNAP_WITH_TORCH="$with_torch" -DPMSNAP_BUILD_BENCH=OFF \
-    -DPMSNAP_WERROR="$werror" -DCMAKE_CUDA_COMPILER="$nvcc" \
-    -DCMAKE_PREFIX_PATH="$prefix_path${torch_prefix:+;$torch_prefix}" \
-    -DPKG_CONFIG_EXECUTABLE="$pkg_config" -DPython_EXECUTABLE="$python"
-  cmake --build "$build_dir" -j "$jobs" --target "${cuda_tests[@]}" pmsnap
-  if wanted extension || wanted python-cuda || wanted benchmark; then
-    cmake --build "$build_dir" -j "$jobs" --target pmsnap_python
-  fi
-  if [[ "$with_torch" == ON ]]; then
-    cmake --build "$build_dir" -j "$jobs" --target "${hooks_tests[@]}" hooks_resume_trainer
-  fi
-} >"$log" 2>&1 || build_status=FAILED
-if [[ "$build_status" != passed ]]; then
-  die 4 "build failed (a compiler other than CI's may warn where CI does not: \
-PMSNAP_GPU_WERROR=OFF builds anyway); the last lines of $log:
-$(tail -n 30 "$log")"
-fi
-
-# --- 4. items --------------------------------------------------------------------
-export PMSNAP_POOL_DIR="$pool_dir" PMEM_IS_PMEM_FORCE=1
 failed=0
 item_rows=()
 # Records one item: name, passed|FAILED|skipped, what it ran.
@@ -242,6 +222,43 @@ record() {
   say "$1: $2"
   if [[ "$2" == FAILED ]]; then failed=1; fi
 }
+configure() {
+  cmake -S "$root" -B "$build_dir" "${generator[@]}" \
+    -DPMSNAP_WITH_CUDA=ON -DPMSNAP_WITH_TORCH="$with_torch" -DPMSNAP_BUILD_BENCH=OFF \
+    -DPMSNAP_WERROR="$1" -DCMAKE_CUDA_COMPILER="$nvcc" \
+    -DCMAKE_PREFIX_PATH="$prefix_path${torch_prefix:+;$torch_prefix}" \
+    -DPKG_CONFIG_EXECUTABLE="$pkg_config" -DPython_EXECUTABLE="$python"
+}
+build() { cmake --build "$build_dir" -j "$jobs" --target "$@"; }
+say "building in $build_dir (log: $log)"
+# The library and the CUDA tests are needed by every item; a compiler that
+# warns where CI's does not is reported, and the build goes on without
+# warnings as errors so that the items still run.
+if ! { configure "$werror" && build "${cuda_tests[@]}" pmsnap; } >"$log" 2>&1; then
+  if [[ "$werror" != ON ]]; then
+    die 4 "build failed; the last lines of $log:
+$(tail -n 30 "$log")"
+  fi
+  record build-warnings-as-errors FAILED \
+    "$(grep -m 3 -E 'error|warning' "$log" | tr '\n|' ';/' | cut -c1-600) (log: $log)"
+  werror=OFF
+  if ! { configure OFF && build "${cuda_tests[@]}" pmsnap; } >>"$log" 2>&1; then
+    die 4 "build failed also without warnings as errors; the last lines of $log:
+$(tail -n 30 "$log")"
+  fi
+fi
+if wanted extension || wanted python-cuda || wanted benchmark; then
+  build pmsnap_python >>"$log" 2>&1 ||
+    record extension-build FAILED "the Python extension did not build (log: $log)"
+fi
+hooks_built=no
+if [[ "$with_torch" == ON ]] &&
+  build "${hooks_tests[@]}" hooks_resume_trainer >>"$log" 2>&1; then
+  hooks_built=yes
+fi
+
+# --- 4. items --------------------------------------------------------------------
+export PMSNAP_POOL_DIR="$pool_dir" PMEM_IS_PMEM_FORCE=1
 gtest_binary() { find "$build_dir/tests" -maxdepth 2 -type f -name "$1" | head -n 1; }
 # Runs gtest binaries with `timeout` seconds each (extra env before them);
 # prints what ran; returns 1 if any failed or hung.
@@ -264,7 +281,7 @@ run_gtests() {
 
 if wanted cuda-tests; then
   status=passed
-  summary="$(run_gtests "" 600 "${cuda_tests[@]}")" || status=FAILED
+  summary="$(run_gtests "" 150 "${cuda_tests[@]}")" || status=FAILED
   if [[ -z "${PMSNAP_GPU_CHECK_REHEARSAL:-}" ]] &&
     grep -q '^\[  SKIPPED \]' "$report_dir/runtime_cuda_test.log" 2>/dev/null; then
     summary+=" (runtime_cuda_test skipped tests although a GPU is visible)"
@@ -274,15 +291,17 @@ if wanted cuda-tests; then
 fi
 if wanted cuda-tests-launch-blocking; then
   status=passed
-  summary="$(CUDA_LAUNCH_BLOCKING=1 run_gtests .launch-blocking 180 runtime_cuda_test \
+  summary="$(CUDA_LAUNCH_BLOCKING=1 run_gtests .launch-blocking 120 runtime_cuda_test \
     runtime_device_test)" || status=FAILED
   record cuda-tests-launch-blocking "$status" "$(echo "$summary" | tr '\n' ';')"
 fi
 if wanted hooks; then
-  if [[ "$with_torch" == ON ]]; then
+  if [[ "$hooks_built" == yes ]]; then
     status=passed
-    summary="$(run_gtests "" 600 "${hooks_tests[@]}")" || status=FAILED
+    summary="$(run_gtests "" 150 "${hooks_tests[@]}")" || status=FAILED
     record hooks "$status" "$(echo "$summary" | tr '\n' ';')"
+  elif [[ "$with_torch" == ON ]]; then
+    record hooks FAILED "the hooks did not build against $torch_prefix (log: $log)"
   else
     record hooks FAILED "no torch in $python: the hooks were not built"
   fi
@@ -292,7 +311,7 @@ run_pytest() {
   local tag="$1"
   shift
   local test_log="$report_dir/pytest-$tag.log"
-  if PYTHONPATH="$build_dir/python" PMSNAP_CLI="$build_dir/tools/pmsnap" \
+  if PYTHONPATH="$build_dir/python" PMSNAP_CLI="$build_dir/tools/pmsnap" timeout 300 \
     "$python" -m pytest -q -p no:cacheprovider "$@" >"$test_log" 2>&1; then
     tail -n 1 "$test_log"
   else
@@ -313,9 +332,11 @@ if wanted python-cuda; then
     'import torch; print(torch.cuda.is_available() or "")' 2>/dev/null)" ]]; then
     device=cpu  # a rehearsal: the same tests on the CPU
   fi
-  # The crash/resume cases in 4 shards at once (PMSNAP_TEST_SHARD), the
-  # lifetime tests beside them.
-  shards=4
+  # The crash/resume cases in shards at once (PMSNAP_TEST_SHARD; one per
+  # two cores, 2 to 8), the lifetime tests beside them.
+  shards=$(($(nproc) / 2))
+  ((shards >= 2)) || shards=2
+  ((shards <= 8)) || shards=8
   pids=()
   for ((shard = 0; shard < shards; shard++)); do
     PMSNAP_TEST_DEVICE="$device" PMSNAP_TEST_SHARD="$shard/$shards" \
@@ -335,12 +356,22 @@ bench_log="$report_dir/gpu_stall.log"
 bench_status=skipped
 if wanted benchmark; then
   bench_status=passed
-  # shellcheck disable=SC2086 # PMSNAP_GPU_BENCH_ARGS is a list of arguments
-  if ! PYTHONPATH="$build_dir/python" "$python" "$root/bench/gpu/gpu_stall.py" \
-    --csv "$report_dir/gpu_stall.csv" ${PMSNAP_GPU_BENCH_ARGS:-} >"$bench_log" 2>&1; then
+  # What is left of the deadline, less 15 s for the report; a benchmark
+  # that overruns its budget by more than a minute is stopped.
+  budget_s=$((deadline_s - SECONDS - 15))
+  if ((budget_s < 30)); then
     bench_status=FAILED
+    bench_note="not run: ${budget_s} s left of PMSNAP_GPU_DEADLINE_S=$deadline_s"
+  else
+    bench_note="time budget $budget_s s; log: $bench_log"
+    # shellcheck disable=SC2086 # PMSNAP_GPU_BENCH_ARGS is a list of arguments
+    if ! PYTHONPATH="$build_dir/python" timeout $((budget_s + 60)) "$python" \
+      "$root/bench/gpu/gpu_stall.py" --csv "$report_dir/gpu_stall.csv" \
+      --time-budget "$budget_s" ${PMSNAP_GPU_BENCH_ARGS:-} >"$bench_log" 2>&1; then
+      bench_status=FAILED
+    fi
   fi
-  record benchmark "$bench_status" "log: $bench_log"
+  record benchmark "$bench_status" "$bench_note"
 fi
 
 # --- 5. report -----------------------------------------------------------------
@@ -354,7 +385,8 @@ report="$report_dir/report.md"
   echo "- commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo "- command: scripts/gpu_check.sh (build: $build_dir, nvcc warnings as errors: $werror," \
     "hooks against the wheel's libtorch: $with_torch)"
-  echo "- result: $([[ $failed -eq 0 ]] && echo 'every item passed' || echo 'FAILED')"
+  echo "- result: $([[ $failed -eq 0 ]] && echo 'every item passed' || echo 'FAILED')," \
+    "in $SECONDS s"
   echo
   echo "## Items"
   echo

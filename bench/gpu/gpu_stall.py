@@ -74,6 +74,10 @@ def parse_args():
     p.add_argument("--strategy", default="adaptive", help="pmsnap conflict strategy")
     p.add_argument("--pool-dir", default=os.environ.get("PMSNAP_POOL_DIR", "/dev/shm"))
     p.add_argument("--csv", default="bench/results/gpu_stall.csv")
+    p.add_argument("--time-budget", type=float, default=0.0,
+                   help="seconds: no round starts that would end after them, as far as the "
+                        "rounds so far tell (each model gets at least its first round while "
+                        "time is left); 0: no limit")
     return p.parse_args()
 
 
@@ -520,6 +524,13 @@ def pinned_d2h_gbps():
     return best
 
 
+def approx_params(model_name):
+    """Parameters of a MODELS entry, without building it (embeddings, head
+    and 12 d^2 per layer)."""
+    vocab, d, _, layers = MODELS[model_name]
+    return 2 * vocab * d + 12 * layers * d * d
+
+
 def median(values):
     values = sorted(v for v in values if v == v)  # drop NaN
     if not values:
@@ -555,24 +566,53 @@ def main():
                   file=sys.stderr)
             methods.remove("safetensors")
     summary = []
+    began = time.perf_counter()
+    last_round_seconds, last_params = 0.0, 1.0
+    cut_short = []
     for model_name, rounds, steps in models:
         args.steps = steps
-        for every in intervals:
-            # Continuous and staged checkpoint as often as they can: one interval.
-            wanted = [m for m in methods if every == intervals[0] or m in
-                      ("none", "pmsnap", "dcp_async", "checkfreq", "torch_save", "safetensors")]
-            per_round = []
-            for _ in range(rounds):
-                rows = {m: run(m, model_name, every, args, device) for m in wanted}
+        # Continuous and staged checkpoint as often as they can: one interval.
+        wanted = {every: [m for m in methods if every == intervals[0] or m in
+                          ("none", "pmsnap", "dcp_async", "checkfreq", "torch_save",
+                           "safetensors")]
+                  for every in intervals}
+        # Rounds outermost: a budget that ends the runs early still leaves
+        # every interval and method measured in the same rounds.
+        per_round = {every: [] for every in intervals}
+        # The longest round so far; before a model's first round, the last
+        # model's scaled by parameter count (a model that cannot finish one
+        # round in the budget left is not started).
+        round_seconds = last_round_seconds * approx_params(model_name) / last_params
+        for round_index in range(rounds):
+            spent = time.perf_counter() - began
+            if args.time_budget > 0 and spent + round_seconds > args.time_budget:
+                cut_short.append(f"{model_name}: {round_index} of {rounds} rounds run "
+                                 f"(time budget {args.time_budget:.0f} s)")
+                break
+            round_began = time.perf_counter()
+            for every in intervals:
+                rows = {}
+                for m in wanted[every]:
+                    rows[m] = run(m, model_name, every, args, device)
+                    print(f"gpu_stall: {model_name} every {every} round {round_index + 1}: "
+                          f"{m} {rows[m]['step_ms']:.2f} ms/step "
+                          f"(restore {rows[m]['restore_ms']:.1f} ms)", file=sys.stderr,
+                          flush=True)
                 base = rows.get("none")
                 for r in rows.values():
                     if base is not None:
                         r["overhead_pct"] = 100.0 * (r["step_ms"] / base["step_ms"] - 1.0)
                         r["stall_ms"] = r["step_ms"] - base["step_ms"]
                         r["gpu_stall_ms"] = r["gpu_step_ms"] - base["gpu_step_ms"]
-                per_round.append(rows)
-            for m in wanted:
-                runs = [rows[m] for rows in per_round]
+                per_round[every].append(rows)
+            round_seconds = max(round_seconds if round_index else 0.0,
+                                time.perf_counter() - round_began)
+            last_round_seconds, last_params = round_seconds, approx_params(model_name)
+        for every in intervals:
+            if not per_round[every]:
+                continue
+            for m in wanted[every]:
+                runs = [rows[m] for rows in per_round[every]]
                 row = dict(runs[-1])
                 for key in ("step_ms", "overhead_pct", "stall_ms", "gpu_step_ms", "gpu_stall_ms",
                             "ckpt_gbps", "device_stall_ms", "host_blocked_ms", "restore_ms"):
@@ -580,14 +620,17 @@ def main():
                         row[key] = median([r.get(key, float("nan")) for r in runs])
                 row["step_ms_min"] = min(r["step_ms"] for r in runs)
                 row["step_ms_max"] = max(r["step_ms"] for r in runs)
-                row["rounds"] = rounds
+                row["rounds"] = len(runs)
                 row["pinned_d2h_gbps"] = d2h
                 row["ckpt_pct_of_d2h"] = 100.0 * row.get("ckpt_gbps", float("nan")) / d2h
                 summary.append(row)
     print(f"GPU stall benchmark on {label}: AdamW, bf16 autocast, "
           f"{', '.join(f'{m} {s} measured steps x {r} rounds' for m, r, s in models)} "
           f"(medians over rounds); pinned D2H {d2h:.1f} GB/s")
-    header = ["model", "every", "method", "step_ms", "overhead_pct", "stall_ms", "gpu_stall_ms",
+    for line in cut_short:
+        print(f"cut short by --time-budget: {line}")
+    header = ["model", "every", "method", "rounds", "step_ms", "overhead_pct", "stall_ms",
+              "gpu_stall_ms",
               "checkpoints", "conflicts", "device_stall_ms", "host_blocked_ms", "ckpt_gbps",
               "ckpt_pct_of_d2h", "restore_ms"]
     print(" | ".join(f"{h:>14}" for h in header))
@@ -602,7 +645,7 @@ def main():
             print(f"note ({r['model']} {r['method']}): {r['note']}")
     os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
     with open(args.csv, "w", newline="") as f:
-        keys = ["device"] + header + ["gpu_step_ms", "params_m", "steps", "rounds",
+        keys = ["device"] + header + ["gpu_step_ms", "params_m", "steps",
                                      "step_ms_min", "step_ms_max", "pinned_d2h_gbps"]
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
