@@ -7,13 +7,18 @@ namespace pmsnap::layout {
 namespace detail {
 
 const Xxh3Kernels& BestXxh3Kernels() {
-  static const Xxh3Kernels& best = []() -> const Xxh3Kernels& {
+  // A pointer, not a reference bound to the lambda's result: gcc 13 takes
+  // the latter for a possibly dangling temporary (-Wdangling-reference,
+  // an error in the GPU machine's -Werror build).
+  static const Xxh3Kernels* const best = []() -> const Xxh3Kernels* {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return kXxh3Avx512;
-    if (__builtin_cpu_supports("avx2")) return kXxh3Avx2;
-    return kXxh3Scalar;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+      return &kXxh3Avx512;
+    }
+    if (__builtin_cpu_supports("avx2")) return &kXxh3Avx2;
+    return &kXxh3Scalar;
   }();
-  return best;
+  return *best;
 }
 
 }  // namespace detail

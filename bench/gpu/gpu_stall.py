@@ -13,6 +13,8 @@ per round, the baseline first) so that drift hits all alike:
                       previous one committed (only with --every 1)
   pmsnap-staged       continuous with a host staging buffer
                       (dram_staging_buffers=1; only with --every 1)
+  <pmsnap method>@wN  the same with N copy/persist worker threads
+                      (pmsnap@w8), against its default
   dcp_async           torch.distributed.checkpoint.async_save of model and
                       optimizer state every k steps, with torch's pinned-memory
                       stager (DefaultStager: pinned, asynchronous staging);
@@ -116,6 +118,15 @@ class Method:
 
     def step(self, k):
         self.optimizer.step()
+
+    def settle(self, train_step, last_step):
+        """After the timed steps (the last was `last_step`), before close():
+        makes the last state trained the last checkpoint where the method
+        might have skipped it (`train_step(k)` trains step k). Every k:
+        trains up to the next multiple of k."""
+        while last_step % getattr(self, "every", 1):
+            last_step += 1
+            train_step(last_step)
 
     def close(self):
         """Finishes pending saves; the last checkpoint stays for restore()."""
@@ -224,21 +235,38 @@ class SafetensorsMethod(FileMethod):
 
 
 class PmsnapMethod(Method):
-    def __init__(self, model, optimizer, args, device, every, mode="every"):
+    def __init__(self, model, optimizer, args, device, every, mode="every", workers=None):
         import pmsnap
         super().__init__(model, optimizer)
         self.pool = os.path.join(args.pool_dir, f"pmsnap-gpu-stall-{os.getpid()}.pool")
         how = {"every": every} if mode == "every" else {"mode": "continuous"}
         if mode == "staged":
             how["dram_staging_buffers"] = 1
+        if workers is not None:
+            how["workers"] = workers
         self.device = "cuda" if device == "cuda" else "host"
         self.opt = pmsnap.CheckpointedOptimizer(
             optimizer, pool=self.pool, model=model, device=self.device, strategy=args.strategy,
             capture_rng=False, **how)
         self.note = self.opt.device_note
+        self.opt_workers = workers if workers is not None else "default"
+        # Continuous mode skips a step whose boundary finds the previous
+        # checkpoint in flight, so the last step need not be checkpointed:
+        # settle() makes it so for the bitwise restore check.
+        self.continuous = mode != "every"
+        self.every = every
 
     def step(self, k):
         self.opt.step()
+
+    def settle(self, train_step, last_step):
+        """Continuous: waits for the checkpoint in flight and trains one more
+        step, which is then checkpointed for certain (nothing is in flight
+        at its boundary)."""
+        if not self.continuous:
+            return super().settle(train_step, last_step)
+        self.opt.flush()
+        train_step(last_step + 1)
 
     def close(self):
         self.opt.close()  # waits for the last epoch: stats() then counts it
@@ -260,10 +288,19 @@ class PmsnapMethod(Method):
         epochs = s["epochs_committed"]
         rate = (s["bytes_written"] / epochs / s["last_epoch_seconds"] / 1e9
                 if epochs and s["last_epoch_seconds"] else float("nan"))
+        steps = max(1, s["steps"])
+        units = s.get("units", [])
         return {"checkpoints": epochs, "conflicts": s["conflicts"],
                 "device_stall_ms": 1e3 * s.get("compute_stall_seconds", 0.0),
                 "host_blocked_ms": 1e3 * s["blocked_seconds"], "ckpt_gbps": rate,
-                "note": self.note}
+                # Per step, and the last epoch's parts (summed over units):
+                # where a checkpoint's time goes.
+                "blocked_ms_per_step": 1e3 * s["blocked_seconds"] / steps,
+                "boundary_wait_ms_per_step": 1e3 * s["boundary_wait_seconds"] / steps,
+                "epoch_ms": 1e3 * s["last_epoch_seconds"],
+                "copy_ms": 1e3 * sum(u["last_copy_seconds"] for u in units),
+                "persist_ms": 1e3 * sum(u["last_persist_seconds"] for u in units),
+                "workers": self.opt_workers, "note": self.note}
 
 
 class DcpAsyncMethod(Method):
@@ -419,6 +456,15 @@ class CheckFreqMethod(Method):
 
 
 def make_method(name, model, optimizer, args, device, every):
+    """`name`, or a pmsnap method with "@wN" (N worker threads)."""
+    name, _, workers = name.partition("@w")
+    if workers:
+        if not name.startswith("pmsnap"):
+            raise SystemExit(f"@w (workers) is for the pmsnap methods, not {name}")
+        mode = {"pmsnap": "every", "pmsnap-continuous": "continuous",
+                "pmsnap-staged": "staged"}[name]
+        return PmsnapMethod(model, optimizer, args, device, every, mode=mode,
+                            workers=int(workers))
     if name == "none":
         return Method(model, optimizer)
     if name == "pmsnap":
@@ -456,6 +502,13 @@ def run(method_name, model_name, every, args, device):
     cuda = device == "cuda"
     events = []
     start = None
+    def train_step(k):
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cuda):
+            loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        method.step(k)
+        optimizer.zero_grad(set_to_none=True)
+
     for k in range(1, args.warmup + args.steps + 1):
         if k == args.warmup + 1:
             if cuda:
@@ -464,11 +517,7 @@ def run(method_name, model_name, every, args, device):
         if cuda and k > args.warmup:
             begin = torch.cuda.Event(enable_timing=True)
             begin.record()
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cuda):
-            loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
-        loss.backward()
-        method.step(k)
-        optimizer.zero_grad(set_to_none=True)
+        train_step(k)
         if cuda and k > args.warmup:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -476,6 +525,7 @@ def run(method_name, model_name, every, args, device):
     if cuda:
         torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / args.steps
+    method.settle(train_step, args.warmup + args.steps)
     method.close()
     restore_ms = float("nan")
     if method_name != "none":
@@ -522,6 +572,11 @@ def pinned_d2h_gbps():
     del src, dst
     torch.cuda.empty_cache()
     return best
+
+
+# Printed for each run as it ends (where the method has them).
+RUN_DETAILS = ("restore_ms", "gpu_step_ms", "blocked_ms_per_step", "boundary_wait_ms_per_step",
+               "epoch_ms", "copy_ms", "persist_ms", "ckpt_gbps", "device_stall_ms")
 
 
 def approx_params(model_name):
@@ -572,7 +627,7 @@ def main():
     for model_name, rounds, steps in models:
         args.steps = steps
         # Continuous and staged checkpoint as often as they can: one interval.
-        wanted = {every: [m for m in methods if every == intervals[0] or m in
+        wanted = {every: [m for m in methods if every == intervals[0] or m.partition("@")[0] in
                           ("none", "pmsnap", "dcp_async", "checkfreq", "torch_save",
                            "safetensors")]
                   for every in intervals}
@@ -594,9 +649,10 @@ def main():
                 rows = {}
                 for m in wanted[every]:
                     rows[m] = run(m, model_name, every, args, device)
+                    details = " ".join(f"{key} {rows[m][key]:.1f}" for key in RUN_DETAILS
+                                       if isinstance(rows[m].get(key), float))
                     print(f"gpu_stall: {model_name} every {every} round {round_index + 1}: "
-                          f"{m} {rows[m]['step_ms']:.2f} ms/step "
-                          f"(restore {rows[m]['restore_ms']:.1f} ms)", file=sys.stderr,
+                          f"{m} {rows[m]['step_ms']:.2f} ms/step; {details}", file=sys.stderr,
                           flush=True)
                 base = rows.get("none")
                 for r in rows.values():
@@ -615,7 +671,9 @@ def main():
                 runs = [rows[m] for rows in per_round[every]]
                 row = dict(runs[-1])
                 for key in ("step_ms", "overhead_pct", "stall_ms", "gpu_step_ms", "gpu_stall_ms",
-                            "ckpt_gbps", "device_stall_ms", "host_blocked_ms", "restore_ms"):
+                            "ckpt_gbps", "device_stall_ms", "host_blocked_ms", "restore_ms",
+                            "blocked_ms_per_step", "boundary_wait_ms_per_step", "epoch_ms",
+                            "copy_ms", "persist_ms"):
                     if key in row:
                         row[key] = median([r.get(key, float("nan")) for r in runs])
                 row["step_ms_min"] = min(r["step_ms"] for r in runs)
@@ -646,7 +704,10 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
     with open(args.csv, "w", newline="") as f:
         keys = ["device"] + header + ["gpu_step_ms", "params_m", "steps",
-                                     "step_ms_min", "step_ms_max", "pinned_d2h_gbps"]
+                                     "step_ms_min", "step_ms_max", "pinned_d2h_gbps",
+                                     "workers", "blocked_ms_per_step",
+                                     "boundary_wait_ms_per_step", "epoch_ms", "copy_ms",
+                                     "persist_ms"]
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         for r in summary:
