@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """GPU stall benchmark: what checkpointing costs a training run on one GPU,
-for a GPT-2-small-sized transformer (12 layers, d_model 768, 12 heads,
-vocabulary 50257: about 124M parameters) and a 1.3B one (24 layers, d_model
-2048, 16 heads), AdamW, bf16 autocast.
+for a GPT-2-small-shaped transformer (12 layers, d_model 768, 12 heads,
+vocabulary 50257, untied output head: 162.6M parameters) and a 1.3B one (24
+layers, d_model 2048, 16 heads), AdamW, bf16 autocast.
 
 Methods, each from a fresh model, interleaved in rounds (every method once
 per round, the baseline first) so that drift hits all alike:
@@ -17,7 +17,8 @@ per round, the baseline first) so that drift hits all alike:
                       (pmsnap@w8), against its default
   dcp_async           torch.distributed.checkpoint.async_save of model and
                       optimizer state every k steps, with torch's pinned-memory
-                      stager (DefaultStager: pinned, asynchronous staging);
+                      stager (DefaultStager: pinned, asynchronous staging; a
+                      new one per save, as torch 2.11's stages only once);
                       the next optimizer step waits for the staging, the next
                       save for the previous upload
   checkfreq           CheckFreq-style: snapshot into pinned host memory on a
@@ -316,15 +317,23 @@ class DcpAsyncMethod(Method):
         if not dist.is_initialized():
             store = dist.FileStore(os.path.join(self.dir, "store"), 1)
             dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        # A DefaultStager per save: torch 2.11's stages once, then clears its
+        # own copy table (DefaultStager._stage calls StateDictStager.close(),
+        # and the next stage() fails with KeyError: <class 'type'>, seen on
+        # the H200), so its pinned buffers are allocated anew for each save
+        # as they would be for a user of that torch.
+        # Pinned memory and non-blocking copies need a GPU; on the CPU the
+        # stager still stages in its own thread.
+        cuda = torch.cuda.is_available()
+        self.make_stager = None
+        try:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            self.make_stager = lambda: DefaultStager(StagingOptions(
+                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
+                use_non_blocking_copy=cuda))
+        except ImportError:
+            pass  # an older torch: async_save's own staging
         self.stager = None
-        if torch.cuda.is_available():  # pinned memory and non-blocking copies need one
-            try:
-                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-                self.stager = DefaultStager(StagingOptions(
-                    use_pinned_memory=True, use_shared_memory=False, use_async_staging=True,
-                    use_non_blocking_copy=True))
-            except (ImportError, TypeError):
-                pass  # an older torch: async_save's own staging
         self.staging = None  # the staging of the last save, which the next update must wait for
         self.upload = None
         self.saved_dir = None  # the previous save's, removed once the next one is written
@@ -344,6 +353,9 @@ class DcpAsyncMethod(Method):
             from torch.distributed.checkpoint.state_dict import get_state_dict
             model_state, optim_state = get_state_dict(self.model, self.optimizer)
             state = {"model": model_state, "optim": optim_state}  # DCP's keys (FQNs)
+            if self.stager is not None:
+                self.stager.close()  # its staging finished (_wait_staging)
+            self.stager = self.make_stager() if self.make_stager is not None else None
             kwargs = {"async_stager": self.stager} if self.stager is not None else {}
             target = os.path.join(self.dir, str(k))
             response = self.dcp.async_save(state, checkpoint_id=target, **kwargs)

@@ -159,6 +159,31 @@ def test_worker_cpus_reach_the_engine_and_a_missing_cpu_is_refused(pool_path):
         copt.restore()
 
 
+def test_default_workers_grow_with_the_cpus_on_a_gpu_and_stay_two_on_the_host(pool_path,
+                                                                                 monkeypatch):
+    from pmsnap.optimizer import default_workers
+    # On the H200 host (16 CPUs) GPT-2 small every step: 2 workers 130 ms a
+    # step, 8 workers 50 (bench/RESULTS.md).
+    assert default_workers("cuda", 16) == 8
+    assert default_workers("cuda:1", 64) == 8
+    assert default_workers("cuda", 6) == 3
+    assert default_workers("host", 16) == 2
+    assert default_workers("simulated:10:1024", 16) == 2
+    # Never more than oneTBB lends (cpu_count - 1), never none.
+    for device in ("cuda", "host"):
+        assert default_workers(device, 2) == 1
+        assert default_workers(device, 1) == 1
+        assert default_workers(device, None) == 1
+    # The optimizer asks it with its device and this machine's CPU count.
+    asked = []
+    monkeypatch.setattr(pmsnap.optimizer, "default_workers",
+                        lambda device, cpus: asked.append((device, cpus)) or 1)
+    model = make_model()
+    pmsnap.CheckpointedOptimizer(torch.optim.Adam(model.parameters()), pool=pool_path,
+                                 model=model, device="host").close()
+    assert asked == [("host", os.cpu_count())]
+
+
 def test_simulated_pm_is_labelled_in_the_stats(pool_path, monkeypatch):
     # PMSNAP_PM_WRITE_GBPS / _READ_GBPS throttle the pool (PmBandwidth) and
     # every stats output says the PM is simulated.
