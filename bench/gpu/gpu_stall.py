@@ -514,6 +514,7 @@ def run(method_name, model_name, every, args, device):
     cuda = device == "cuda"
     events = []
     start = None
+
     def train_step(k):
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cuda):
             loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())

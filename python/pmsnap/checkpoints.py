@@ -53,10 +53,10 @@ def has_checkpoint(pool):
 
 
 def _table_source(pool, table):
-    """(engine or None, path) to read table checkpoints from."""
+    """(open CheckpointedOptimizer or None, path) to read table checkpoints from."""
     if isinstance(pool, CheckpointedOptimizer):
-        if pool._engine is not None:
-            return pool._engine, pool.pool
+        if pool.is_open:
+            return pool, pool.pool
         pool = pool.pool
     path = os.fspath(pool)
     if not os.path.exists(path):
@@ -71,9 +71,9 @@ def list_checkpoints(pool, table):
     Returns [{"epoch", "iteration", "chunks", "chunk_bytes"}]. NotFoundError
     naming the table if the pool has no such table or no checkpoint of it.
     """
-    engine, path = _table_source(pool, table)
-    if engine is not None:
-        return engine.list_checkpoints(table)
+    live, path = _table_source(pool, table)
+    if live is not None:
+        return live.list_table_checkpoints(table)
     return _pmsnap.list_checkpoints(path, table)
 
 
@@ -89,10 +89,9 @@ def recover_table(pool, table, epoch=None, *, state=False, with_info=False):
     table or an epoch that is not retained; CorruptionError naming table and
     checkpoint for a damaged chunk.
     """
-    engine, path = _table_source(pool, table)
-    if engine is not None:
-        info, arrays = engine.recover_table(table, epoch)
-        roles = pool._encoded_roles(table)
+    live, path = _table_source(pool, table)
+    if live is not None:
+        info, roles, arrays = live.recover_table_arrays(table, epoch)
     else:
         info, arrays = _pmsnap.recover_table(path, table, epoch)
         units = dict(_pmsnap.read_pool(path)["units"])

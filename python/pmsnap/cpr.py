@@ -36,7 +36,6 @@ Policies of the shard saves: "full" (CPR-vanilla: the whole shard each save),
 Thread-safety: the training thread.
 """
 
-import os
 import struct
 
 import torch
@@ -292,7 +291,7 @@ class PartialRecovery:
                     for s in self._saves_of(shard):
                         for table in s.tables:
                             if table in self._live.embedding_tables:
-                                self._live._open_or_raise().mark_all_rows(table)
+                                self._live.mark_all_rows(table)
         saves = dict(restored)
         if self._distributed:
             import torch.distributed as dist

@@ -425,7 +425,7 @@ class LowDiff:
         # Ranks agree on tuned values over a gloo group of LowDiff's own
         # (created on every rank together, as LowDiff itself is).
         self._tune_group = None
-        if (self._tune_full or self._tune_batch) and self.ckpt._coordinator is not None:
+        if (self._tune_full or self._tune_batch) and self.ckpt.coordinator is not None:
             group = kwargs.get("process_group")
             ranks = (dist.get_process_group_ranks(group) if group is not None
                      else list(range(dist.get_world_size())))
@@ -460,8 +460,8 @@ class LowDiff:
         self.ckpt.step(extra_state=extra_state)
         if self._log is None:
             # The first step opened the pool with a full checkpoint of it.
-            self._log = self.ckpt._engine.open_differential_log(self.batch, self._resume_after)
-            self.ckpt._engine.set_every(self.full_every)
+            self._log = self.ckpt.open_differential_log(self.batch, self._resume_after)
+            self.ckpt.set_full_interval(self.full_every)
         else:
             with self._heap_advice():
                 self._log.wait_copied(step)
@@ -492,7 +492,7 @@ class LowDiff:
         older than the second-newest one (this rank's log only)."""
         if self._pending_full is None:
             return
-        committed = self.ckpt._engine.stats()["last_committed_iteration"]
+        committed = self.ckpt.stats()["last_committed_iteration"]
         if committed < self._pending_full:
             return
         self._pending_full = None
@@ -545,7 +545,7 @@ class LowDiff:
             heap_bytes = self._log.stats()["heap_capacity_bytes"]
             if differential_bytes > 0 and heap_bytes > 0:
                 bounds = _pmsnap.heap_bounds(differential_bytes, heap_bytes, self.max_batch)
-            inputs = self._inputs(self.ckpt._engine.stats())
+            inputs = self._inputs(self.ckpt.stats())
             if inputs is not None:
                 config = _pmsnap.optimal_configuration(
                     **inputs, max_batch=bounds.max_batch if bounds else self.max_batch)
@@ -571,7 +571,7 @@ class LowDiff:
                 if interval is not None and interval != self.full_every:
                     self.full_every = interval
                     self._anchor = self._last_full
-                    self.ckpt._engine.set_every(self.full_every, self._anchor)
+                    self.ckpt.set_full_interval(self.full_every, self._anchor)
             if batch != self.batch:
                 self.batch = batch
                 self._log.set_batch(self.batch)
@@ -599,21 +599,19 @@ class LowDiff:
         Before the first step(); NotFoundError as CheckpointedOptimizer."""
         full, extra = self.ckpt.restore(restore_rng=restore_rng)
         began = time.perf_counter()
-        engine = self.ckpt._engine
-        diffs = engine.read_differentials(full)
+        diffs = self.ckpt.read_differentials(full)
         reach = full + len(diffs)
-        coordinator = self.ckpt._coordinator
+        coordinator = self.ckpt.coordinator
         if coordinator is not None:
             reach = min(_distributed.gather_objects(coordinator, reach))
         diffs = diffs[:reach - full]
         if diffs:
             extra = self._replay(diffs) or extra
-        self.ckpt.iteration = reach
-        self.ckpt._pool_latest = reach
+        self.ckpt.resume_at(reach)
         self._resume_after = reach
         self._anchor = self._last_full = full
-        self._log = engine.open_differential_log(self.batch, reach)
-        engine.set_every(self.full_every, self._anchor)
+        self._log = self.ckpt.open_differential_log(self.batch, reach)
+        self.ckpt.set_full_interval(self.full_every, self._anchor)
         return reach, extra, {"full": full, "replayed": len(diffs),
                               "seconds": time.perf_counter() - began}
 
@@ -662,7 +660,7 @@ class LowDiff:
                 self._apply_param_groups(groups)
                 for i, p in enumerate(self._params):
                     p.grad = grads.get(i)
-                self.ckpt._stepper.step(None)
+                self.ckpt.replay_step()
         finally:
             for p, g in zip(self._params, saved):
                 p.grad = g

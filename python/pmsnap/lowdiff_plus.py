@@ -101,7 +101,6 @@ references.
 """
 
 import inspect
-import os
 import queue
 import threading
 import time
@@ -254,7 +253,7 @@ class LowDiffPlus:
                              "replica applies the optimizer it copied at construction")
         if self._stats["iterations"] == 0:
             # A pool with checkpoints is continued by restore(), never overwritten.
-            self._checkpointer._check_resumes_pool(self.iteration + 1)
+            self._checkpointer.check_resumes_pool(self.iteration + 1)
         with_gradient = [p.grad is not None for _, p in self._named]
         with self._lock:
             missing = [self._named[i][0] for i, has in enumerate(with_gradient)

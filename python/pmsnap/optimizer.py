@@ -394,7 +394,7 @@ class CheckpointedOptimizer(UpdateInBackward):
         if self._backward_hooks:
             return self._finish_backward_step(step, loss)
         if self._engine is None:
-            self._check_resumes_pool(step)
+            self.check_resumes_pool(step)
             self._first_step(step)
             return loss
         self._check_unchanged()
@@ -475,7 +475,14 @@ class CheckpointedOptimizer(UpdateInBackward):
             self._engine.flush()
 
     def close(self, abandon=False):
-        """Commits the checkpoint in flight (unless abandon) and closes the pool."""
+        """Commits the checkpoint in flight (unless abandon) and closes the pool.
+
+        The pool then holds the newest checkpoint committed, which need not
+        be the last step: mode "every" checkpoints only multiples of k, and
+        continuous mode skips a step whose boundary found the previous
+        checkpoint in flight (restore() returns the iteration it holds). To
+        end continuous training with its last step checkpointed, call
+        flush() before that step: nothing is then in flight at its boundary."""
         if self._closed:
             return
         self._closed = True
@@ -557,6 +564,79 @@ class CheckpointedOptimizer(UpdateInBackward):
         """Why the requested device was replaced (e.g. no GPU), or ""."""
         return self._device_note
 
+    # --- the seam for features built on a CheckpointedOptimizer --------------------
+    # LowDiff, LowDiff+, CPR and the table readers (pmsnap.checkpoints) reach
+    # the engine only through these, never through private members. Each is
+    # called on the training thread; those that need the engine raise
+    # FailedPreconditionError naming the pool when it is not open (before the
+    # first step() or restore(), or after close()).
+
+    @property
+    def is_open(self):
+        """Whether the engine is open (after the first step() or restore(),
+        before close())."""
+        return self._engine is not None
+
+    @property
+    def coordinator(self):
+        """The ranks' coordinator (pmsnap.distributed) when several ranks
+        checkpoint together, else None."""
+        return self._coordinator
+
+    def open_differential_log(self, batch, resume_after=None):
+        """A differential log on this pool's chunk heap (LowDiff): `batch`
+        differentials per batch; `resume_after` the iteration a restore
+        reached (its later records are discarded). Closed with the engine."""
+        return self._open_or_raise().open_differential_log(batch, resume_after)
+
+    def read_differentials(self, after):
+        """[(iteration, [(dtype, shape, bytes)])] of the differentials after
+        iteration `after`, up to the first gap."""
+        return self._open_or_raise().read_differentials(after)
+
+    def set_full_interval(self, every, anchor=0):
+        """Full checkpoints at steps anchor + every, anchor + 2 every, ... from
+        the next step on (mode "every"; LowDiff retunes its interval)."""
+        self._open_or_raise().set_every(every, anchor)
+
+    def resume_at(self, iteration):
+        """Training continues after `iteration`, which a feature reached
+        beyond the restored checkpoint (LowDiff replayed differentials up to
+        it): step() then checkpoints iteration + 1, and this pool is known
+        to hold `iteration`."""
+        self.iteration = int(iteration)
+        self._pool_latest = self.iteration
+
+    def replay_step(self):
+        """One optimizer update on the gradients in p.grad, checkpointing
+        nothing and counting no iteration (a differential's replay)."""
+        self._stepper.step(None)
+
+    def check_resumes_pool(self, step):
+        """FailedPreconditionError naming the pool when checkpointing `step`
+        would overwrite checkpoints this run did not restore."""
+        if self._pool_latest is not None and step <= self._pool_latest:
+            raise make_error(_pmsnap.FailedPreconditionError,
+                             f"pool {self.pool} already holds iteration {self._pool_latest} and "
+                             f"this run would checkpoint iteration {step}: call restore() first "
+                             "(or pmsnap.restore() and pass start_iteration=), or use a new pool")
+
+    def mark_all_rows(self, table):
+        """Marks every row of embedding table `table` for its next checkpoint
+        (CPR: a shard restored from an older checkpoint)."""
+        self._open_or_raise().mark_all_rows(table)
+
+    def list_table_checkpoints(self, table):
+        """pmsnap.list_checkpoints(self, table), from the open engine."""
+        return self._open_or_raise().list_checkpoints(table)
+
+    def recover_table_arrays(self, table, epoch=None):
+        """(info, [(role, shape)], arrays) of table `table` at retained
+        checkpoint `epoch` (None: the newest), from the open engine: what
+        pmsnap.recover_table makes tensors of."""
+        info, arrays = self._open_or_raise().recover_table(table, epoch)
+        return info, self._encoded_roles(table), arrays
+
     # --- internals ----------------------------------------------------------------
 
     def _init_from(self, path):
@@ -610,14 +690,6 @@ class CheckpointedOptimizer(UpdateInBackward):
         s["memory"]["python_copies_bytes"] = copies.get("cpu", 0)
         s["memory"]["python_copies_device_bytes"] = sum(v for k, v in copies.items() if k != "cpu")
         return s
-
-    def _check_resumes_pool(self, step):
-        """Refuses to overwrite a pool's checkpoints with a run that did not restore them."""
-        if self._pool_latest is not None and step <= self._pool_latest:
-            raise make_error(_pmsnap.FailedPreconditionError,
-                             f"pool {self.pool} already holds iteration {self._pool_latest} and "
-                             f"this run would checkpoint iteration {step}: call restore() first "
-                             "(or pmsnap.restore() and pass start_iteration=), or use a new pool")
 
     def _open_or_raise(self):
         if self._engine is None:
