@@ -71,7 +71,7 @@ class UpdateInBackward:
             except _pmsnap.Error as e:
                 self._backward_error = e
         elif engine is None and not self._backward_step_begun:
-            self._check_resumes_pool(self.iteration + 1)
+            self.check_resumes_pool(self.iteration + 1)
         self._backward_step_begun = True
         if self._backward_error is not None:
             engine = None  # finish the update unobserved; step() raises
@@ -96,7 +96,7 @@ class UpdateInBackward:
         self._backward_error = None
         if self._engine is None:
             if not begun:
-                self._check_resumes_pool(step)
+                self.check_resumes_pool(step)
             self._first_step(step, remaining)
             return loss
         # After a hook error the rest is updated unobserved (the model stays
