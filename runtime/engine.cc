@@ -328,6 +328,9 @@ struct Engine::Impl {
   // Parts of units captured in this step, held for EndStep.
   std::vector<std::pair<UnitTask*, std::uint32_t>> held_parts;
   std::uint64_t step = 0;
+  // The newest step an epoch captured (it commits, fails or is abandoned
+  // later): CheckpointLastStep has nothing to add while it is `step`.
+  std::optional<std::uint64_t> last_captured_step;
   Clock::time_point last_step_begin{};
   Clock::time_point first_update_in_step{};
   bool saw_update_in_step = false;
@@ -978,6 +981,18 @@ struct Engine::Impl {
     return true;
   }
 
+  // The end of `epoch`'s step: every unit is captured; stores the extra
+  // state and hands the epoch's held parts to the workers.
+  void EndCapture(Epoch& epoch, std::span<const std::byte> extra_state) {
+    epoch.extra_state.assign(extra_state.begin(), extra_state.end());
+    epoch.step_ended = true;
+    epoch.held_released_seconds = SecondsSince(epoch.started);
+    ReleaseHeldParts(epoch);
+    capturing = nullptr;
+    last_captured_step = epoch.iteration;
+    ReleaseUnits(epoch, 1);
+  }
+
   void AddBlocked(double seconds) { blocked_this_step += seconds; }
 };
 
@@ -1447,12 +1462,7 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
         Status captured = impl.Capture(u);
         if (result.ok()) result = captured;
       }
-      epoch.extra_state.assign(extra_state.begin(), extra_state.end());
-      epoch.step_ended = true;
-      epoch.held_released_seconds = SecondsSince(epoch.started);
-      impl.ReleaseHeldParts(epoch);
-      impl.capturing = nullptr;
-      impl.ReleaseUnits(epoch, 1);
+      impl.EndCapture(epoch, extra_state);
     }
     impl.capturing = nullptr;
   }
@@ -1468,6 +1478,69 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
   }
   if (!result.ok()) return result;
   return impl.ReportMidStep(impl.TakeError());
+}
+
+Status Engine::CheckpointLastStep(std::span<const std::byte> extra_state) {
+  Impl& impl = *impl_;
+  if (impl.closed) return Status(StatusCode::kFailedPrecondition, "engine is closed");
+  PMSNAP_RETURN_IF_ERROR(RefuseInForkedChild(impl.options.pool_path));
+  if (impl.in_step) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "CheckpointLastStep inside step " + std::to_string(impl.step) +
+                      " (call EndStep first)");
+  }
+  if (impl.agreement) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "CheckpointLastStep with several ranks: their epochs open at agreed step "
+                  "boundaries only (pool '" + impl.options.pool_path + "')");
+  }
+  if (!impl.started_training || impl.last_captured_step == impl.step) return Status::Ok();
+  for (const UnitRegistration& unit : impl.units) {
+    if (unit.encoded) {
+      return Status(StatusCode::kFailedPrecondition,
+                    "CheckpointLastStep with encoded unit '" + unit.name +
+                        "': its rows are captured at step boundaries only");
+    }
+  }
+  const auto start = Clock::now();
+  impl.WaitEpochIdle();
+  impl.ReapIfDone();
+  PMSNAP_RETURN_IF_ERROR(impl.TakeError());
+  if (extra_state.size() > impl.pool->options().extra_state_capacity) {
+    return Status(StatusCode::kCapacityExceeded,
+                  "extra state of " + std::to_string(extra_state.size()) +
+                      " bytes exceeds the pool's capacity of " +
+                      std::to_string(impl.pool->options().extra_state_capacity) +
+                      " bytes (PoolOptions::extra_state_capacity); last step " +
+                      std::to_string(impl.step) + " not checkpointed");
+  }
+  PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t epoch_number, impl.pool->BeginEpoch(impl.step));
+  impl.current = impl.NewEpoch(impl.step);
+  impl.current->epoch = epoch_number;
+  impl.epoch_busy.store(true, std::memory_order_release);
+  impl.capturing = impl.current.get();
+  {
+    std::lock_guard<std::mutex> lock(impl.stats_mutex);
+    impl.stats.epochs_started += 1;
+  }
+  // Nothing updates the units any more: each is copied as it is, and none
+  // is held for a step end that already came.
+  Epoch& epoch = *impl.current;
+  epoch.step_ended = true;
+  Status result = Status::Ok();
+  for (std::uint32_t u = 0; u < impl.units.size(); ++u) {
+    Status captured = impl.Capture(u);
+    if (result.ok()) result = captured;
+  }
+  impl.EndCapture(epoch, extra_state);
+  impl.WaitEpochIdle();
+  impl.ReapIfDone();
+  {
+    std::lock_guard<std::mutex> lock(impl.stats_mutex);
+    impl.stats.blocked_seconds += SecondsSince(start);
+  }
+  if (!result.ok()) return result;
+  return impl.TakeError();
 }
 
 bool Engine::CapturesThisStep() const {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "pmsnap/pmem_layout/pool.h"
@@ -203,6 +204,75 @@ TEST(StagingDeviceTest, OnASimulatedDeviceStagedEpochsHoldTheirOwnStepsValues) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Buffers, StagingTest, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::to_string(info.param) + "Buffers";
+                         });
+
+// Continuous mode skips a boundary that finds the epochs in flight, so the
+// last step trained can be without an epoch (the H200 benchmark and
+// TrainingState met that at close): CheckpointLastStep gives it one, bit-exact,
+// with the extra state given, and does nothing more when called again. With
+// 0, 1 and 2 staging buffers.
+class LastStepTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(LastStepTest, CheckpointLastStepCommitsASkippedLastStepBitExact) {
+  TempPoolPath path("engine-last-step");
+  ToyModel model(kUnits, kFloats);
+  std::uint64_t skipped = 0;
+  const std::string extra = "the last step's extra state";
+  const auto extra_bytes = std::as_bytes(std::span(extra.data(), extra.size()));
+  {
+    auto engine = OpenOrDie(StagingOptions(path.path(), GetParam()), model);
+    ASSERT_NE(engine, nullptr);
+    // Nothing ran yet: nothing to checkpoint.
+    ASSERT_TRUE(engine->CheckpointLastStep(extra_bytes).ok());
+    EXPECT_EQ(engine->stats().epochs_started, 0u);
+    for (std::uint64_t k = 1; k <= 200 && skipped == 0; ++k) {
+      const std::uint64_t started_before = engine->stats().epochs_started;
+      ASSERT_TRUE(model.Step(*engine, k).ok());
+      if (engine->stats().epochs_started == started_before) skipped = k;
+    }
+    ASSERT_NE(skipped, 0u) << engine->stats().Summary();
+    ASSERT_TRUE(engine->CheckpointLastStep(extra_bytes).ok());
+    const std::uint64_t started = engine->stats().epochs_started;
+    auto latest = engine->pool().Latest();
+    ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+    EXPECT_EQ(latest->iteration(), skipped);
+    EXPECT_EQ(model.CompareWithHistory(*latest), "");
+    const auto stored = latest->extra_state();
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(stored.data()), stored.size()), extra);
+    // The last step has its epoch now: a second call adds none.
+    ASSERT_TRUE(engine->CheckpointLastStep(extra_bytes).ok());
+    EXPECT_EQ(engine->stats().epochs_started, started);
+    ASSERT_TRUE(engine->Close().ok());
+    EXPECT_EQ(engine->stats().epochs_abandoned, 0u) << engine->stats().Summary();
+  }
+  ToyModel fresh(kUnits, kFloats);
+  fresh.Zero();
+  auto engine = OpenOrDie(StagingOptions(path.path(), GetParam()), fresh);
+  ASSERT_NE(engine, nullptr);
+  auto restored = engine->Restore();
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  EXPECT_EQ(restored->iteration, skipped);
+  EXPECT_EQ(fresh.CompareLive(model, skipped), "");
+}
+
+TEST_P(LastStepTest, CheckpointLastStepInsideAStepOrAfterCloseIsRefused) {
+  TempPoolPath path("engine-last-step-misuse");
+  ToyModel model(kUnits, kFloats);
+  auto engine = OpenOrDie(StagingOptions(path.path(), GetParam()), model);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(model.Step(*engine, 1).ok());
+  ASSERT_TRUE(engine->BeginStep(2).ok());
+  const Status inside = engine->CheckpointLastStep();
+  EXPECT_EQ(inside.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(inside.message(), HasSubstr("inside step 2"));
+  ASSERT_TRUE(engine->EndStep().ok());
+  ASSERT_TRUE(engine->Close().ok());
+  EXPECT_EQ(engine->CheckpointLastStep().code(), StatusCode::kFailedPrecondition);
+}
+
+INSTANTIATE_TEST_SUITE_P(Buffers, LastStepTest, ::testing::Values(0, 1, 2),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return std::to_string(info.param) + "Buffers";
                          });

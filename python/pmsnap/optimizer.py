@@ -312,6 +312,8 @@ class CheckpointedOptimizer(UpdateInBackward):
         self._unit_ids = None
         self._closed = False
         self._final_stats = None
+        # The last step's state when no epoch captured it (see close()).
+        self._skipped_step_state = None
         self._pool_latest = None
         self.embedding_tracker = None
         self._tables = {}
@@ -327,6 +329,8 @@ class CheckpointedOptimizer(UpdateInBackward):
             raise make_error(_pmsnap.InvalidArgumentError,
                              "quantize_bits= and retain= are for embedding tables: pass "
                              "embeddings= or embedding_policy= too")
+        self._checkpoints_last_step = (mode == "continuous" and self._coordinator is None
+                                       and not self._tables)
         with _distributed.together(self._coordinator):
             if os.path.exists(self.pool):
                 info = _pmsnap.read_pool(self.pool)
@@ -477,12 +481,15 @@ class CheckpointedOptimizer(UpdateInBackward):
     def close(self, abandon=False):
         """Commits the checkpoint in flight (unless abandon) and closes the pool.
 
-        The pool then holds the newest checkpoint committed, which need not
-        be the last step: mode "every" checkpoints only multiples of k, and
-        continuous mode skips a step whose boundary found the previous
-        checkpoint in flight (restore() returns the iteration it holds). To
-        end continuous training with its last step checkpointed, call
-        flush() before that step: nothing is then in flight at its boundary."""
+        In continuous mode, which skips a step whose boundary finds the
+        previous checkpoint in flight, close() checkpoints the last step if
+        it was skipped (one rank, no embedding tables; its extra state and
+        RNG as they were at the end of that step), so the pool ends at the
+        last step trained. Mode "every" keeps its multiples of k: the pool
+        holds the newest multiple. With several ranks or embedding tables,
+        continuous mode's last checkpoint may be older than the last step
+        (restore() returns the iteration it holds); call flush() before the
+        last step to have it checkpointed."""
         if self._closed:
             return
         self._closed = True
@@ -494,9 +501,14 @@ class CheckpointedOptimizer(UpdateInBackward):
         engine, self._engine = self._engine, None
         if engine is not None:
             try:
-                engine.close(abandon=abandon)
+                if not abandon and self._skipped_step_state is not None:
+                    rng, hyperparameters = self._skipped_step_state
+                    engine.checkpoint_last_step(self._pack_extra(rng, hyperparameters))
             finally:
-                self._final_stats = self._stats_of(engine)
+                try:
+                    engine.close(abandon=abandon)
+                finally:
+                    self._final_stats = self._stats_of(engine)
 
     def __enter__(self):
         return self
@@ -774,6 +786,11 @@ class CheckpointedOptimizer(UpdateInBackward):
             raise
         self.iteration = step
         self._engine.end_step(self._pack_extra() if captured else b"")
+        # What a skipped step's checkpoint at close() needs that may change
+        # after it (RNG draws, a scheduler's lr): taken now, about 40 us.
+        self._skipped_step_state = (None if captured or not self._checkpoints_last_step else
+                                    (self._rng_states(),
+                                     _extra.param_group_hyperparameters(self.optimizer)))
 
     def _first_step(self, step, indices=None):
         """The first step: the update runs unobserved so that torch makes its
@@ -818,15 +835,17 @@ class CheckpointedOptimizer(UpdateInBackward):
                 return unit.encoded_roles()
         return None
 
-    def _pack_extra(self):
+    def _pack_extra(self, rng=None, hyperparameters=None):
         """This step's extra state, with the peers' states this rank keeps
         (sharding="replicated", replicas > 1: a collective, called at the
-        same, captured, steps on every rank)."""
+        same, captured, steps on every rank). `rng` and `hyperparameters`:
+        as taken at the end of an earlier step (default: now)."""
         if "rng" in self.extra_state:
             raise make_error(_pmsnap.InvalidArgumentError,
                              "extra_state key 'rng' is reserved for the RNG states pmsnap saves")
-        parts = (self.extra_state, self._rng_states(),
-                 _extra.param_group_hyperparameters(self.optimizer),
+        parts = (self.extra_state, self._rng_states() if rng is None else rng,
+                 (_extra.param_group_hyperparameters(self.optimizer)
+                  if hyperparameters is None else hyperparameters),
                  _extra.nontensor_state(self.optimizer, self._named),
                  _extra.param_group_names(self.optimizer, self._named))
         own = _extra.pack(*parts)

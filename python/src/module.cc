@@ -363,18 +363,30 @@ class PyEngine {
   }
   void AfterUpdate(std::uint32_t unit) { ThrowIfError(engine().AfterUpdate(unit)); }
   void EndStep(const py::bytes& extra_state) {
+    CallWithBytes(extra_state, [](runtime::Engine& e, std::span<const std::byte> bytes) {
+      return e.EndStep(bytes);
+    });
+  }
+  void CheckpointLastStep(const py::bytes& extra_state) {
+    CallWithBytes(extra_state, [](runtime::Engine& e, std::span<const std::byte> bytes) {
+      return e.CheckpointLastStep(bytes);
+    });
+  }
+  // Calls `call` on the engine with `bytes`' contents, without the GIL
+  // (`bytes` keeps them alive; the engine copies them).
+  template <typename Call>
+  void CallWithBytes(const py::bytes& bytes, Call call) {
     runtime::Engine& e = engine();
     char* data = nullptr;
     Py_ssize_t size = 0;
-    if (PyBytes_AsStringAndSize(extra_state.ptr(), &data, &size) != 0) {
+    if (PyBytes_AsStringAndSize(bytes.ptr(), &data, &size) != 0) {
       throw py::error_already_set();
     }
     Status status;
     {
-      // `extra_state` keeps the bytes alive; the engine copies them.
       py::gil_scoped_release release;
-      status = e.EndStep(std::span<const std::byte>(reinterpret_cast<const std::byte*>(data),
-                                                    static_cast<std::size_t>(size)));
+      status = call(e, std::span<const std::byte>(reinterpret_cast<const std::byte*>(data),
+                                                  static_cast<std::size_t>(size)));
     }
     ThrowIfError(status);
   }
@@ -1142,6 +1154,9 @@ PYBIND11_MODULE(_pmsnap, m) {
       .def("after_update", &PyEngine::AfterUpdate, py::arg("unit"))
       .def("end_step", &PyEngine::EndStep, py::arg("extra_state") = py::bytes())
       .def("flush", &PyEngine::Flush)
+      .def("checkpoint_last_step", &PyEngine::CheckpointLastStep, py::arg("extra_state"),
+           "Between steps: checkpoints the last step if no epoch captured it "
+           "(runtime::Engine::CheckpointLastStep) and waits for its commit.")
       .def("close", &PyEngine::Close, py::arg("abandon") = false)
       .def("restore", &PyEngine::Restore, "-> (iteration, epoch, extra_state bytes)")
       .def_property_readonly("restored_extra_state_is_own",

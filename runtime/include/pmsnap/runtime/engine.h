@@ -234,6 +234,18 @@ class Engine {
   // Waits until no epoch is in flight (committed or failed) and returns the
   // first worker error, if any.
   Status Flush();
+  // Between steps: if no epoch captured the last step that ended (continuous
+  // mode skips a boundary that finds an epoch in flight), waits for the
+  // epoch in flight, then captures every unit as it is now as that step's
+  // epoch with `extra_state`, and waits until it committed. The units must
+  // hold the last step's values (nothing updated them since EndStep). OK and
+  // nothing written when that step was captured or no step ran. Errors:
+  // kFailedPrecondition inside a step, after Close, with several ranks
+  // (their epochs open at agreed boundaries only) or with encoded units;
+  // kCapacityExceeded for extra state over the pool's capacity (nothing
+  // written); a worker's error. Training thread; blocks (counted as blocked
+  // time).
+  Status CheckpointLastStep(std::span<const std::byte> extra_state = {});
   // Finishes or abandons the epoch in flight and stops the workers. Never
   // hangs: an epoch whose step never ended is abandoned. Idempotent.
   Status Close(CloseMode mode = CloseMode::kFinish);
