@@ -67,6 +67,7 @@ from .embedding import EmbeddingTracker  # noqa: F401
 from .export import export, read_export  # noqa: F401
 from .lowdiff_plus import LowDiffPlus  # noqa: F401
 from .optimizer import CheckpointedOptimizer  # noqa: F401
+from .options import PoolSettings, Ranks, Tuning  # noqa: F401
 from .state_dict import PoolCheckpoint, load_state_dict  # noqa: F401
 from .training_state import TrainingState  # noqa: F401
 
@@ -81,7 +82,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "CheckpointedOptimizer", "TrainingState", "LowDiffPlus", "EmbeddingTracker", "EmbeddingOptions", "Policy", "restore",
+    "CheckpointedOptimizer", "Tuning", "PoolSettings", "Ranks", "TrainingState", "LowDiffPlus", "EmbeddingTracker", "EmbeddingOptions", "Policy", "restore",
     "has_checkpoint", "read_pool", "list_checkpoints", "recover_table",
     "cuda_support_compiled", "load_state_dict", "PoolCheckpoint", "export", "read_export",
     "Error", "AbortedError", "BusyError", "CapacityExceededError",

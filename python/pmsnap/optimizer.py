@@ -53,6 +53,8 @@ from . import distributed as _distributed
 from .embedding import EmbeddingTracker
 from .embedding_tables import gradient_rows, make_embedding_options, resolve_tables
 from .errors import make_error
+from .options import UNSET, PoolSettings, Ranks, Tuning
+from .options import resolve as resolve_options
 from .pool_manifest import (check_every_parameter_held, check_pool_buffers, check_pool_names,
                             check_pool_tables, create_state_from_manifest, merge_rank_units)
 from .stepping import ParameterStepper
@@ -217,20 +219,43 @@ class CheckpointedOptimizer(UpdateInBackward):
       check_free_space, reserve_bytes, checkfreq_overhead, print_summary,
       chunk_heap_bytes (the chunk heap's budget for a new pool; LowDiff's
       differentials live there: pmsnap.lowdiff).
+      tuning, pool_settings, ranks: option objects grouping keywords above
+        (pmsnap.Tuning: strategy, workers, worker_cpus, part_bytes,
+        copy_start, dram_staging_buffers, reserve_bytes, step_groups;
+        pmsnap.PoolSettings: extra_state_capacity, verify_on_open,
+        check_free_space, chunk_heap_bytes, print_summary; pmsnap.Ranks:
+        process_group, sharding, replicas). A keyword given beside an object
+        that sets the same field raises InvalidArgumentError.
 
     Errors raise pmsnap.Error subclasses carrying the runtime's message.
     """
 
     def __init__(self, optimizer, pool, *, model=None, mode=None, every=None, device="host",
-                 strategy="adaptive", workers=None, part_bytes=4 << 20,
-                 extra_state_capacity=256 << 10, verify_on_open=True, check_free_space=True,
-                 reserve_bytes=0, checkfreq_overhead=0.035, start_iteration=0, capture_rng=True,
-                 track_embeddings=False, print_summary=False, embeddings=None,
+                 strategy=UNSET, workers=UNSET, part_bytes=UNSET,
+                 extra_state_capacity=UNSET, verify_on_open=UNSET, check_free_space=UNSET,
+                 reserve_bytes=UNSET, checkfreq_overhead=0.035, start_iteration=0,
+                 capture_rng=True, track_embeddings=False, print_summary=UNSET, embeddings=None,
                  embedding_policy=None, quantize_bits=None, expected_resumes=1.0, retain=None,
                  embedding_options=None, embedding_rows="auto", update_in_backward=False,
-                 copy_start=None, process_group=None, sharding=None, replicas=1,
-                 init_from=None, worker_cpus=None, step_groups=4, chunk_heap_bytes=None,
-                 dram_staging_buffers=0, buffers=True):
+                 copy_start=UNSET, process_group=UNSET, sharding=UNSET, replicas=UNSET,
+                 init_from=None, worker_cpus=UNSET, step_groups=UNSET, chunk_heap_bytes=UNSET,
+                 dram_staging_buffers=UNSET, buffers=True, tuning=None, pool_settings=None,
+                 ranks=None):
+        (strategy, workers, worker_cpus, part_bytes, copy_start, dram_staging_buffers,
+         reserve_bytes, step_groups) = resolve_options(
+            Tuning, tuning, "tuning", strategy=strategy, workers=workers,
+            worker_cpus=worker_cpus, part_bytes=part_bytes, copy_start=copy_start,
+            dram_staging_buffers=dram_staging_buffers, reserve_bytes=reserve_bytes,
+            step_groups=step_groups)
+        (extra_state_capacity, verify_on_open, check_free_space, chunk_heap_bytes,
+         print_summary) = resolve_options(
+            PoolSettings, pool_settings, "pool_settings",
+            extra_state_capacity=extra_state_capacity, verify_on_open=verify_on_open,
+            check_free_space=check_free_space, chunk_heap_bytes=chunk_heap_bytes,
+            print_summary=print_summary)
+        process_group, sharding, replicas = resolve_options(
+            Ranks, ranks, "ranks", process_group=process_group, sharding=sharding,
+            replicas=replicas)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
