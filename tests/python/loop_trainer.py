@@ -9,13 +9,14 @@ MODE: plain | pmsnap. SCHEDULER (environment LOOP_SCHEDULER): sequential
 (linear warm-up then cosine, SequentialLR) or plateau (ReduceLROnPlateau on
 the loss). Prints "start N" (the first step it takes) and "step k" after each
 step; with KILL_AT it waits at that step until the checkpoint committed
-(flush) before printing, so that a SIGKILL right after it resumes from
-there. At the end it saves the final state (model, optimizer, scheduler,
+(flush) before printing, then waits to be killed, so that the SIGKILL
+lands there and the next run resumes from there. At the end it saves the final state (model, optimizer, scheduler,
 data stream, RNG draws) to OUT with torch.save.
 """
 
 import os
 import sys
+import time
 
 import torch
 
@@ -90,6 +91,11 @@ def main():
             optimizer.step()
             scheduler.step(metric) if plateau else scheduler.step()
         print(f"step {step}", flush=True)
+        if step == kill_at:
+            # Waits for the SIGKILL here: a loaded machine could otherwise
+            # let the next step commit before the kill lands (the flake
+            # hunt's seed 2059588779 resumed one step late).
+            time.sleep(600)
     if state is not None:
         state.close()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
