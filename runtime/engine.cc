@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -981,6 +982,29 @@ struct Engine::Impl {
     return true;
   }
 
+  // Begins the pool epoch for `step` and makes it `current`, capturing.
+  Status OpenEpoch(std::uint64_t step) {
+    PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t epoch_number, pool->BeginEpoch(step));
+    current = NewEpoch(step);
+    current->epoch = epoch_number;
+    epoch_busy.store(true, std::memory_order_release);
+    capturing = current.get();
+    return Status::Ok();
+  }
+
+  // kCapacityExceeded for extra state over the pool's capacity; the message
+  // ends with what happens to `step` ("epoch for step 7 abandoned").
+  Status ExtraStateFits(std::span<const std::byte> extra_state, std::string_view before_step,
+                        std::uint64_t step, std::string_view after_step) const {
+    const std::uint64_t capacity = pool->options().extra_state_capacity;
+    if (extra_state.size() <= capacity) return Status::Ok();
+    return Status(StatusCode::kCapacityExceeded,
+                  "extra state of " + std::to_string(extra_state.size()) +
+                      " bytes exceeds the pool's capacity of " + std::to_string(capacity) +
+                      " bytes (PoolOptions::extra_state_capacity); " + std::string(before_step) +
+                      std::to_string(step) + std::string(after_step));
+  }
+
   // The end of `epoch`'s step: every unit is captured; stores the extra
   // state and hands the epoch's held parts to the workers.
   void EndCapture(Epoch& epoch, std::span<const std::byte> extra_state) {
@@ -1345,12 +1369,7 @@ Status Engine::BeginStep(std::uint64_t step) {
       // last job may still be running): reap it, and a staged one it
       // began, before `current` takes the new epoch.
       impl.ReapIfDone();
-      PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t epoch_number, impl.pool->BeginEpoch(step));
-      std::unique_ptr<Epoch> epoch = impl.NewEpoch(step);
-      epoch->epoch = epoch_number;
-      impl.current = std::move(epoch);
-      impl.epoch_busy.store(true, std::memory_order_release);
-      impl.capturing = impl.current.get();
+      PMSNAP_RETURN_IF_ERROR(impl.OpenEpoch(step));
     }
     if (impl.capturing != nullptr) {
       impl.policy->OnEpochStarted(step);
@@ -1445,13 +1464,8 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
   }
   if (impl.capturing) {
     Epoch& epoch = *impl.capturing;
-    if (extra_state.size() > impl.pool->options().extra_state_capacity) {
-      result = Status(StatusCode::kCapacityExceeded,
-                      "extra state of " + std::to_string(extra_state.size()) +
-                          " bytes exceeds the pool's capacity of " +
-                          std::to_string(impl.pool->options().extra_state_capacity) +
-                          " bytes (PoolOptions::extra_state_capacity); epoch for step " +
-                          std::to_string(epoch.iteration) + " abandoned");
+    result = impl.ExtraStateFits(extra_state, "epoch for step ", epoch.iteration, " abandoned");
+    if (!result.ok()) {
       impl.AbandonEpoch(epoch);
     } else {
       // Units without an update this step hold their post-step value now.
@@ -1506,19 +1520,9 @@ Status Engine::CheckpointLastStep(std::span<const std::byte> extra_state) {
   impl.WaitEpochIdle();
   impl.ReapIfDone();
   PMSNAP_RETURN_IF_ERROR(impl.TakeError());
-  if (extra_state.size() > impl.pool->options().extra_state_capacity) {
-    return Status(StatusCode::kCapacityExceeded,
-                  "extra state of " + std::to_string(extra_state.size()) +
-                      " bytes exceeds the pool's capacity of " +
-                      std::to_string(impl.pool->options().extra_state_capacity) +
-                      " bytes (PoolOptions::extra_state_capacity); last step " +
-                      std::to_string(impl.step) + " not checkpointed");
-  }
-  PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t epoch_number, impl.pool->BeginEpoch(impl.step));
-  impl.current = impl.NewEpoch(impl.step);
-  impl.current->epoch = epoch_number;
-  impl.epoch_busy.store(true, std::memory_order_release);
-  impl.capturing = impl.current.get();
+  PMSNAP_RETURN_IF_ERROR(
+      impl.ExtraStateFits(extra_state, "last step ", impl.step, " not checkpointed"));
+  PMSNAP_RETURN_IF_ERROR(impl.OpenEpoch(impl.step));
   {
     std::lock_guard<std::mutex> lock(impl.stats_mutex);
     impl.stats.epochs_started += 1;

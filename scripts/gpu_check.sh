@@ -230,11 +230,13 @@ configure() {
     -DPKG_CONFIG_EXECUTABLE="$pkg_config" -DPython_EXECUTABLE="$python"
 }
 build() { cmake --build "$build_dir" -j "$jobs" --target "$@"; }
+# The library and the CUDA tests, configured with warnings as errors ON|OFF.
+build_core() { configure "$1" && build "${cuda_tests[@]}" pmsnap; }
 say "building in $build_dir (log: $log)"
 # The library and the CUDA tests are needed by every item; a compiler that
 # warns where CI's does not is reported, and the build goes on without
 # warnings as errors so that the items still run.
-if ! { configure "$werror" && build "${cuda_tests[@]}" pmsnap; } >"$log" 2>&1; then
+if ! build_core "$werror" >"$log" 2>&1; then
   if [[ "$werror" != ON ]]; then
     die 4 "build failed; the last lines of $log:
 $(tail -n 30 "$log")"
@@ -242,7 +244,7 @@ $(tail -n 30 "$log")"
   record build-warnings-as-errors FAILED \
     "$(grep -m 3 -E 'error|warning' "$log" | tr '\n|' ';/' | cut -c1-600) (log: $log)"
   werror=OFF
-  if ! { configure OFF && build "${cuda_tests[@]}" pmsnap; } >>"$log" 2>&1; then
+  if ! build_core OFF >>"$log" 2>&1; then
     die 4 "build failed also without warnings as errors; the last lines of $log:
 $(tail -n 30 "$log")"
   fi

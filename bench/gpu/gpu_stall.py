@@ -251,23 +251,12 @@ class PmsnapMethod(Method):
             capture_rng=False, **how)
         self.note = self.opt.device_note
         self.opt_workers = workers if workers is not None else "default"
-        # Continuous mode skips a step whose boundary finds the previous
-        # checkpoint in flight, so the last step need not be checkpointed:
-        # settle() makes it so for the bitwise restore check.
-        self.continuous = mode != "every"
-        self.every = every
+        # Every k: settle() trains up to a multiple of k. Continuous mode's
+        # close() checkpoints the last step itself if its boundary skipped it.
+        self.every = every if mode == "every" else 1
 
     def step(self, k):
         self.opt.step()
-
-    def settle(self, train_step, last_step):
-        """Continuous: waits for the checkpoint in flight and trains one more
-        step, which is then checkpointed for certain (nothing is in flight
-        at its boundary)."""
-        if not self.continuous:
-            return super().settle(train_step, last_step)
-        self.opt.flush()
-        train_step(last_step + 1)
 
     def close(self):
         self.opt.close()  # waits for the last epoch: stats() then counts it
@@ -467,24 +456,19 @@ class CheckFreqMethod(Method):
         return {"checkpoints": self.saves}
 
 
+PMSNAP_MODES = {"pmsnap": "every", "pmsnap-continuous": "continuous", "pmsnap-staged": "staged"}
+
+
 def make_method(name, model, optimizer, args, device, every):
     """`name`, or a pmsnap method with "@wN" (N worker threads)."""
     name, _, workers = name.partition("@w")
+    if name in PMSNAP_MODES:
+        return PmsnapMethod(model, optimizer, args, device, every, mode=PMSNAP_MODES[name],
+                            workers=int(workers) if workers else None)
     if workers:
-        if not name.startswith("pmsnap"):
-            raise SystemExit(f"@w (workers) is for the pmsnap methods, not {name}")
-        mode = {"pmsnap": "every", "pmsnap-continuous": "continuous",
-                "pmsnap-staged": "staged"}[name]
-        return PmsnapMethod(model, optimizer, args, device, every, mode=mode,
-                            workers=int(workers))
+        raise SystemExit(f"@w (workers) is for the pmsnap methods, not {name}")
     if name == "none":
         return Method(model, optimizer)
-    if name == "pmsnap":
-        return PmsnapMethod(model, optimizer, args, device, every)
-    if name == "pmsnap-continuous":
-        return PmsnapMethod(model, optimizer, args, device, every, mode="continuous")
-    if name == "pmsnap-staged":
-        return PmsnapMethod(model, optimizer, args, device, every, mode="staged")
     if name == "dcp_async":
         return DcpAsyncMethod(model, optimizer, args, every)
     if name == "checkfreq":
@@ -683,10 +667,8 @@ def main():
             for m in wanted[every]:
                 runs = [rows[m] for rows in per_round[every]]
                 row = dict(runs[-1])
-                for key in ("step_ms", "overhead_pct", "stall_ms", "gpu_step_ms", "gpu_stall_ms",
-                            "ckpt_gbps", "device_stall_ms", "host_blocked_ms", "restore_ms",
-                            "blocked_ms_per_step", "boundary_wait_ms_per_step", "epoch_ms",
-                            "copy_ms", "persist_ms"):
+                for key in ("step_ms", "overhead_pct", "stall_ms", "gpu_stall_ms",
+                            "host_blocked_ms") + RUN_DETAILS:
                     if key in row:
                         row[key] = median([r.get(key, float("nan")) for r in runs])
                 row["step_ms_min"] = min(r["step_ms"] for r in runs)
