@@ -13,11 +13,13 @@ uses it.
 
 import contextlib
 import pickle
+import warnings
 
 import torch
 import torch.distributed as dist
 
 from . import _pmsnap
+from . import extra_state as _extra
 from .errors import make_error
 
 EpochAgreement = _pmsnap.EpochAgreement
@@ -175,6 +177,38 @@ class PeerReplicas:
             if holder_own and self.rank in holder_kept:
                 return holder_kept[self.rank]
         return None
+
+    def own_extra_state(self, blob, own, pool):
+        """This rank's own extra state after a restore of `pool`: `blob` (the
+        unpacked extra state the engine restored) where it is this rank's
+        (`own`), else the copy a peer kept. Where the pool was lost and no
+        surviving rank kept a copy, warns and returns `blob` (another rank's
+        state: not bit-exact for per-rank state). Collective, like recover."""
+        recovered = self.recover(blob.get("peers", {}) if own else {}, own)
+        if recovered is not None:
+            return _extra.unpack(recovered)
+        if not own:
+            warnings.warn(f"pmsnap: rank {self.rank}'s pool {pool} was lost and no "
+                          "surviving rank kept its extra state (RNG states, data position, "
+                          f"extra_state): it resumes with rank {self.rank}'s neighbour's, "
+                          "which is not bit-exact for per-rank state", RuntimeWarning,
+                          stacklevel=4)
+        return blob
+
+
+def one_rank_at_a_time(coordinator, read):
+    """read() on each rank in turn (alone: once), each turn under together()
+    so that a failing rank fails every rank; returns this rank's result. For
+    reads that cannot overlap, such as opening pool files, which libpmemobj
+    locks to one process at a time."""
+    if coordinator is None:
+        return read()
+    result = None
+    for turn in range(coordinator.world_size()):
+        with together(coordinator):
+            if turn == coordinator.rank():
+                result = read()
+    return result
 
 
 @contextlib.contextmanager

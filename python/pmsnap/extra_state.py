@@ -25,6 +25,9 @@ import random
 
 import torch
 
+from . import _pmsnap
+from .errors import make_error
+
 FORMAT = 1
 
 try:  # numpy is optional; its global RNG is saved when it is there.
@@ -109,4 +112,34 @@ def nontensor_state(optimizer, named):
             rest = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
             if rest:
                 out[name] = rest
+    return out
+
+
+def apply_to_optimizer(blob, optimizer, named, pool, restore_rng):
+    """Sets what `blob` (an unpacked extra state) holds for `optimizer`: the
+    param groups' hyperparameters, the non-tensor state of the parameters in
+    `named` [(name, parameter)], and with `restore_rng` the RNG states.
+    ModelMismatchError naming `pool` when the number of param groups differs."""
+    groups = blob.get("param_groups")
+    if groups is not None:
+        if len(groups) != len(optimizer.param_groups):
+            raise make_error(_pmsnap.ModelMismatchError,
+                             f"pool {pool} was written with {len(groups)} param groups, "
+                             f"the optimizer has {len(optimizer.param_groups)}")
+        for group, saved in zip(optimizer.param_groups, groups):
+            group.update(saved)
+    by_name = dict(named)
+    for name, values in blob.get("state", {}).items():
+        p = by_name.get(name)
+        if p is not None:
+            optimizer.state[p].update(values)
+    if restore_rng and blob.get("rng"):
+        apply_rng(blob["rng"])
+
+
+def user_view(blob):
+    """What restore() returns beside the iteration: the caller's dict, with
+    the RNG states under "rng"."""
+    out = dict(blob["user"])
+    out["rng"] = blob.get("rng", {})
     return out

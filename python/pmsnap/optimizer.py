@@ -43,7 +43,6 @@ engine's hooks); stats() may be called from any thread.
 """
 
 import os
-import warnings
 
 import torch
 
@@ -53,61 +52,13 @@ from . import distributed as _distributed
 from .embedding import EmbeddingTracker
 from .embedding_tables import gradient_rows, make_embedding_options, resolve_tables
 from .errors import make_error
-from .options import UNSET, PoolSettings, Ranks, Tuning
+from .options import UNSET, PoolSettings, Ranks, Tuning, check_settings, default_workers
 from .options import resolve as resolve_options
 from .pool_manifest import (check_every_parameter_held, check_pool_buffers, check_pool_names,
                             check_pool_tables, create_state_from_manifest, merge_rank_units)
-from .stepping import ParameterStepper
+from .stepping import EngineObserver, ParameterStepper
 from .units import ModuleBuffers, Unit, named_parameters, state_tensors
 from .update_in_backward import UpdateInBackward
-
-_STRATEGIES = ("1", "2", "3", "4", "adaptive")
-_MODES = ("continuous", "every", "checkfreq")
-
-
-class _EngineObserver:
-    """ParameterStepper's observer: parameter `index`'s units' engine hooks
-    around its update, and its registered state kept in place after it."""
-
-    __slots__ = ("_engine", "_unit_ids", "_units", "_optimizer")
-
-    def __init__(self, engine, unit_ids, units, optimizer):
-        self._engine = engine
-        self._unit_ids = unit_ids
-        self._units = units
-        self._optimizer = optimizer
-
-    def before_update(self, index):
-        for unit in self._unit_ids[index]:
-            self._engine.before_update(unit)
-
-    def after_optimizer_step(self, index):
-        self._units[index].repin_state(self._optimizer)
-
-    def after_update(self, index):
-        for unit in self._unit_ids[index]:
-            self._engine.after_update(unit)
-
-
-def default_workers(device, cpu_count):
-    """Copy/persist worker threads when workers= is not given, for `device`
-    ("host", "simulated:...", "cuda[:N]") on a machine of `cpu_count` CPUs
-    (None: unknown, taken as 2). At least 1; at most cpu_count - 1, since
-    oneTBB lends an arena no more worker threads (and warns when asked for
-    more).
-
-    On a GPU the training thread leaves the CPU's cores idle, and each
-    checkpoint's parts are sealed (flushed, checksummed) by the workers after
-    the GPU copied them: up to 8, one per two CPUs (on an H200 host with 16
-    CPUs, GPT-2 small checkpointed every step ran at 130 ms/step with 2
-    workers, 76 with 4, 50 with 8; bench/RESULTS.md). On the host the
-    training itself uses the cores: 2."""
-    cpus = max(1, cpu_count or 2)
-    most = max(1, cpus - 1)
-    if str(device).startswith("cuda"):
-        return max(1, min(8, cpus // 2, most))
-    return max(1, min(2, most))
-
 
 class CheckpointedOptimizer(UpdateInBackward):
     """Wraps a torch.optim optimizer; every step() is checkpointed into `pool`.
@@ -256,43 +207,13 @@ class CheckpointedOptimizer(UpdateInBackward):
         process_group, sharding, replicas = resolve_options(
             Ranks, ranks, "ranks", process_group=process_group, sharding=sharding,
             replicas=replicas)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if isinstance(optimizer, torch.optim.LBFGS):
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             "LBFGS couples all parameters in one update and cannot be stepped "
-                             "parameter by parameter")
-        if mode is None:
-            mode = "every" if every is not None else "continuous"
-        if mode not in _MODES:
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"unknown mode '{mode}' (continuous, every or checkfreq)")
-        if mode == "continuous" and every is not None:
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             "every= is for mode 'every' (or 'checkfreq'), not 'continuous'")
-        if every is not None and (not isinstance(every, int) or every < 1):
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"every must be an int >= 1, got {every!r}")
+        mode = check_settings(optimizer, mode, every, strategy, sharding, replicas, step_groups)
         strategy = str(strategy)
-        if strategy not in _STRATEGIES:
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"unknown conflict strategy '{strategy}' (\"1\", \"2\", \"3\", "
-                             "\"4\" or \"adaptive\")")
         if not pool:
             raise make_error(_pmsnap.InvalidArgumentError, "pool path is empty")
         # Fails early with InvalidArgumentError for a bad spec.
         self._device_name, self._device_note = _pmsnap.describe_device(device)
         self.optimizer = optimizer
-        if sharding not in (None, "replicated"):
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"unknown sharding {sharding!r} (None or \"replicated\")")
-        if not isinstance(replicas, int) or replicas < 1:
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"replicas must be an int >= 1, got {replicas!r}")
-        if replicas != 1 and sharding is None:
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             "replicas= needs sharding=\"replicated\"")
         self._coordinator = _distributed.coordinator_for(process_group)
         self._peers = None
         if sharding == "replicated" and replicas > 1 and self._coordinator is not None:
@@ -328,9 +249,6 @@ class CheckpointedOptimizer(UpdateInBackward):
         if self._buffers is not None and not len(self._buffers):
             self._buffers = None
         self._buffer_unit_ids = []
-        if step_groups is not None and (not isinstance(step_groups, int) or step_groups < 0):
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"step_groups must be None or an int >= 0, got {step_groups!r}")
         self._stepper = ParameterStepper(optimizer, [p for _, p in self._named], step_groups)
         self._engine = None
         self._units = None
@@ -478,11 +396,11 @@ class CheckpointedOptimizer(UpdateInBackward):
         if self._buffers is not None:
             self._buffers.restore()
         blob = self._own_blob(_extra.unpack(data))
-        self._apply_blob(blob, restore_rng)
+        _extra.apply_to_optimizer(blob, self.optimizer, self._named, self.pool, restore_rng)
         self.iteration = int(iteration)
         self._pool_latest = self.iteration
         self.extra_state = dict(blob["user"])
-        return self.iteration, self._user_view(blob)
+        return self.iteration, _extra.user_view(blob)
 
     @property
     def _sharded(self):
@@ -689,16 +607,9 @@ class CheckpointedOptimizer(UpdateInBackward):
         # Imported here: export.py imports this module's package.
         from .export import read_export
         from .importing import load_into
-        if self._coordinator is None:
-            data = read_export(path)
-        else:
-            # One rank at a time: a pool file opens in one process at once
-            # (libpmemobj locks it), and init_from may name another run's pools.
-            data = None
-            for turn in range(self._coordinator.world_size()):
-                with _distributed.together(self._coordinator):
-                    if turn == self._coordinator.rank():
-                        data = read_export(path)
+        # One rank at a time: a pool file opens in one process at once
+        # (libpmemobj locks it), and init_from may name another run's pools.
+        data = _distributed.one_rank_at_a_time(self._coordinator, lambda: read_export(path))
         load_into(data, self.model, self.optimizer, self._named, os.fspath(path))
         if data["iteration"] is not None:
             self.iteration = int(data["iteration"])
@@ -851,7 +762,7 @@ class CheckpointedOptimizer(UpdateInBackward):
         """The stepper's observer that hooks `engine` (None: unobserved)."""
         if engine is None:
             return None
-        return _EngineObserver(engine, self._unit_ids, self._units, self.optimizer)
+        return EngineObserver(engine, self._unit_ids, self._units, self.optimizer)
 
     def _encoded_roles(self, table):
         """[(role, shape)] of table `table`'s encoded unit, or None."""
@@ -884,45 +795,9 @@ class CheckpointedOptimizer(UpdateInBackward):
         another thread, after the training thread moved on."""
         return _extra.capture_rng() if self.capture_rng else {}
 
-    def _apply_blob(self, blob, restore_rng):
-        groups = blob.get("param_groups")
-        if groups is not None:
-            if len(groups) != len(self.optimizer.param_groups):
-                raise make_error(_pmsnap.ModelMismatchError,
-                                 f"pool {self.pool} was written with {len(groups)} param groups, "
-                                 f"the optimizer has {len(self.optimizer.param_groups)}")
-            for group, saved in zip(self.optimizer.param_groups, groups):
-                group.update(saved)
-        by_name = dict(self._named)
-        for name, values in blob.get("state", {}).items():
-            p = by_name.get(name)
-            if p is not None:
-                self.optimizer.state[p].update(values)
-        if restore_rng and blob.get("rng"):
-            _extra.apply_rng(blob["rng"])
-
     def _own_blob(self, blob):
-        """This rank's own extra state after a restore: where its pool was
-        lost (sharding="replicated"), the copy a peer kept (PeerReplicas)
-        instead of the one the engine took from another rank. Collective
-        with replicas > 1."""
+        """This rank's own extra state after a restore (PeerReplicas.own_extra_state)."""
         if self._peers is None:
             return blob
-        own = self._engine.restored_extra_state_is_own
-        recovered = self._peers.recover(blob.get("peers", {}) if own else {}, own)
-        if recovered is not None:
-            return _extra.unpack(recovered)
-        if not own:
-            warnings.warn(f"pmsnap: rank {self._peers.rank}'s pool {self.pool} was lost and no "
-                          "surviving rank kept its extra state (RNG states, data position, "
-                          f"extra_state): it resumes with rank {self._peers.rank}'s neighbour's, "
-                          "which is not bit-exact for per-rank state", RuntimeWarning,
-                          stacklevel=3)
-        return blob
-
-    @staticmethod
-    def _user_view(blob):
-        out = dict(blob["user"])
-        out["rng"] = blob.get("rng", {})
-        return out
-
+        return self._peers.own_extra_state(blob, self._engine.restored_extra_state_is_own,
+                                           self.pool)

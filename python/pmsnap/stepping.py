@@ -143,3 +143,27 @@ class ParameterStepper:
             except _pmsnap.Error as e:
                 error = error or e
         return error
+
+
+class EngineObserver:
+    """ParameterStepper's observer: parameter `index`'s units' engine hooks
+    around its update, and its registered state kept in place after it."""
+
+    __slots__ = ("_engine", "_unit_ids", "_units", "_optimizer")
+
+    def __init__(self, engine, unit_ids, units, optimizer):
+        self._engine = engine
+        self._unit_ids = unit_ids
+        self._units = units
+        self._optimizer = optimizer
+
+    def before_update(self, index):
+        for unit in self._unit_ids[index]:
+            self._engine.before_update(unit)
+
+    def after_optimizer_step(self, index):
+        self._units[index].repin_state(self._optimizer)
+
+    def after_update(self, index):
+        for unit in self._unit_ids[index]:
+            self._engine.after_update(unit)
