@@ -7,12 +7,12 @@
 namespace pmsnap::conflict {
 
 StrategyChoice StrategyBase::choice(std::uint32_t unit) const {
-  std::lock_guard<std::mutex> lock(choices_mutex_);
+  MutexLock lock(choices_mutex_);
   return unit < choices_.size() ? choices_[unit] : StrategyChoice::kWaitSnapshot;
 }
 
 void StrategyBase::SetChoice(std::uint32_t unit, StrategyChoice choice) {
-  std::lock_guard<std::mutex> lock(choices_mutex_);
+  MutexLock lock(choices_mutex_);
   if (choices_.size() <= unit) choices_.resize(unit + 1, StrategyChoice::kWaitSnapshot);
   choices_[unit] = choice;
 }
@@ -150,7 +150,7 @@ Status SplitGroupsStrategy::OnCaptured(UnitTask& task) {
     direct = n;  // everything direct: a conflict waits for the whole unit
   }
   SetChoice(task.unit(), direct < n ? StrategyChoice::kSplitGroups : StrategyChoice::kWaitSnapshot);
-  std::lock_guard<std::mutex> lock(split_mutex_);
+  MutexLock lock(split_mutex_);
   if (direct_parts_.size() <= task.unit()) direct_parts_.resize(task.unit() + 1, 0);
   direct_parts_[task.unit()] = direct;
   return Status::Ok();
@@ -159,7 +159,7 @@ Status SplitGroupsStrategy::OnCaptured(UnitTask& task) {
 Status SplitGroupsStrategy::Resolve(UnitTask& task) {
   std::uint32_t direct = task.part_count();
   {
-    std::lock_guard<std::mutex> lock(split_mutex_);
+    MutexLock lock(split_mutex_);
     if (task.unit() < direct_parts_.size()) direct = direct_parts_[task.unit()];
   }
   if (!task.device().orders_by_events()) {
@@ -202,12 +202,12 @@ StrategyChoice AdaptiveStrategy::Decide(const DecisionInputs& in) {
 }
 
 std::uint32_t AdaptiveStrategy::calm_epochs_needed(std::uint32_t unit) const {
-  std::lock_guard<std::mutex> lock(decisions_mutex_);
+  MutexLock lock(decisions_mutex_);
   return unit < calm_needed_.size() ? calm_needed_[unit] : kCalmEpochsBeforeWaiting;
 }
 
 StrategyChoice AdaptiveStrategy::Decision(std::uint32_t unit) const {
-  std::lock_guard<std::mutex> lock(decisions_mutex_);
+  MutexLock lock(decisions_mutex_);
   return unit < decisions_.size() ? decisions_[unit] : StrategyChoice::kWaitSnapshot;
 }
 
@@ -230,7 +230,7 @@ Status AdaptiveStrategy::OnCaptured(UnitTask& task) {
   const std::uint64_t usable = free > options_.reserve_bytes ? free - options_.reserve_bytes : 0;
   const runtime::Device& device = task.device();
   {
-    std::lock_guard<std::mutex> lock(decisions_mutex_);
+    MutexLock lock(decisions_mutex_);
     const std::uint32_t unit = task.unit();
     DecisionInputs in;
     in.last = LastProfile(unit);
@@ -281,7 +281,7 @@ std::uint64_t AdaptiveStrategy::fallbacks() const {
 
 void AdaptiveStrategy::OnEpochCommitted(const std::vector<UnitProfile>& profiles) {
   {
-    std::lock_guard<std::mutex> lock(decisions_mutex_);
+    MutexLock lock(decisions_mutex_);
     double in_device_seconds = 0;
     std::uint64_t in_device_bytes = 0;
     for (const UnitProfile& profile : profiles) {

@@ -157,12 +157,12 @@ DifferentialLog::~DifferentialLog() { Abandon(); }
 
 void DifferentialLog::Abandon() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
     closed_ = true;
     queue_.clear();  // buffered and queued differentials are dropped, as in a crash
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
   if (worker_.joinable()) worker_.join();
 }
 
@@ -179,6 +179,10 @@ Result<std::unique_ptr<DifferentialLog>> DifferentialLog::Open(layout::Pool& poo
                       "chunk_heap_bytes > 0)");
   }
   std::unique_ptr<DifferentialLog> log(new DifferentialLog(pool, options));
+  // No other thread sees the log until its worker starts; the lock is for
+  // the analysis.
+  MutexLock lock(log->mutex_);
+  MutexLock live_lock(log->live_mutex_);
   std::vector<std::uint64_t> unsealed;
   PMSNAP_ASSIGN_OR_RETURN(std::vector<ParsedChunk> chunks, ParseChunks(pool, false, &unsealed));
   // A chunk a crash left unsealed holds nothing readable; nobody else frees
@@ -222,21 +226,23 @@ Result<std::unique_ptr<DifferentialLog>> DifferentialLog::Open(layout::Pool& poo
     }
   }
   log->stats_.live_chunks = live.size();
-  log->NoteHeapLocked();  // no other thread yet
+  log->NoteHeapLocked();
   log->live_ = std::move(live);
+  live_lock.Unlock();
+  lock.Unlock();
   log->worker_ = std::thread([raw = log.get()] { raw->Run(); });
   return log;
 }
 
 Status DifferentialLog::Fail(Status status) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (error_.ok()) error_ = status;
-  changed_.notify_all();
+  changed_.NotifyAll();
   return status;
 }
 
 Status DifferentialLog::Append(std::uint64_t iteration, std::vector<DifferentialPiece> pieces) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (closed_) {
     return Status(StatusCode::kFailedPrecondition, "differential log of " + pool_path_ + " is closed");
   }
@@ -260,8 +266,8 @@ Status DifferentialLog::Append(std::uint64_t iteration, std::vector<Differential
   queue_.push_back(std::move(pending));
   last_appended_ = iteration;
   ++stats_.appended;
-  lock.unlock();
-  changed_.notify_all();
+  lock.Unlock();
+  changed_.NotifyAll();
   return Status::Ok();
 }
 
@@ -270,8 +276,8 @@ Status DifferentialLog::WaitCopied(std::uint64_t iteration) {
     return Status(StatusCode::kFailedPrecondition, "differential log of " + pool_path_ + " is closed");
   }
   const auto start = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return !error_.ok() || copied_through_ >= iteration || stopping_; });
+  MutexLock lock(mutex_);
+  while (error_.ok() && copied_through_ < iteration && !stopping_) changed_.Wait(lock);
   stats_.copy_wait_seconds += Seconds(start);
   return error_;
 }
@@ -280,21 +286,21 @@ Status DifferentialLog::WaitWritten() {
   if (closed_) {
     return Status(StatusCode::kFailedPrecondition, "differential log of " + pool_path_ + " is closed");
   }
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   const std::uint64_t through = last_appended_.value_or(0);
-  changed_.wait(lock, [&] { return !error_.ok() || copied_through_ >= through || stopping_; });
+  while (error_.ok() && copied_through_ < through && !stopping_) changed_.Wait(lock);
   return error_;
 }
 
 Status DifferentialLog::Flush() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (closed_) {
     return Status(StatusCode::kFailedPrecondition, "differential log of " + pool_path_ + " is closed");
   }
   if (stopping_) return error_;
   const std::uint64_t ticket = ++flushes_requested_;
-  changed_.notify_all();
-  changed_.wait(lock, [&] { return !error_.ok() || flushes_done_ >= ticket || stopping_; });
+  changed_.NotifyAll();
+  while (error_.ok() && flushes_done_ < ticket && !stopping_) changed_.Wait(lock);
   return error_;
 }
 
@@ -304,11 +310,11 @@ Status DifferentialLog::Close() {
   }
   Status status = Flush();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     closed_ = true;
     stopping_ = true;
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
   if (worker_.joinable()) worker_.join();
   return status;
 }
@@ -321,7 +327,7 @@ Status DifferentialLog::SetBatch(std::uint32_t batch) {
     return Status(StatusCode::kInvalidArgument,
                   "differential log of " + pool_path_ + ": batch size must be >= 1");
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   options_.batch = batch;
   stats_.batch = batch;
   stats_.max_loss = batch - 1;
@@ -332,7 +338,7 @@ Status DifferentialLog::Retire(std::uint64_t full_iteration) {
   if (closed_) {
     return Status(StatusCode::kFailedPrecondition, "differential log of " + pool_path_ + " is closed");
   }
-  std::lock_guard<std::mutex> live_lock(live_mutex_);
+  MutexLock live_lock(live_mutex_);
   std::vector<LiveChunk>& live = live_;
   std::vector<LiveChunk> kept;
   std::uint64_t freed = 0;
@@ -362,7 +368,7 @@ Status DifferentialLog::Retire(std::uint64_t full_iteration) {
     after_marks.push_back(c);
   }
   live = std::move(after_marks);
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   stats_.chunks_freed += freed;
   stats_.live_chunks = live.size();
   NoteHeapLocked();
@@ -370,7 +376,7 @@ Status DifferentialLog::Retire(std::uint64_t full_iteration) {
 }
 
 DifferentialLogStats DifferentialLog::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return stats_;
 }
 
@@ -389,7 +395,7 @@ void DifferentialLog::Run() {
     h.magic = kMagic;
     h.version = kVersion;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       h.sequence = next_sequence_++;
     }
     h.first_iteration = first;
@@ -406,10 +412,10 @@ void DifferentialLog::Run() {
     }
     PMSNAP_RETURN_IF_ERROR(heap.Seal(chunk.id));
     {
-      std::lock_guard<std::mutex> live_lock(live_mutex_);
+      MutexLock live_lock(live_mutex_);
       live_.push_back({chunk.id, h.sequence, first, count, kNoTruncation});
     }
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stats_.write_seconds += Seconds(start);
     stats_.bytes_written += sizeof(h) + body.out.size();
     stats_.last_chunk_bytes = sizeof(h) + body.out.size();
@@ -424,17 +430,17 @@ void DifferentialLog::Run() {
     count = 0;
     return Status::Ok();
   };
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   for (;;) {
-    changed_.wait(lock, [&] {
-      return stopping_ || !queue_.empty() || flushes_done_ < flushes_requested_;
-    });
+    while (!stopping_ && queue_.empty() && flushes_done_ >= flushes_requested_) {
+      changed_.Wait(lock);
+    }
     if (!queue_.empty() && !stopping_) {
       std::unique_ptr<Pending> p = std::move(queue_.front());
       queue_.pop_front();
       const std::uint32_t batch = options_.batch;
       const bool failed = !error_.ok();
-      lock.unlock();
+      lock.Unlock();
       Status status = Status::Ok();
       if (!failed) {
         if (count == 0) first = p->iteration;
@@ -442,7 +448,7 @@ void DifferentialLog::Run() {
         if (status.ok()) {
           ++count;
           {
-            std::lock_guard<std::mutex> inner(mutex_);
+            MutexLock inner(mutex_);
             ++stats_.buffered;
           }
           // The differential completing a batch counts as copied only once
@@ -452,22 +458,22 @@ void DifferentialLog::Run() {
         }
       }
       if (!status.ok()) static_cast<void>(Fail(status));
-      lock.lock();
+      lock.Lock();
       copied_through_ = p->iteration;
-      changed_.notify_all();
+      changed_.NotifyAll();
       continue;
     }
     if (flushes_done_ < flushes_requested_ && !stopping_) {
       const std::uint64_t ticket = flushes_requested_;
       const bool failed = !error_.ok();
-      lock.unlock();
+      lock.Unlock();
       if (!failed && count > 0) {
         Status status = write();
         if (!status.ok()) static_cast<void>(Fail(status));
       }
-      lock.lock();
+      lock.Lock();
       flushes_done_ = ticket;
-      changed_.notify_all();
+      changed_.NotifyAll();
       continue;
     }
     if (stopping_) break;

@@ -5,13 +5,13 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <set>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "pmsnap/common/mutex.h"
 #include "detail/chunk_format.h"
-#include "detail/policy_rules.h"
+#include "detail/encoding_policies.h"
 #include "pmsnap/quant/param_search.h"
 #include "pmsnap/runtime/device.h"
 #include "pmsnap/runtime/engine.h"
@@ -20,6 +20,7 @@ namespace pmsnap::diff {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using detail::ChunkReader;
 using detail::ChunkRef;
 using detail::DataChunkView;
 using detail::ListNode;
@@ -66,35 +67,6 @@ Result<TableIndex> ReadIndex(const layout::ChunkHeap& chunks, const layout::Chun
   if (!bytes.ok()) return Status(bytes.status().code(), what + ": " + bytes.status().message());
   return detail::ParseIndex(*bytes, what);
 }
-
-// Reads logical chunks, verifying each heap chunk's checksum once.
-class ChunkReader {
- public:
-  ChunkReader(const layout::ChunkHeap& chunks, std::string what)
-      : chunks_(chunks), what_(std::move(what)) {}
-  Result<DataChunkView> Read(const ChunkRef& ref) {
-    auto it = verified_.find(ref.heap_id);
-    if (it == verified_.end()) {
-      auto bytes = chunks_.Read(ref.heap_id);
-      if (!bytes.ok())
-        return Status(bytes.status().code(), what_ + ": " + bytes.status().message());
-      it = verified_.emplace(ref.heap_id, *bytes).first;
-    }
-    if (ref.offset > it->second.size() || ref.length > it->second.size() - ref.offset) {
-      return Status(StatusCode::kCorruption, what_ + ": chunk reference outside its heap chunk " +
-                                                 std::to_string(ref.heap_id));
-    }
-    bytes_read_ += ref.length;
-    return detail::ParseDataChunk(it->second.subspan(ref.offset, ref.length), what_);
-  }
-  std::uint64_t bytes_read() const { return bytes_read_; }
-
- private:
-  const layout::ChunkHeap& chunks_;
-  std::string what_;
-  std::unordered_map<std::uint64_t, std::span<const std::byte>> verified_;
-  std::uint64_t bytes_read_ = 0;
-};
 
 struct TableShape {
   std::uint64_t rows = 0;
@@ -228,25 +200,30 @@ struct EmbeddingCheckpointer::Table {
   std::vector<runtime::TensorView> tensors;
   RowTracker tracker;  // training thread
 
-  std::mutex mutex;  // guards everything below
-  TableIndex index;  // newest committed (epoch 0: none)
-  TableIndex previous;
-  std::uint64_t index_chunk = 0, previous_index_chunk = 0;
-  BitVector cumulative;  // rows changed since the baseline (committed)
+  Mutex mutex;
+  TableIndex index PMSNAP_GUARDED_BY(mutex);  // newest committed (epoch 0: none)
+  TableIndex previous PMSNAP_GUARDED_BY(mutex);
+  std::uint64_t index_chunk PMSNAP_GUARDED_BY(mutex) = 0;
+  std::uint64_t previous_index_chunk PMSNAP_GUARDED_BY(mutex) = 0;
+  BitVector cumulative PMSNAP_GUARDED_BY(mutex);  // rows changed since the baseline (committed)
   // Captured for the epoch in flight.
-  BitVector interval;
-  BitVector carry_over;  // rows of an abandoned epoch, merged into the next interval
-  std::uint64_t capture_epoch = 0, capture_iteration = 0;
+  BitVector interval PMSNAP_GUARDED_BY(mutex);
+  // Rows of an abandoned epoch, merged into the next interval.
+  BitVector carry_over PMSNAP_GUARDED_BY(mutex);
+  std::uint64_t capture_epoch PMSNAP_GUARDED_BY(mutex) = 0;
+  std::uint64_t capture_iteration PMSNAP_GUARDED_BY(mutex) = 0;
   // Encoded, not yet committed.
-  std::optional<TableIndex> pending;
-  std::uint64_t pending_index_chunk = 0;
-  BitVector pending_cumulative;
-  TableCheckpointStats pending_stats, last_stats;
+  std::optional<TableIndex> pending PMSNAP_GUARDED_BY(mutex);
+  std::uint64_t pending_index_chunk PMSNAP_GUARDED_BY(mutex) = 0;
+  BitVector pending_cumulative PMSNAP_GUARDED_BY(mutex);
+  TableCheckpointStats pending_stats PMSNAP_GUARDED_BY(mutex);
+  TableCheckpointStats last_stats PMSNAP_GUARDED_BY(mutex);
   // MFU / SSU: rows taken at capture for the epoch in flight, and those of an
   // abandoned epoch (handed back to the tracker at the next capture).
-  std::vector<std::uint64_t> priority_rows, priority_carry;
-  double select_seconds = 0;
-  std::uint64_t access_record_bytes = 0;
+  std::vector<std::uint64_t> priority_rows PMSNAP_GUARDED_BY(mutex);
+  std::vector<std::uint64_t> priority_carry PMSNAP_GUARDED_BY(mutex);
+  double select_seconds PMSNAP_GUARDED_BY(mutex) = 0;
+  std::uint64_t access_record_bytes PMSNAP_GUARDED_BY(mutex) = 0;
 };
 
 namespace {
@@ -275,7 +252,8 @@ Status Gather(const Table& table, runtime::Device& device, const std::vector<std
 
 }  // namespace
 
-EmbeddingCheckpointer::EmbeddingCheckpointer(EmbeddingOptions options) : options_(options) {
+EmbeddingCheckpointer::EmbeddingCheckpointer(EmbeddingOptions options)
+    : options_(options), encoding_(detail::MakeEncodingPolicy(options_)) {
   if (options_.retain == 0) options_.retain = 1;
 }
 EmbeddingCheckpointer::~EmbeddingCheckpointer() = default;
@@ -290,7 +268,7 @@ RowTracker* EmbeddingCheckpointer::tracker(const std::string& table) {
 TableCheckpointStats EmbeddingCheckpointer::last_checkpoint(const std::string& table) const {
   for (const auto& t : tables_) {
     if (t->name == table) {
-      std::lock_guard<std::mutex> lock(t->mutex);
+      MutexLock lock(t->mutex);
       return t->last_stats;
     }
   }
@@ -310,6 +288,8 @@ Status EmbeddingCheckpointer::Attach(layout::ChunkHeap& chunks, const layout::Ma
   for (std::uint32_t u : encoded_units) {
     PMSNAP_ASSIGN_OR_RETURN(TableShape shape, ShapeOf(manifest.units[u]));
     auto table = std::make_unique<Table>(u, units[u].name, shape, units[u].tensors);
+    // Nobody else has the table yet; the lock is for the analysis.
+    MutexLock lock(table->mutex);
     std::vector<layout::ChunkInfo> indexes = IndexChunks(chunks, u, last_committed_epoch);
     if (!indexes.empty()) {
       PMSNAP_ASSIGN_OR_RETURN(table->index, ReadIndex(chunks, indexes[0], table->name));
@@ -319,9 +299,7 @@ Status EmbeddingCheckpointer::Attach(layout::ChunkHeap& chunks, const layout::Ma
         table->previous_index_chunk = indexes[1].id;
       }
       // Rows changed since the baseline = the newest differential's rows.
-      const bool differential = options_.policy == Policy::kOneShotDifferential ||
-                                options_.policy == Policy::kIntermittentDifferential;
-      if (differential && !table->index.retained.empty() &&
+      if (encoding_->DifferentialSinceBaseline() && !table->index.retained.empty() &&
           table->index.retained.back().refs.size() == 2) {
         ChunkReader reader(chunks, What(table->name, table->index.epoch));
         PMSNAP_ASSIGN_OR_RETURN(DataChunkView diff,
@@ -357,14 +335,14 @@ Status EmbeddingCheckpointer::OnCaptured(std::uint32_t unit, std::uint64_t epoch
   if (IsPrioritised(options_.policy)) {
     std::vector<std::uint64_t> carry;
     {
-      std::lock_guard<std::mutex> lock(table.mutex);
+      MutexLock lock(table.mutex);
       carry.swap(table.priority_carry);
     }
     table.tracker.ReturnPriorityRows(carry);
     take = table.tracker.TakePriorityRows();
   }
   const std::uint64_t record_bytes = table.tracker.access_record_bytes();
-  std::lock_guard<std::mutex> lock(table.mutex);
+  MutexLock lock(table.mutex);
   table.priority_rows = std::move(take.rows);
   table.select_seconds = take.select_seconds;
   table.access_record_bytes = record_bytes;
@@ -378,7 +356,7 @@ Status EmbeddingCheckpointer::OnCaptured(std::uint32_t unit, std::uint64_t epoch
 
 Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
   Table& table = *tables_[table_of_unit_[unit]];
-  std::lock_guard<std::mutex> lock(table.mutex);
+  MutexLock lock(table.mutex);
   const auto start = Clock::now();
   const std::string what = What(table.name, epoch);
   layout::ChunkHeap& chunks = *chunks_;
@@ -443,29 +421,11 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
   next.epoch = epoch;
   BitVector cumulative = table.cumulative;
   cumulative.OrWith(table.interval);
-  const std::vector<std::uint64_t> interval_rows = table.interval.SetIndices();
-
-  bool full = next.baseline_epoch == 0 || options_.policy == Policy::kFull;
-  if (!full && IsPrioritised(options_.policy) && !next.retained.empty()) {
-    full = next.retained.back().refs.size() > options_.priority.baseline_every;
-  }
   stats.select_seconds = table.select_seconds;
   stats.access_record_bytes = table.access_record_bytes;
-  if (!full && options_.policy == Policy::kIntermittentDifferential) {
-    full = detail::IntermittentTakesFull(next.diff_sizes);
-  }
-  if (!full && options_.policy == Policy::kIncrCP && options_.incrcp.reset_baseline &&
-      next.read_bytes_per_second > 0 && !next.retained.empty()) {
-    std::uint64_t increment_bytes = 0;
-    for (const ChunkRef& ref : next.retained.back().refs) {
-      if (!(ref == next.baseline)) increment_bytes += ref.length;
-    }
-    full = detail::IncrCPResetsBaseline(next.baseline_seconds, next.increment_seconds,
-                                        increment_bytes, next.read_bytes_per_second);
-  }
 
   RetainedCheckpoint checkpoint{epoch, table.capture_iteration, {}};
-  if (full) {
+  if (next.baseline_epoch == 0 || encoding_->TakesFull(next)) {
     PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, data_chunk(all_rows(), 0));
     PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({image}, false));
     next.baseline = refs[0];
@@ -476,132 +436,22 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
     checkpoint.refs = {refs[0]};
     cumulative.Clear();
     stats.full = true;
-  } else if (options_.policy == Policy::kOneShotDifferential ||
-             options_.policy == Policy::kIntermittentDifferential) {
-    const std::vector<std::uint64_t> rows = cumulative.SetIndices();
-    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, data_chunk(rows, 0));
-    PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({image}, false));
-    checkpoint.refs = {next.baseline, refs[0]};
-    next.diff_sizes.push_back(static_cast<double>(rows.size()) / table.shape.rows);
-  } else if (options_.policy == Policy::kConsecutiveIncremental ||
-             IsPrioritised(options_.policy)) {
-    // MFU / SSU: the chain of consecutive increments, each of the rows chosen
-    // at capture instead of every changed row.
-    PMSNAP_ASSIGN_OR_RETURN(
-        std::vector<std::byte> image,
-        data_chunk(IsPrioritised(options_.policy) ? table.priority_rows : interval_rows, 0));
-    PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({image}, false));
-    checkpoint.refs =
-        next.retained.empty() ? std::vector<ChunkRef>{next.baseline} : next.retained.back().refs;
-    checkpoint.refs.push_back(refs[0]);
-  } else {  // kIncrCP
-    const IncrCPOptions& incr = options_.incrcp;
-    PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> k_image,
-                            data_chunk(interval_rows, incr.bloom_bits_per_key));
-    PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> k_refs, write({k_image}, false));
-    ListNode k_node{k_refs[0],
-                    epoch,
-                    0,
-                    interval_rows.empty() ? 0 : interval_rows.front(),
-                    interval_rows.empty() ? 0 : interval_rows.back(),
-                    interval_rows.size()};
-    // Extraction: duplicates of the new chunk's keys leave the Row 0 chunks
-    // they were in for a chunk in the new Row 1 (with row_epoch = epoch).
-    ChunkReader reader(chunks, what);
-    const auto read_start = Clock::now();
-    std::vector<std::vector<std::byte>> row0_images, row1_images;
-    std::vector<ListNode> row0_nodes, row1_nodes, kept;
-    for (const ListNode& node : next.nodes) {
-      const bool candidate = node.row_epoch == 0 && node.count > 0 && !interval_rows.empty() &&
-                             node.min_key <= k_node.max_key && k_node.min_key <= node.max_key;
-      if (!candidate) {  // stage 1: key ranges do not overlap
-        kept.push_back(node);
-        continue;
-      }
-      PMSNAP_ASSIGN_OR_RETURN(DataChunkView old, reader.Read(node.ref));
-      const double needed = incr.duplicate_ratio_threshold * static_cast<double>(node.count);
-      std::uint64_t hits = 0;  // stage 2: Bloom filter hit ratio
-      for (std::uint64_t key : interval_rows)
-        hits += detail::BloomMayContain(old.bloom, key) ? 1 : 0;
-      if (static_cast<double>(hits) < needed || hits == 0) {
-        kept.push_back(node);
-        continue;
-      }
-      std::vector<std::uint64_t> duplicates, keep;  // stage 3: actual duplicates
-      std::size_t j = 0;
-      for (std::size_t i = 0; i < old.keys.size(); ++i) {
-        while (j < interval_rows.size() && interval_rows[j] < old.keys[i]) ++j;
-        (j < interval_rows.size() && interval_rows[j] == old.keys[i] ? duplicates : keep)
-            .push_back(i);
-      }
-      if (static_cast<double>(duplicates.size()) < needed || duplicates.empty()) {
-        kept.push_back(node);
-        continue;
-      }
-      ++stats.extractions;
-      if (!keep.empty()) {
-        PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image,
-                                detail::SliceDataChunk(old, keep, incr.bloom_bits_per_key));
-        row0_images.push_back(std::move(image));
-        row0_nodes.push_back(
-            {{}, node.column, 0, old.keys[keep.front()], old.keys[keep.back()], keep.size()});
-      }
-      PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image,
-                              detail::SliceDataChunk(old, duplicates, 0));
-      row1_images.push_back(std::move(image));
-      row1_nodes.push_back({{},
-                            node.column,
-                            epoch,
-                            old.keys[duplicates.front()],
-                            old.keys[duplicates.back()],
-                            duplicates.size()});
-    }
-    if (reader.bytes_read() > 0) {
-      next.read_bytes_per_second = reader.bytes_read() / std::max(Since(read_start), 1e-6);
-    } else if (next.read_bytes_per_second == 0) {
-      next.read_bytes_per_second = 5e9;  // until measured: a PM read bandwidth
-    }
-    // Concatenation: one bundle per row for this extraction's outputs.
-    auto place = [&](std::vector<std::vector<std::byte>>& images,
-                     std::vector<ListNode>& nodes) -> Status {
-      if (incr.concatenate) {
-        PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write(images, images.size() > 1));
-        for (std::size_t i = 0; i < refs.size(); ++i) nodes[i].ref = refs[i];
-      } else {
-        for (std::size_t i = 0; i < images.size(); ++i) {
-          PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({images[i]}, false));
-          nodes[i].ref = refs[0];
-        }
-      }
-      return Status::Ok();
-    };
-    PMSNAP_RETURN_IF_ERROR(place(row0_images, row0_nodes));
-    PMSNAP_RETURN_IF_ERROR(place(row1_images, row1_nodes));
-    next.nodes = std::move(kept);
-    next.nodes.insert(next.nodes.end(), row0_nodes.begin(), row0_nodes.end());
-    next.nodes.insert(next.nodes.end(), row1_nodes.begin(), row1_nodes.end());
-    next.nodes.push_back(k_node);
-    next.increment_seconds = Since(start);
+  } else {
+    detail::EncodeStep step;
+    step.epoch = epoch;
+    step.started = start;
+    step.chunks = &chunks;
+    step.what = what;
+    step.table_rows = table.shape.rows;
+    step.interval_rows = table.interval.SetIndices();
+    step.cumulative = &cumulative;
+    step.priority_rows = &table.priority_rows;
+    step.data_chunk = data_chunk;
+    step.write = write;
+    PMSNAP_RETURN_IF_ERROR(encoding_->WriteIncrement(step, next, checkpoint, stats));
   }
-
-  // Retained checkpoints of the current generation are rebuilt from the 2-D
-  // list: columns <= i, Row 0 or rows extracted after i, in column order.
   next.retained.push_back(checkpoint);
-  if (options_.policy == Policy::kIncrCP) {
-    for (RetainedCheckpoint& c : next.retained) {
-      if (c.epoch < next.baseline_epoch) continue;  // an older generation: unchanged
-      std::vector<const ListNode*> in_rectangle;
-      for (const ListNode& node : next.nodes) {
-        if (node.column <= c.epoch && (node.row_epoch == 0 || node.row_epoch > c.epoch)) {
-          in_rectangle.push_back(&node);
-        }
-      }
-      std::stable_sort(in_rectangle.begin(), in_rectangle.end(),
-                       [](const ListNode* a, const ListNode* b) { return a->column < b->column; });
-      c.refs = {next.baseline};
-      for (const ListNode* node : in_rectangle) c.refs.push_back(node->ref);
-    }
-  }
+  encoding_->RebuildRetained(next);
   while (next.retained.size() > options_.retain) next.retained.erase(next.retained.begin());
 
   const std::vector<std::byte> index_image = detail::SerializeIndex(next);
@@ -627,7 +477,7 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
 
 Status EmbeddingCheckpointer::OnCommitted(std::uint64_t epoch) {
   for (auto& t : tables_) {
-    std::lock_guard<std::mutex> lock(t->mutex);
+    MutexLock lock(t->mutex);
     if (!t->pending || t->pending->epoch != epoch) continue;
     t->previous = std::move(t->index);
     t->previous_index_chunk = t->index_chunk;
@@ -642,7 +492,7 @@ Status EmbeddingCheckpointer::OnCommitted(std::uint64_t epoch) {
   // stays usable if the newest dense slot is ever lost to corruption).
   std::unordered_set<std::uint64_t> referenced;
   for (auto& t : tables_) {
-    std::lock_guard<std::mutex> lock(t->mutex);
+    MutexLock lock(t->mutex);
     referenced.insert(t->index_chunk);
     referenced.insert(t->previous_index_chunk);
     for (const TableIndex* index : {&t->index, &t->previous}) {
@@ -662,7 +512,7 @@ Status EmbeddingCheckpointer::OnCommitted(std::uint64_t epoch) {
 
 void EmbeddingCheckpointer::OnAbandoned(std::uint64_t epoch) {
   for (auto& t : tables_) {
-    std::lock_guard<std::mutex> lock(t->mutex);
+    MutexLock lock(t->mutex);
     if (t->capture_epoch != epoch) continue;
     // The rows of the lost interval are still changed: the next one takes them.
     t->carry_over.OrWith(t->interval);
@@ -676,7 +526,7 @@ void EmbeddingCheckpointer::OnAbandoned(std::uint64_t epoch) {
 
 Status EmbeddingCheckpointer::Restore(std::uint32_t unit, std::uint64_t epoch) {
   Table& table = *tables_[table_of_unit_[unit]];
-  std::lock_guard<std::mutex> lock(table.mutex);
+  MutexLock lock(table.mutex);
   const std::string what = What(table.name, epoch);
   const RetainedCheckpoint* checkpoint = FindRetained(table.index, epoch);
   if (checkpoint == nullptr) {
@@ -692,8 +542,7 @@ Status EmbeddingCheckpointer::Restore(std::uint32_t unit, std::uint64_t epoch) {
   }
   // Training resumes from this checkpoint: later differentials build on it.
   table.cumulative.Clear();
-  if (checkpoint->refs.size() == 2 && (options_.policy == Policy::kOneShotDifferential ||
-                                       options_.policy == Policy::kIntermittentDifferential)) {
+  if (checkpoint->refs.size() == 2 && encoding_->DifferentialSinceBaseline()) {
     PMSNAP_ASSIGN_OR_RETURN(DataChunkView diff, reader.Read(checkpoint->refs[1]));
     for (std::uint64_t key : diff.keys) table.cumulative.Set(key);
   }

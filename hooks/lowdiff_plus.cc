@@ -5,15 +5,14 @@
 #include <torch/serialize.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
 
 #include "libtorch_error.h"
+#include "pmsnap/common/mutex.h"
 
 namespace pmsnap::hooks {
 namespace {
@@ -99,42 +98,41 @@ struct LowDiffPlus::State {
   std::vector<torch::Tensor> buffers[2];  // gradients of iterations t % 2
   std::uint64_t gradient_bytes = 0;
 
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  std::uint64_t iteration = 0;       // Steps done (training thread's count)
-  std::uint64_t replica_done = 0;    // last iteration the replica applied
-  std::vector<bool> handed;          // gradients handed over this iteration
-  std::uint64_t copies_queued = 0, copies_done = 0;
-  std::deque<Copy> copies;
-  std::deque<Iteration> iterations;
-  Status error;  // the first error of a thread
-  bool stopping = false;
-  bool closed = false;
-  bool stepped = false;
-  LowDiffPlusStats stats;
+  mutable Mutex mu;
+  CondVar cv;
+  std::uint64_t iteration PMSNAP_GUARDED_BY(mu) = 0;     // Steps done (training thread's count)
+  std::uint64_t replica_done PMSNAP_GUARDED_BY(mu) = 0;  // last iteration the replica applied
+  std::vector<bool> handed PMSNAP_GUARDED_BY(mu);        // gradients handed over this iteration
+  std::uint64_t copies_queued PMSNAP_GUARDED_BY(mu) = 0;
+  std::uint64_t copies_done PMSNAP_GUARDED_BY(mu) = 0;
+  std::deque<Copy> copies PMSNAP_GUARDED_BY(mu);
+  std::deque<Iteration> iterations PMSNAP_GUARDED_BY(mu);
+  Status error PMSNAP_GUARDED_BY(mu);  // the first error of a thread
+  bool stopping PMSNAP_GUARDED_BY(mu) = false;
+  bool closed PMSNAP_GUARDED_BY(mu) = false;
+  bool stepped = false;  // training thread
+  LowDiffPlusStats stats PMSNAP_GUARDED_BY(mu);
   std::thread snapshot_thread, replica_thread;
 
   void RecordError(Status status) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (error.ok()) error = std::move(status);
-    cv.notify_all();
+    cv.NotifyAll();
   }
 
   void SnapshotLoop() {
     for (;;) {
       Copy copy;
       {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stopping || !copies.empty(); });
+        MutexLock lock(mu);
+        while (!stopping && copies.empty()) cv.Wait(lock);
         // Closing: a copy not taken by a Step is dropped (its buffer may be
         // the one the replica reads).
         if (stopping) return;
         copy = std::move(copies.front());
         copies.pop_front();
         // Buffer iteration % 2 is free once the replica applied iteration - 2.
-        cv.wait(lock, [&] {
-          return stopping || !error.ok() || replica_done + 2 >= copy.iteration;
-        });
+        while (!stopping && error.ok() && replica_done + 2 < copy.iteration) cv.Wait(lock);
         if (stopping) return;
       }
       torch::Tensor& target = buffers[copy.iteration % 2][copy.index];
@@ -144,10 +142,10 @@ struct LowDiffPlus::State {
         RecordError(LibtorchError("LowDiffPlus: copying the gradient of '" + names[copy.index] + "'",
                                e));
       }
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       ++copies_done;
       stats.gradient_bytes_snapshotted += target.nbytes();
-      cv.notify_all();
+      cv.NotifyAll();
     }
   }
 
@@ -156,8 +154,8 @@ struct LowDiffPlus::State {
       Iteration next;
       bool apply = false;
       {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stopping || !iterations.empty(); });
+        MutexLock lock(mu);
+        while (!stopping && iterations.empty()) cv.Wait(lock);
         if (iterations.empty()) return;
         next = std::move(iterations.front());
         iterations.pop_front();
@@ -167,10 +165,10 @@ struct LowDiffPlus::State {
         Status status = Apply(next);
         if (!status.ok()) RecordError(std::move(status));
       }
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       replica_done = next.iteration;
       stats.replica_iteration = next.iteration;
-      cv.notify_all();
+      cv.NotifyAll();
     }
   }
 
@@ -190,16 +188,16 @@ struct LowDiffPlus::State {
   }
 
   Status WaitForReplica(std::uint64_t target) {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return replica_done >= target || !error.ok(); });
+    MutexLock lock(mu);
+    while (replica_done < target && error.ok()) cv.Wait(lock);
     return error;
   }
 
   void Stop() {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       stopping = true;
-      cv.notify_all();
+      cv.NotifyAll();
     }
     if (snapshot_thread.joinable()) snapshot_thread.join();
     if (replica_thread.joinable()) replica_thread.join();
@@ -261,9 +259,13 @@ Result<std::unique_ptr<LowDiffPlus>> LowDiffPlus::Create(
   PMSNAP_ASSIGN_OR_RETURN(state->checkpointer,
                           CheckpointedOptimizer::Create(replica_named, *state->replica_optimizer,
                                                         std::move(options)));
-  state->iteration = state->replica_done = state->checkpointer->iteration();
-  state->handed.assign(state->params.size(), false);
-  state->stats.gradient_bytes_per_iteration = state->gradient_bytes;
+  {
+    // Before the threads start; the lock is for the analysis.
+    MutexLock lock(state->mu);
+    state->iteration = state->replica_done = state->checkpointer->iteration();
+    state->handed.assign(state->params.size(), false);
+    state->stats.gradient_bytes_per_iteration = state->gradient_bytes;
+  }
   State* s = state.get();
   s->snapshot_thread = std::thread([s] { s->SnapshotLoop(); });
   s->replica_thread = std::thread([s] { s->ReplicaLoop(); });
@@ -283,7 +285,7 @@ Status LowDiffPlus::HandGradient(std::size_t index, const torch::Tensor& gradien
                   "LowDiffPlus: the gradient handed for '" + s.names[index] +
                       "' is not a dense tensor of the parameter's shape and dtype");
   }
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   if (s.closed) {
     return Status(StatusCode::kFailedPrecondition, "LowDiffPlus: closed");
   }
@@ -296,7 +298,7 @@ Status LowDiffPlus::HandGradient(std::size_t index, const torch::Tensor& gradien
   s.handed[index] = true;
   ++s.copies_queued;
   s.copies.push_back({s.iteration + 1, index, gradient});
-  s.cv.notify_all();
+  s.cv.NotifyAll();
   return Status::Ok();
 }
 
@@ -304,7 +306,7 @@ Status LowDiffPlus::Step(std::span<const std::byte> extra_state) {
   State& s = *state_;
   State::Iteration next;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     if (s.closed) return Status(StatusCode::kFailedPrecondition, "LowDiffPlus: closed");
     if (!s.error.ok()) return s.error;
     for (std::size_t i = 0; i < s.params.size(); ++i) {
@@ -328,8 +330,8 @@ Status LowDiffPlus::Step(std::span<const std::byte> extra_state) {
   }
   next.extra_state.assign(extra_state.begin(), extra_state.end());
   auto began = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(s.mu);
-  s.cv.wait(lock, [&] { return s.copies_done >= s.copies_queued || !s.error.ok(); });
+  MutexLock lock(s.mu);
+  while (s.copies_done < s.copies_queued && s.error.ok()) s.cv.Wait(lock);
   s.stats.training_wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   s.copies_done = s.copies_queued = 0;
@@ -339,13 +341,18 @@ Status LowDiffPlus::Step(std::span<const std::byte> extra_state) {
   s.stepped = true;
   ++s.stats.iterations;
   s.iterations.push_back(std::move(next));
-  s.cv.notify_all();
+  s.cv.NotifyAll();
   return Status::Ok();
 }
 
 Result<RestoreInfo> LowDiffPlus::Restore() {
   State& s = *state_;
-  if (s.stepped || s.closed) {
+  bool closed = false;
+  {
+    MutexLock lock(s.mu);
+    closed = s.closed;
+  }
+  if (s.stepped || closed) {
     return Status(StatusCode::kFailedPrecondition,
                   "LowDiffPlus: Restore must come before the first Step and before Close");
   }
@@ -357,7 +364,7 @@ Result<RestoreInfo> LowDiffPlus::Restore() {
   } catch (const c10::Error& e) {
     return LibtorchError("LowDiffPlus: copying the restored replica into the model", e);
   }
-  std::lock_guard<std::mutex> lock(s.mu);
+  MutexLock lock(s.mu);
   s.iteration = s.replica_done = info.iteration;
   return info;
 }
@@ -370,13 +377,13 @@ Status LowDiffPlus::Flush() {
 Status LowDiffPlus::Close(runtime::CloseMode mode) {
   State& s = *state_;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     if (s.closed) return Status::Ok();
   }
   Status waited;
   if (mode == runtime::CloseMode::kFinish) waited = s.WaitForReplica(iteration());
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(s.mu);
     s.closed = true;
     if (mode != runtime::CloseMode::kFinish) s.iterations.clear();
   }
@@ -386,7 +393,7 @@ Status LowDiffPlus::Close(runtime::CloseMode mode) {
 }
 
 std::uint64_t LowDiffPlus::iteration() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   return state_->iteration;
 }
 
@@ -397,7 +404,7 @@ const std::vector<torch::Tensor>& LowDiffPlus::replica_parameters() const {
 torch::optim::Optimizer& LowDiffPlus::replica_optimizer() { return *state_->replica_optimizer; }
 
 LowDiffPlusStats LowDiffPlus::stats() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(state_->mu);
   return state_->stats;
 }
 

@@ -73,6 +73,8 @@ Result<std::unique_ptr<ChunkHeap>> ChunkHeap::Load(std::unique_ptr<State> state)
   };
   std::uint64_t offset = s.root->head_offset;
   std::uint64_t prev = 0;
+  // No other thread has the heap yet; the lock is for the analysis.
+  MutexLock lock(s.mutex);
   while (offset != 0) {
     // More chunks than the root counts: a cycle, or a link into garbage.
     // A misaligned offset cannot be a chunk (libpmemobj aligns allocations);
@@ -92,6 +94,7 @@ Result<std::unique_ptr<ChunkHeap>> ChunkHeap::Load(std::unique_ptr<State> state)
     prev = offset;
     offset = chunk->next_offset;
   }
+  lock.Unlock();
   return std::unique_ptr<ChunkHeap>(new ChunkHeap(std::move(state)));
 }
 
@@ -110,7 +113,7 @@ Status ChunkHeap::RefuseReadOnly(const char* what) const {
 Result<ChunkInfo> ChunkHeap::Alloc(std::uint64_t bytes, std::uint64_t epoch, std::uint64_t tag) {
   State& s = *state_;
   PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("allocate"));
-  std::lock_guard<std::mutex> lock(s.mutex);
+  MutexLock lock(s.mutex);
   const std::uint64_t needed = ChargedBytesFor(bytes);
   const std::uint64_t used = s.root->used_bytes;
   const std::uint64_t capacity = s.capacity;
@@ -175,7 +178,7 @@ Result<ChunkInfo> ChunkHeap::Alloc(std::uint64_t bytes, std::uint64_t epoch, std
 Result<std::span<std::byte>> ChunkHeap::Payload(std::uint64_t chunk_id) {
   State& s = *state_;
   PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("write"));
-  std::lock_guard<std::mutex> lock(s.mutex);
+  MutexLock lock(s.mutex);
   auto it = s.chunks.find(chunk_id);
   if (it == s.chunks.end()) return Status(StatusCode::kNotFound, NoChunk(s.path, chunk_id));
   if (it->second.sealed) {
@@ -199,7 +202,7 @@ Status ChunkHeap::Seal(std::uint64_t chunk_id) {
   // Only after the checksum is durable: a sealed chunk always verifies.
   chunk.sealed = 1;
   detail::seam::Persist(s.pop, &chunk.sealed, sizeof(chunk.sealed));
-  std::lock_guard<std::mutex> lock(s.mutex);
+  MutexLock lock(s.mutex);
   s.chunks[chunk_id].sealed = true;
   return Status::Ok();
 }
@@ -207,7 +210,7 @@ Status ChunkHeap::Seal(std::uint64_t chunk_id) {
 Result<std::span<const std::byte>> ChunkHeap::Read(std::uint64_t chunk_id) const {
   const State& s = *state_;
   {
-    std::lock_guard<std::mutex> lock(s.mutex);
+    MutexLock lock(s.mutex);
     auto it = s.chunks.find(chunk_id);
     if (it == s.chunks.end()) return Status(StatusCode::kNotFound, NoChunk(s.path, chunk_id));
     if (!it->second.sealed) {
@@ -238,10 +241,15 @@ Result<std::span<const std::byte>> ChunkHeap::Read(std::uint64_t chunk_id) const
 Status ChunkHeap::Free(std::uint64_t chunk_id) {
   State& s = *state_;
   PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("free"));
-  std::lock_guard<std::mutex> lock(s.mutex);
+  MutexLock lock(s.mutex);
   if (s.chunks.find(chunk_id) == s.chunks.end()) {
     return Status(StatusCode::kNotFound, NoChunk(s.path, chunk_id));
   }
+  // A damaged list ends the open's walk early, and the last chunk it kept
+  // may point on to anything: only a chunk the walk (or Alloc) kept is
+  // written, never whatever bytes a damaged pointer names.
+  const std::uint64_t next_offset = s.At<ChunkHeader>(chunk_id)->next_offset;
+  const bool next_is_kept = next_offset != 0 && s.chunks.count(next_offset) != 0;
   Status status = detail::RunTransaction(s.pop, "freeing a chunk", [&]() -> int {
     auto& heap = *s.root;
     auto& chunk = *s.At<ChunkHeader>(chunk_id);
@@ -253,10 +261,7 @@ Status ChunkHeap::Free(std::uint64_t chunk_id) {
     } else {
       heap.head_offset = chunk.next_offset;
     }
-    // A damaged list ends the open's walk early, and the last chunk it kept
-    // may point on to anything: only a chunk the walk (or Alloc) kept is
-    // written, never whatever bytes a damaged pointer names.
-    if (chunk.next_offset != 0 && s.chunks.count(chunk.next_offset) != 0) {
+    if (next_is_kept) {
       auto& next = *s.At<ChunkHeader>(chunk.next_offset);
       if (pmemobj_tx_add_range_direct(&next.prev_offset, 8) != 0) return errno ? errno : EIO;
       next.prev_offset = chunk.prev_offset;
@@ -277,7 +282,7 @@ Status ChunkHeap::FreeNewerThan(std::uint64_t committed_epoch) {
   PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("free"));
   std::vector<std::uint64_t> orphans;
   {
-    std::lock_guard<std::mutex> lock(state_->mutex);
+    MutexLock lock(state_->mutex);
     for (const auto& [id, info] : state_->chunks) {
       if (info.epoch > committed_epoch) orphans.push_back(id);
     }
@@ -287,7 +292,7 @@ Status ChunkHeap::FreeNewerThan(std::uint64_t committed_epoch) {
 }
 
 std::vector<ChunkInfo> ChunkHeap::List() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  MutexLock lock(state_->mutex);
   std::vector<ChunkInfo> out;
   out.reserve(state_->chunks.size());
   for (const auto& [id, info] : state_->chunks) out.push_back(info);
@@ -297,7 +302,7 @@ std::vector<ChunkInfo> ChunkHeap::List() const {
 }
 
 std::uint64_t ChunkHeap::used_bytes() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  MutexLock lock(state_->mutex);
   return state_->root->used_bytes;
 }
 

@@ -16,13 +16,13 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
-#include <mutex>
 
 #include "detail/file_system.h"
 #include "detail/format.h"
 #include "detail/persistence.h"
 #include "detail/pool_impl.h"
 #include "detail/xxh3_kernels.h"
+#include "pmsnap/common/mutex.h"
 #include "pmsnap/pmem_layout/checksum.h"
 
 namespace pmsnap::layout {
@@ -33,8 +33,8 @@ using detail::PrefaultPause;
 using detail::RecordChecksum;
 using detail::SlotRecordHeader;
 
-std::mutex g_warning_mutex;
-WarningSink& WarningSinkRef() {
+Mutex g_warning_mutex;
+WarningSink& WarningSinkRef() PMSNAP_REQUIRES(g_warning_mutex) {
   static WarningSink sink = [](const std::string& message) {
     std::cerr << "pmsnap: warning: " << message << std::endl;
   };
@@ -47,7 +47,7 @@ namespace detail {
 
 void Warn(std::vector<std::string>* into, const std::string& message) {
   into->push_back(message);
-  std::lock_guard<std::mutex> lock(g_warning_mutex);
+  MutexLock lock(g_warning_mutex);
   if (WarningSinkRef()) WarningSinkRef()(message);
 }
 
@@ -77,7 +77,7 @@ Status PoolFileError(int err, const std::string& what, const std::string& cause,
 }  // namespace detail
 
 void SetWarningSink(WarningSink sink) {
-  std::lock_guard<std::mutex> lock(g_warning_mutex);
+  MutexLock lock(g_warning_mutex);
   WarningSinkRef() = std::move(sink);
 }
 

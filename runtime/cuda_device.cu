@@ -7,7 +7,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "detail/staging_ring.h"
+#include "pmsnap/common/mutex.h"
 #include "pmsnap/runtime/cuda_device.h"
 
 namespace pmsnap::runtime {
@@ -105,19 +105,19 @@ class CudaDevice final : public Device {
     {
       // Registrations a user of this device never undid (a contract
       // violation): undone here, so they cannot outlive their memory.
-      std::lock_guard<std::mutex> lock(ranges_mutex_);
+      MutexLock lock(ranges_mutex_);
       for (const Registration& range : registered_) cudaHostUnregister(range.ptr);
       registered_.clear();
       cudaGetLastError();
     }
     {
-      std::lock_guard<std::mutex> lock(streams_mutex_);
+      MutexLock lock(streams_mutex_);
       for (auto& [thread, stream] : streams_) {
         cudaStreamSynchronize(stream);
         cudaStreamDestroy(stream);
       }
     }
-    std::lock_guard<std::mutex> lock(stalls_mutex_);
+    MutexLock lock(stalls_mutex_);
     for (const PendingStall& stall : pending_stalls_) {
       cudaEventDestroy(stall.before);
       cudaEventDestroy(stall.after);
@@ -184,7 +184,7 @@ class CudaDevice final : public Device {
     PMSNAP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, Raw(*event), 0));
     PMSNAP_CUDA_RETURN_IF_ERROR(cudaEventRecord(stall.after, compute_));
     compute_waits_.fetch_add(1);
-    std::lock_guard<std::mutex> lock(stalls_mutex_);
+    MutexLock lock(stalls_mutex_);
     pending_stalls_.push_back(stall);
     HarvestStallsLocked();
     return Status::Ok();
@@ -193,14 +193,14 @@ class CudaDevice final : public Device {
   DeviceQueueStats queue_stats() const override {
     DeviceQueueStats stats;
     {
-      std::lock_guard<std::mutex> lock(stalls_mutex_);
+      MutexLock lock(stalls_mutex_);
       HarvestStallsLocked();
       stats.compute_stalls = compute_stalls_;
       stats.compute_stall_seconds = compute_stall_seconds_;
     }
     stats.compute_waits_on_copies = compute_waits_.load();
     stats.staging_capacity_bytes = options_.staging_ring_bytes;
-    std::lock_guard<std::mutex> lock(staging_mutex_);
+    MutexLock lock(staging_mutex_);
     stats.staging_peak_bytes = staging_ ? staging_->peak_bytes() : 0;
     return stats;
   }
@@ -214,7 +214,7 @@ class CudaDevice final : public Device {
     if (bytes == 0) return Status::Ok();
     PMSNAP_CUDA_ON_DEVICE(ordinal_);
     const auto* begin = static_cast<const std::byte*>(ptr);
-    std::lock_guard<std::mutex> lock(ranges_mutex_);
+    MutexLock lock(ranges_mutex_);
     for (Registration& range : registered_) {
       if (range.begin() + range.bytes <= begin || begin + bytes <= range.begin()) continue;
       if (range.ptr == ptr && range.bytes == bytes) {
@@ -250,7 +250,7 @@ class CudaDevice final : public Device {
   Status UnregisterHostDestination(void* ptr, std::size_t bytes) override {
     if (bytes == 0) return Status::Ok();
     PMSNAP_CUDA_ON_DEVICE(ordinal_);
-    std::lock_guard<std::mutex> lock(ranges_mutex_);
+    MutexLock lock(ranges_mutex_);
     for (auto it = registered_.begin(); it != registered_.end(); ++it) {
       if (it->ptr != ptr || it->bytes != bytes) continue;
       if (--it->count > 0) return Status::Ok();
@@ -347,7 +347,7 @@ class CudaDevice final : public Device {
   // the legacy default stream (PyTorch's) never waits for these copies, and
   // they never wait for it; every order between them is an event.
   Result<cudaStream_t> StreamForThisThread() {
-    std::lock_guard<std::mutex> lock(streams_mutex_);
+    MutexLock lock(streams_mutex_);
     auto it = streams_.find(std::this_thread::get_id());
     if (it != streams_.end()) return it->second;
     cudaStream_t stream = nullptr;
@@ -374,7 +374,7 @@ class CudaDevice final : public Device {
   // its mapping, so only this device's own are trusted.
   bool Registered(const void* dst, std::size_t bytes) const {
     const auto* begin = static_cast<const std::byte*>(dst);
-    std::lock_guard<std::mutex> lock(ranges_mutex_);
+    MutexLock lock(ranges_mutex_);
     for (const Registration& range : registered_) {
       if (begin >= range.begin() && begin + bytes <= range.begin() + range.bytes) return true;
     }
@@ -389,7 +389,7 @@ class CudaDevice final : public Device {
     if (after != nullptr) PMSNAP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, Raw(*after), 0));
     StagingRing* ring = nullptr;
     {
-      std::lock_guard<std::mutex> lock(staging_mutex_);
+      MutexLock lock(staging_mutex_);
       if (!staging_) {
         StagingRing::Allocator pinned{[](std::size_t n) -> void* {
                                         void* ptr = nullptr;
@@ -418,7 +418,7 @@ class CudaDevice final : public Device {
   }
 
   // Folds completed stall measurements into the totals.
-  void HarvestStallsLocked() const {
+  void HarvestStallsLocked() const PMSNAP_REQUIRES(stalls_mutex_) {
     // cudaEventQuery's "not ready" is recorded as the thread's last error
     // like a failure: CudaStatus clears it.
     auto done = std::partition(pending_stalls_.begin(), pending_stalls_.end(),
@@ -450,22 +450,22 @@ class CudaDevice final : public Device {
   std::atomic<std::uint64_t> allocated_{0};
   std::atomic<std::uint64_t> peak_{0};
   std::atomic<std::uint64_t> compute_waits_{0};
-  std::mutex streams_mutex_;  // guards streams_
-  std::unordered_map<std::thread::id, cudaStream_t> streams_;
+  Mutex streams_mutex_;
+  std::unordered_map<std::thread::id, cudaStream_t> streams_ PMSNAP_GUARDED_BY(streams_mutex_);
   struct Registration {
     void* ptr;
     std::size_t bytes;
     int count;  // RegisterHostDestination calls not yet undone
     const std::byte* begin() const { return static_cast<const std::byte*>(ptr); }
   };
-  mutable std::mutex ranges_mutex_;  // guards registered_
-  std::vector<Registration> registered_;
-  mutable std::mutex staging_mutex_;  // guards staging_ (created once)
-  std::unique_ptr<StagingRing> staging_;
-  mutable std::mutex stalls_mutex_;  // guards the three members below
-  mutable std::vector<PendingStall> pending_stalls_;
-  mutable std::uint64_t compute_stalls_ = 0;
-  mutable double compute_stall_seconds_ = 0;
+  mutable Mutex ranges_mutex_;
+  std::vector<Registration> registered_ PMSNAP_GUARDED_BY(ranges_mutex_);
+  mutable Mutex staging_mutex_;  // staging_ is created once
+  std::unique_ptr<StagingRing> staging_ PMSNAP_GUARDED_BY(staging_mutex_);
+  mutable Mutex stalls_mutex_;
+  mutable std::vector<PendingStall> pending_stalls_ PMSNAP_GUARDED_BY(stalls_mutex_);
+  mutable std::uint64_t compute_stalls_ PMSNAP_GUARDED_BY(stalls_mutex_) = 0;
+  mutable double compute_stall_seconds_ PMSNAP_GUARDED_BY(stalls_mutex_) = 0;
 };
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "pmsnap/runtime/device.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <cstdlib>
@@ -122,14 +121,14 @@ struct SimulatedRegistration {
 };
 
 struct SimulatedRegistrationTable {
-  std::mutex mutex;  // guards ranges
-  std::vector<SimulatedRegistration> ranges;
+  Mutex mutex;
+  std::vector<SimulatedRegistration> ranges PMSNAP_GUARDED_BY(mutex);
   std::atomic<std::uint64_t> direct_copies{0};
   std::atomic<std::uint64_t> staged_copies{0};
   std::atomic<std::uint64_t> next_serial{1};
 
   // Marks every registration whose memory changed since it was made.
-  void FindStaleLocked() {
+  void FindStaleLocked() PMSNAP_REQUIRES(mutex) {
     for (SimulatedRegistration& range : ranges) {
       if (range.stale) continue;
       std::string now = MappingIdentityOf(range.begin, range.end - range.begin);
@@ -161,7 +160,7 @@ SimulatedRegistrationStats SimulatedRegistrations() {
   SimulatedRegistrationTable& table = Registrations();
   SimulatedRegistrationStats stats;
   {
-    std::lock_guard<std::mutex> lock(table.mutex);
+    MutexLock lock(table.mutex);
     stats.live_ranges = table.ranges.size();
   }
   stats.direct_copies = table.direct_copies.load();
@@ -212,18 +211,18 @@ class SimulatedDevice::Queue {
   Queue() : thread_([this] { Run(); }) {}
   ~Queue() {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       stopping_ = true;
     }
-    ready_.notify_all();
+    ready_.NotifyAll();
     thread_.join();
   }
   void Push(std::function<void()> job) {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       jobs_.push_back(std::move(job));
     }
-    ready_.notify_one();
+    ready_.NotifyOne();
   }
   // Blocks until everything queued before the call ran.
   void Drain() {
@@ -237,8 +236,8 @@ class SimulatedDevice::Queue {
     while (true) {
       std::function<void()> job;
       {
-        std::unique_lock<std::mutex> lock(mutex_);
-        ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        MutexLock lock(mutex_);
+        while (!stopping_ && jobs_.empty()) ready_.Wait(lock);
         if (jobs_.empty()) return;
         job = std::move(jobs_.front());
         jobs_.pop_front();
@@ -246,10 +245,10 @@ class SimulatedDevice::Queue {
       job();
     }
   }
-  std::mutex mutex_;  // guards jobs_, stopping_
-  std::condition_variable ready_;
-  std::deque<std::function<void()>> jobs_;
-  bool stopping_ = false;
+  Mutex mutex_;
+  CondVar ready_;
+  std::deque<std::function<void()>> jobs_ PMSNAP_GUARDED_BY(mutex_);
+  bool stopping_ PMSNAP_GUARDED_BY(mutex_) = false;
   std::thread thread_;  // last: starts once the members above exist
 };
 
@@ -324,7 +323,7 @@ SimulatedDevice::~SimulatedDevice() {
   // kinds of stream drain while the other still runs.
   if (compute_) compute_->Drain();
   {
-    std::lock_guard<std::mutex> lock(copy_streams_mutex_);
+    MutexLock lock(copy_streams_mutex_);
     for (auto& [thread, stream] : copy_streams_) stream->Drain();
   }
   copy_streams_.clear();
@@ -352,7 +351,7 @@ bool SimulatedDevice::CopyWaitsFor(const DeviceEvent* event) {
 }
 
 SimulatedDevice::Queue& SimulatedDevice::CopyStreamForThisThread() {
-  std::lock_guard<std::mutex> lock(copy_streams_mutex_);
+  MutexLock lock(copy_streams_mutex_);
   std::unique_ptr<Queue>& stream = copy_streams_[std::this_thread::get_id()];
   if (!stream) stream = std::make_unique<Queue>();
   return *stream;
@@ -389,7 +388,7 @@ Status SimulatedDevice::RegisterHostDestination(void* ptr, std::size_t bytes) {
   const auto* begin = static_cast<const std::byte*>(ptr);
   const std::byte* end = begin + bytes;
   SimulatedRegistrationTable& table = Registrations();
-  std::lock_guard<std::mutex> lock(table.mutex);
+  MutexLock lock(table.mutex);
   table.FindStaleLocked();
   // A stale registration anywhere is a lifetime bug: reported at the next
   // registration whether or not it overlaps this one, so that a test finds
@@ -419,7 +418,7 @@ Status SimulatedDevice::UnregisterHostDestination(void* ptr, std::size_t bytes) 
   if (bytes == 0) return Status::Ok();
   const auto* begin = static_cast<const std::byte*>(ptr);
   SimulatedRegistrationTable& table = Registrations();
-  std::lock_guard<std::mutex> lock(table.mutex);
+  MutexLock lock(table.mutex);
   table.FindStaleLocked();
   for (auto it = table.ranges.begin(); it != table.ranges.end(); ++it) {
     if (it->begin != begin || it->end != begin + bytes || it->owner != serial_) continue;
@@ -440,7 +439,7 @@ Status SimulatedDevice::CheckCopyDestination(const void* dst, std::size_t bytes)
   const auto* begin = static_cast<const std::byte*>(dst);
   const std::byte* end = begin + bytes;
   SimulatedRegistrationTable& table = Registrations();
-  std::lock_guard<std::mutex> lock(table.mutex);
+  MutexLock lock(table.mutex);
   for (const SimulatedRegistration& range : table.ranges) {
     if (range.end <= begin || end <= range.begin) continue;
     if (range.stale) {

@@ -83,7 +83,7 @@ Status Engine::BeginStep(std::uint64_t step) {
     if (impl.capturing != nullptr) {
       impl.policy->OnEpochStarted(step);
       if (impl.agreement) impl.agreement->OnEpochOpened(step);
-      std::lock_guard<std::mutex> lock(impl.stats_mutex);
+      MutexLock lock(impl.stats_mutex);
       impl.stats.epochs_started += 1;
       if (staged) impl.stats.epochs_staged += 1;
     }
@@ -133,7 +133,7 @@ Status Engine::BeforeUpdate(std::uint32_t registered_unit) {
           impl.RecordError(result);
         }
         const double waited = SecondsSince(start);
-        std::lock_guard<std::mutex> lock(impl.stats_mutex);
+        MutexLock lock(impl.stats_mutex);
         impl.stats.conflicts += 1;
         impl.stats.conflict_wait_seconds += waited;
         impl.stats.units[unit].conflicts += 1;
@@ -193,7 +193,7 @@ Status Engine::EndStep(std::span<const std::byte> extra_state) {
   impl.hold_budget->OnStepEnd(Clock::now());
   impl.AddBlocked(SecondsSince(start));
   {
-    std::lock_guard<std::mutex> lock(impl.stats_mutex);
+    MutexLock lock(impl.stats_mutex);
     impl.stats.steps += 1;
     impl.stats.blocked_seconds += impl.blocked_this_step;
     impl.blocked_history.push_back(impl.blocked_this_step);
@@ -233,7 +233,7 @@ Status Engine::CheckpointLastStep(std::span<const std::byte> extra_state) {
       impl.ExtraStateFits(extra_state, "last step ", impl.step, " not checkpointed"));
   PMSNAP_RETURN_IF_ERROR(impl.OpenEpoch(impl.step));
   {
-    std::lock_guard<std::mutex> lock(impl.stats_mutex);
+    MutexLock lock(impl.stats_mutex);
     impl.stats.epochs_started += 1;
   }
   // Nothing updates the units any more: each is copied as it is, and none
@@ -249,7 +249,7 @@ Status Engine::CheckpointLastStep(std::span<const std::byte> extra_state) {
   impl.WaitEpochIdle();
   impl.ReapIfDone();
   {
-    std::lock_guard<std::mutex> lock(impl.stats_mutex);
+    MutexLock lock(impl.stats_mutex);
     impl.stats.blocked_seconds += SecondsSince(start);
   }
   if (!result.ok()) return result;
@@ -342,7 +342,7 @@ const IntervalPolicy& Engine::policy() const { return *impl_->policy; }
 
 Stats Engine::stats() const {
   const Impl& impl = *impl_;
-  std::lock_guard<std::mutex> lock(impl.stats_mutex);
+  MutexLock lock(impl.stats_mutex);
   Stats out = impl.stats;
   out.policy = impl.policy->name();
   out.epochs_committed = impl.epochs_committed.load(std::memory_order_relaxed);

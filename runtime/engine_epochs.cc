@@ -29,7 +29,7 @@ MemoryStats Engine::Impl::MemoryNow() const {
 void Engine::Impl::WaitEpochIdleAtBoundary() {
   const auto wait_start = Clock::now();
   WaitEpochIdle();
-  std::lock_guard<std::mutex> lock(stats_mutex);
+  MutexLock lock(stats_mutex);
   stats.boundary_wait_seconds += SecondsSince(wait_start);
 }
 
@@ -50,7 +50,7 @@ void Engine::Impl::Reap(Epoch& epoch) {
   const bool committed = epoch.committed.load(std::memory_order_relaxed);
   double copied_bytes = 0, copy_seconds = 0;
   {
-    std::lock_guard<std::mutex> lock(stats_mutex);
+    MutexLock lock(stats_mutex);
     for (std::uint32_t u = 0; u < epoch.tasks.size(); ++u) {
       const UnitTask* task = epoch.tasks[u].get();
       if (task == nullptr) continue;
@@ -183,7 +183,7 @@ Status Engine::Impl::Capture(std::uint32_t u) {
   Status prepared = units[u].encoded ? Status::Ok() : strategy->OnCaptured(*raw);
   const double prepare = SecondsSince(prepare_start);
   {
-    std::lock_guard<std::mutex> lock(stats_mutex);
+    MutexLock lock(stats_mutex);
     stats.in_device_copy_seconds += prepare;
   }
   if (!prepared.ok()) {
@@ -224,7 +224,7 @@ void Engine::Impl::AbandonEpoch(Epoch& epoch) {
   if (epoch.staged && !epoch.began.load(std::memory_order_acquire)) {
     bool withdrawn = false;
     {
-      std::lock_guard<std::mutex> lock(handover_mutex);
+      MutexLock lock(handover_mutex);
       if (pending_start == &epoch) {
         pending_start = nullptr;
         withdrawn = true;
@@ -237,7 +237,7 @@ void Engine::Impl::AbandonEpoch(Epoch& epoch) {
       if (capturing == &epoch) capturing = nullptr;  // staged captures hold no parts
       staging.Give(epoch.staging_buffer);
       {
-        std::lock_guard<std::mutex> lock(stats_mutex);
+        MutexLock lock(stats_mutex);
         stats.epochs_abandoned += 1;
       }
       staged.reset();

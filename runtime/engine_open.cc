@@ -343,15 +343,19 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
           [raw](const Status& status) { raw->RecordError(status); }));
     }
   }
-  impl->stats.device = impl->device->name();
-  impl->stats.pm = impl->pool->pm_bandwidth().Label();
-  impl->stats.strategy = impl->strategy->name();
-  impl->stats.policy = impl->policy->name();
-  for (std::size_t u = 0; u < impl->units.size(); ++u) {
-    UnitStats us;
-    us.name = impl->units[u].name;
-    us.bytes = impl->pool->layout().units[u].bytes;
-    impl->stats.units.push_back(us);
+  {
+    // Nothing else sees the engine yet; the lock is for the analysis.
+    MutexLock lock(impl->stats_mutex);
+    impl->stats.device = impl->device->name();
+    impl->stats.pm = impl->pool->pm_bandwidth().Label();
+    impl->stats.strategy = impl->strategy->name();
+    impl->stats.policy = impl->policy->name();
+    for (std::size_t u = 0; u < impl->units.size(); ++u) {
+      UnitStats us;
+      us.name = impl->units[u].name;
+      us.bytes = impl->pool->layout().units[u].bytes;
+      impl->stats.units.push_back(us);
+    }
   }
   impl->policy_inputs.model_bytes = impl->model_bytes;
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -381,7 +385,7 @@ Status Engine::Close(CloseMode mode) {
   impl.arena->terminate();
   impl.device_stream->terminate();
   {
-    std::lock_guard<std::mutex> lock(impl.stats_mutex);
+    MutexLock lock(impl.stats_mutex);
     impl.stats.memory = impl.MemoryNow();
     impl.memory_taken_at_close = true;
   }

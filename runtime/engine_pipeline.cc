@@ -9,12 +9,12 @@
 namespace pmsnap::runtime {
 
 void Engine::Impl::RecordError(const Status& status) {
-  std::lock_guard<std::mutex> lock(error_mutex);
+  MutexLock lock(error_mutex);
   if (first_error.ok()) first_error = status;
 }
 
 Status Engine::Impl::TakeError() {
-  std::lock_guard<std::mutex> lock(error_mutex);
+  MutexLock lock(error_mutex);
   return first_error;
 }
 
@@ -23,21 +23,21 @@ Status Engine::Impl::ReportMidStep(Status recorded) const {
 }
 
 void Engine::Impl::JobQueued(Epoch& epoch) {
-  std::lock_guard<std::mutex> lock(jobs_mutex);
+  MutexLock lock(jobs_mutex);
   outstanding_jobs += 1;
   epoch.jobs += 1;
 }
 
 void Engine::Impl::JobFinished(Epoch& epoch) {
-  std::lock_guard<std::mutex> lock(jobs_mutex);
+  MutexLock lock(jobs_mutex);
   outstanding_jobs -= 1;
   epoch.jobs -= 1;
-  jobs_finished.notify_all();
+  jobs_finished.NotifyAll();
 }
 
 void Engine::Impl::WaitForJobs(const Epoch* epoch) {
-  std::unique_lock<std::mutex> lock(jobs_mutex);
-  jobs_finished.wait(lock, [&] { return (epoch ? epoch->jobs : outstanding_jobs) == 0; });
+  MutexLock lock(jobs_mutex);
+  while ((epoch ? epoch->jobs : outstanding_jobs) != 0) jobs_finished.Wait(lock);
 }
 
 void Engine::Impl::Enqueue(Epoch* epoch, UnitTask* task, std::uint32_t part) {
@@ -196,7 +196,7 @@ void Engine::Impl::ReleaseUnits(Epoch& epoch, std::uint32_t count) {
   epoch.done.store(true, std::memory_order_release);
   Epoch* next = nullptr;
   {
-    std::lock_guard<std::mutex> lock(handover_mutex);
+    MutexLock lock(handover_mutex);
     next = std::exchange(pending_start, nullptr);
     if (next == nullptr) epoch_busy.store(false, std::memory_order_release);
   }

@@ -8,10 +8,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+
+#include "pmsnap/common/mutex.h"
 
 namespace pmsnap::runtime {
 namespace {
@@ -27,7 +28,7 @@ Result<std::optional<std::uint32_t>> RestoreParts(layout::Pool& pool, const Unit
   const bool verify = pool.data_verification_pending();
   constexpr std::uint32_t kNone = ~0u;
   std::atomic<std::uint32_t> damaged{kNone};
-  std::mutex failure_mutex;  // guards failure
+  Mutex failure_mutex;  // guards failure
   Status failure;
   auto restore_part = [&](std::uint32_t p) {
     const layout::PartLayout& part = parts[p];
@@ -51,7 +52,7 @@ Result<std::optional<std::uint32_t>> RestoreParts(layout::Pool& pool, const Unit
       std::uint32_t expected = kNone;
       damaged.compare_exchange_strong(expected, p);
     } else if (!status.ok()) {
-      std::lock_guard<std::mutex> lock(failure_mutex);
+      MutexLock lock(failure_mutex);
       if (failure.ok()) failure = status;
     }
   };

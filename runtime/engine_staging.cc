@@ -54,7 +54,7 @@ void Engine::Impl::BeginStaged(Epoch& epoch) {
       std::memory_order_relaxed);
   std::vector<std::pair<UnitTask*, std::uint32_t>> copied;
   {
-    std::lock_guard<std::mutex> lock(epoch.stage_mutex);
+    MutexLock lock(epoch.stage_mutex);
     epoch.began.store(true, std::memory_order_release);
     copied.swap(epoch.copied_parts);
   }
@@ -92,7 +92,7 @@ void Engine::Impl::StagePart(Epoch& epoch, UnitTask& task, std::uint32_t p) {
   }
   bool began;
   {
-    std::lock_guard<std::mutex> lock(epoch.stage_mutex);
+    MutexLock lock(epoch.stage_mutex);
     began = epoch.began.load(std::memory_order_relaxed);
     if (!began) epoch.copied_parts.emplace_back(&task, p);
   }
@@ -123,7 +123,7 @@ bool Engine::Impl::TryStage(std::uint64_t step) {
   epoch->began.store(false, std::memory_order_relaxed);
   bool pending = false;
   {
-    std::lock_guard<std::mutex> lock(handover_mutex);
+    MutexLock lock(handover_mutex);
     pending = epoch_busy.load(std::memory_order_acquire);
     if (pending) pending_start = epoch.get();
   }

@@ -29,12 +29,12 @@ StagingRing::~StagingRing() {
 }
 
 std::uint64_t StagingRing::peak_bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return all_.size() * chunk_bytes_;
 }
 
 Result<std::byte*> StagingRing::Acquire() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   while (free_.empty()) {
     if (all_.size() < buffer_count_) {
       auto* buffer = static_cast<std::byte*>(allocator_.allocate(chunk_bytes_));
@@ -48,7 +48,7 @@ Result<std::byte*> StagingRing::Acquire() {
       }
     }
     // Every buffer the bound (or the allocator) allows is in use.
-    freed_.wait(lock);
+    freed_.Wait(lock);
   }
   std::byte* buffer = free_.back();
   free_.pop_back();
@@ -57,10 +57,10 @@ Result<std::byte*> StagingRing::Acquire() {
 
 void StagingRing::Release(std::byte* buffer) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     free_.push_back(buffer);
   }
-  freed_.notify_one();
+  freed_.NotifyOne();
 }
 
 Status StagingRing::Transfer(std::byte* dst, std::uint64_t bytes, const Fill& fill) {

@@ -33,7 +33,7 @@ UnitTask::UnitTask(std::uint32_t unit, std::uint64_t epoch, Device* device,
 }
 
 UnitTask::~UnitTask() {
-  std::lock_guard<std::mutex> lock(buffers_mutex_);
+  MutexLock lock(buffers_mutex_);
   ReleaseBuffersLocked();
 }
 
@@ -58,7 +58,7 @@ void UnitTask::MarkSnapshotted(std::uint32_t p) {
   states_[p].notify_all();
   if (snapshot_remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     {
-      std::lock_guard<std::mutex> lock(buffers_mutex_);
+      MutexLock lock(buffers_mutex_);
       ReleaseBuffersLocked();
     }
     snapshot_remaining_.notify_all();
@@ -95,7 +95,7 @@ void UnitTask::CopyInDeviceAsync(std::vector<std::uint32_t> parts, std::byte* bu
       Status status =
           device_->CopyInDevice(buffer + offset, parts_[p].live_source, parts_[p].bytes);
       if (!status.ok()) {
-        std::lock_guard<std::mutex> lock(device_error_mutex_);
+        MutexLock lock(device_error_mutex_);
         if (device_error_.ok()) device_error_ = status;
       }
       // On failure the part goes back to the workers from the live tensor;
@@ -131,7 +131,7 @@ void UnitTask::CopyInDeviceOrdered(std::vector<std::uint32_t> parts, std::byte* 
   }
   if (!failure.ok()) {
     {
-      std::lock_guard<std::mutex> lock(device_error_mutex_);
+      MutexLock lock(device_error_mutex_);
       if (device_error_.ok()) device_error_ = failure;
     }
     // A part whose copy was never queued goes back to the workers from the
@@ -149,7 +149,7 @@ void UnitTask::CopyInDeviceOrdered(std::vector<std::uint32_t> parts, std::byte* 
     if (!done.ok()) {
       // The live tensor may have been updated since: the epoch fails.
       executor_->FailEpoch(done);
-      std::lock_guard<std::mutex> lock(device_error_mutex_);
+      MutexLock lock(device_error_mutex_);
       if (device_error_.ok()) device_error_ = done;
     }
     std::uint64_t at = 0;
@@ -175,7 +175,7 @@ void UnitTask::FinishInDeviceCopies(std::chrono::steady_clock::time_point start,
 }
 
 Status UnitTask::InDeviceCopyError() const {
-  std::lock_guard<std::mutex> lock(device_error_mutex_);
+  MutexLock lock(device_error_mutex_);
   return device_error_;
 }
 
@@ -185,18 +185,18 @@ Status UnitTask::WaitInDeviceCopies() const {
     in_device_pending_.wait(pending, std::memory_order_acquire);
     pending = in_device_pending_.load(std::memory_order_acquire);
   }
-  std::lock_guard<std::mutex> lock(device_error_mutex_);
+  MutexLock lock(device_error_mutex_);
   return device_error_;
 }
 
 void UnitTask::AdoptDeviceBuffer(void* ptr, std::size_t bytes) {
-  std::lock_guard<std::mutex> lock(buffers_mutex_);
+  MutexLock lock(buffers_mutex_);
   buffers_.emplace_back(ptr, bytes);
 }
 
 void UnitTask::PublishCopyEvent(std::uint32_t p, std::shared_ptr<DeviceEvent> event) {
   {
-    std::lock_guard<std::mutex> lock(copy_events_mutex_);
+    MutexLock lock(copy_events_mutex_);
     copy_events_[p] = std::move(event);
   }
   copy_published_[p].store(1, std::memory_order_release);
@@ -228,7 +228,7 @@ Status UnitTask::OrderUpdateAfterLiveCopies(std::uint32_t first, std::uint32_t l
       while (copy_published_[p].load(std::memory_order_acquire) == 0) {
         copy_published_[p].wait(0, std::memory_order_acquire);
       }
-      std::lock_guard<std::mutex> lock(copy_events_mutex_);
+      MutexLock lock(copy_events_mutex_);
       copy_done = copy_events_[p];
     }
     if (copy_done == nullptr) continue;

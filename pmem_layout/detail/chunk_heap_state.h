@@ -7,12 +7,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
 #include "detail/format.h"
 #include "detail/persistence.h"
+#include "pmsnap/common/mutex.h"
 #include "pmsnap/pmem_layout/chunk_heap.h"
 
 namespace pmsnap::layout {
@@ -31,8 +31,8 @@ struct ChunkHeap::State {
   std::string list_problem;               // set by Load if the list walk stopped early
   const detail::PmPacers* pm = nullptr;   // the pool's PM bandwidth model (Pool::Impl::pm)
 
-  mutable std::mutex mutex;  // guards `chunks` and the list in PM
-  std::unordered_map<std::uint64_t, ChunkInfo> chunks;  // id -> info
+  mutable Mutex mutex;  // guards `chunks` and the list in PM
+  std::unordered_map<std::uint64_t, ChunkInfo> chunks PMSNAP_GUARDED_BY(mutex);  // id -> info
 
   template <typename T = std::byte>
   T* At(std::uint64_t offset) const {

@@ -16,13 +16,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -32,6 +30,7 @@
 
 #include "copy_hold_budget.h"
 #include "engine_restore.h"
+#include "pmsnap/common/mutex.h"
 #include "pmsnap/common/page_prefault.h"
 #include "pmsnap/common/status.h"
 #include "pmsnap/pmem_layout/pool.h"
@@ -102,10 +101,10 @@ struct Epoch {
   bool staged = false;
   int staging_buffer = -1;
   std::byte* staging = nullptr;
-  std::mutex stage_mutex;  // orders `began` against `copied_parts`
+  Mutex stage_mutex;  // orders `began` against `copied_parts`
   std::atomic<bool> began{true};
   std::atomic<std::int64_t> began_ns{0};  // since `started`, for stats
-  std::vector<std::pair<UnitTask*, std::uint32_t>> copied_parts;
+  std::vector<std::pair<UnitTask*, std::uint32_t>> copied_parts PMSNAP_GUARDED_BY(stage_mutex);
 };
 // Host memory of the slot's size for staged epochs, one anonymous mapping
 // per buffer, faulted in on a background thread from Open on: left to the
@@ -200,9 +199,9 @@ struct Engine::Impl {
 
   // Jobs queued on the arenas and not yet finished, all epochs together
   // (each epoch counts its own too); guarded by jobs_mutex.
-  std::mutex jobs_mutex;
-  std::condition_variable jobs_finished;
-  std::uint64_t outstanding_jobs = 0;
+  Mutex jobs_mutex;
+  CondVar jobs_finished;
+  std::uint64_t outstanding_jobs PMSNAP_GUARDED_BY(jobs_mutex) = 0;
   // True from BeginEpoch until the epoch committed or was abandoned, and on
   // through a staged epoch that the committing thread began right after it.
   // The release store in FinishEpoch pairs with the acquire loads that allow
@@ -214,8 +213,8 @@ struct Engine::Impl {
   // The staged epoch waiting for the epoch in flight to finish; whoever
   // finishes that one begins it. Guarded by handover_mutex, which also
   // orders it against epoch_busy going false.
-  std::mutex handover_mutex;
-  Epoch* pending_start = nullptr;
+  Mutex handover_mutex;
+  Epoch* pending_start PMSNAP_GUARDED_BY(handover_mutex) = nullptr;
   StagingBuffers staging;
   // The pool's slots and the staging buffers, registered with the device as
   // copy destinations. Declared after the memory they cover and the device:
@@ -224,10 +223,10 @@ struct Engine::Impl {
 
   // What the engine holds in memory now (Stats::memory). Caller holds
   // stats_mutex, which Close takes before releasing any of it.
-  MemoryStats MemoryNow() const;
+  MemoryStats MemoryNow() const PMSNAP_REQUIRES(stats_mutex);
 
-  std::mutex error_mutex;  // guards first_error
-  Status first_error;
+  Mutex error_mutex;
+  Status first_error PMSNAP_GUARDED_BY(error_mutex);
 
   // Training-thread state.
   bool closed = false;
@@ -252,12 +251,12 @@ struct Engine::Impl {
   PolicyInputs policy_inputs;
 
   // Stats, guarded by stats_mutex (stats() may be called from any thread).
-  mutable std::mutex stats_mutex;
-  Stats stats;
-  std::deque<double> blocked_history;
+  mutable Mutex stats_mutex;
+  Stats stats PMSNAP_GUARDED_BY(stats_mutex);
+  std::deque<double> blocked_history PMSNAP_GUARDED_BY(stats_mutex);
   // Set by Close (under stats_mutex) once stats.memory holds the figures at
   // Close: the pool, staging buffers and registrations are going.
-  bool memory_taken_at_close = false;
+  bool memory_taken_at_close PMSNAP_GUARDED_BY(stats_mutex) = false;
   Clock::time_point opened_at = Clock::now();
   std::atomic<std::uint64_t> bytes_written{0};
   std::atomic<std::uint64_t> held_bytes{0};
@@ -299,22 +298,22 @@ struct Engine::Impl {
 
   // ---- Errors, jobs, and the workers' pipeline: copy, persist, commit
   // (engine_pipeline.cc). Called from worker threads and the training thread.
-  void RecordError(const Status& status);
-  Status TakeError();
+  void RecordError(const Status& status) PMSNAP_EXCLUDES(error_mutex);
+  Status TakeError() PMSNAP_EXCLUDES(error_mutex);
   // A recorded error as BeforeUpdate and EndStep report it. With several
   // ranks it waits for the next BeginStep: there every rank learns of it in
   // the same boundary exchange, whereas a rank that stopped mid-step on it
   // would leave the others waiting at that boundary for an exchange it
   // never joins.
   Status ReportMidStep(Status recorded) const;
-  void JobQueued(Epoch& epoch);
+  void JobQueued(Epoch& epoch) PMSNAP_EXCLUDES(jobs_mutex);
   // Last touch of a job: the training thread may free `epoch` once its
   // count is zero, and the engine once every count is. Notified under the
   // lock: a waiter that then returns and destroys the engine cannot meet a
   // notify still running on the condition variable.
-  void JobFinished(Epoch& epoch);
+  void JobFinished(Epoch& epoch) PMSNAP_EXCLUDES(jobs_mutex);
   // Until `epoch`'s jobs (or, with nullptr, every job) finished.
-  void WaitForJobs(const Epoch* epoch);
+  void WaitForJobs(const Epoch* epoch) PMSNAP_EXCLUDES(jobs_mutex);
   void Enqueue(Epoch* epoch, UnitTask* task, std::uint32_t part);
   // Runs `job` on the device stream; counted like worker jobs so an epoch is
   // reaped only after it finished.
@@ -386,7 +385,7 @@ struct Engine::Impl {
   // stats, the strategy and the policy inputs, and free it; a staged epoch
   // that began in the meantime takes its place.
   void ReapIfDone();
-  void Reap(Epoch& epoch);
+  void Reap(Epoch& epoch) PMSNAP_EXCLUDES(stats_mutex);
 
   void AddBlocked(double seconds) { blocked_this_step += seconds; }
 };

@@ -12,14 +12,13 @@
 // holds one buffer at a time and waits for a free one when all are in use.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "pmsnap/common/mutex.h"
 #include "pmsnap/common/status.h"
 
 namespace pmsnap::runtime {
@@ -57,21 +56,21 @@ class StagingRing {
   std::uint64_t capacity_bytes() const { return buffer_count_ * chunk_bytes_; }
   std::uint64_t chunk_bytes() const { return chunk_bytes_; }
   // Most bytes of buffers ever allocated at once (never above the capacity).
-  std::uint64_t peak_bytes() const;
+  std::uint64_t peak_bytes() const PMSNAP_EXCLUDES(mutex_);
 
  private:
   StagingRing(std::uint64_t buffer_count, std::uint64_t chunk_bytes, Allocator allocator);
   // A free buffer, allocating one while under the bound; waits otherwise.
-  Result<std::byte*> Acquire();
-  void Release(std::byte* buffer);
+  Result<std::byte*> Acquire() PMSNAP_EXCLUDES(mutex_);
+  void Release(std::byte* buffer) PMSNAP_EXCLUDES(mutex_);
 
   const std::uint64_t buffer_count_;
   const std::uint64_t chunk_bytes_;
   Allocator allocator_;
-  mutable std::mutex mutex_;  // guards the members below
-  std::condition_variable freed_;
-  std::vector<std::byte*> all_;   // every allocated buffer
-  std::vector<std::byte*> free_;  // those not in use
+  mutable Mutex mutex_;
+  CondVar freed_;
+  std::vector<std::byte*> all_ PMSNAP_GUARDED_BY(mutex_);   // every allocated buffer
+  std::vector<std::byte*> free_ PMSNAP_GUARDED_BY(mutex_);  // those not in use
 };
 
 }  // namespace pmsnap::runtime

@@ -16,8 +16,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <thread>
+
+#include "pmsnap/common/mutex.h"
 
 namespace pmsnap {
 
@@ -37,7 +38,7 @@ class BandwidthPacer {
   Clock::time_point Reserve(std::uint64_t bytes, Clock::time_point started) {
     const auto transfer = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(static_cast<double>(bytes) / (gbps_ * 1e9)));
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     const Clock::time_point begin = std::max(started, free_at_);
     free_at_ = begin + transfer;
     return free_at_;
@@ -58,8 +59,8 @@ class BandwidthPacer {
 
  private:
   const double gbps_;
-  std::mutex mutex_;  // guards free_at_
-  Clock::time_point free_at_{};
+  Mutex mutex_;
+  Clock::time_point free_at_ PMSNAP_GUARDED_BY(mutex_){};
 };
 
 }  // namespace pmsnap

@@ -28,16 +28,16 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
+
+#include "pmsnap/common/mutex.h"
 
 namespace pmsnap {
 
@@ -255,13 +255,17 @@ class PagePrefaulter {
   }
 
   // True once the work settled (done, stopped or failed) within `timeout`.
-  bool WaitUntilSettled(std::chrono::nanoseconds timeout) const {
-    std::unique_lock<std::mutex> lock(mutex_);
-    return settled_changed_.wait_for(lock, timeout, [&] { return settled_; });
+  bool WaitUntilSettled(std::chrono::nanoseconds timeout) const PMSNAP_EXCLUDES(mutex_) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    MutexLock lock(mutex_);
+    while (!settled_) {
+      if (!settled_changed_.WaitUntil(lock, deadline)) return settled_;
+    }
+    return true;
   }
 
-  PrefaultProgress progress() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+  PrefaultProgress progress() const PMSNAP_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     PrefaultProgress progress = result_;
     progress.bytes_total = bytes_total_;
     progress.bytes_done = bytes_done_.load(std::memory_order_relaxed);
@@ -301,7 +305,7 @@ class PagePrefaulter {
       bytes_done_.fetch_add(pieces_[index].bytes, std::memory_order_relaxed);
       pieces_done_.fetch_add(1, std::memory_order_acq_rel);
     }
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (background) result_.thread_page_faults = ThreadMinorFaults() - faults_before;
     // The last worker out says how it ended (a helper that comes later
     // finds nothing to do and says the same).
@@ -348,19 +352,19 @@ class PagePrefaulter {
     return ThreadMinorFaults() == before;
   }
 
-  void Fail(const std::string& problem) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void Fail(const std::string& problem) PMSNAP_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     if (result_.problem.empty()) result_.problem = problem;
     failed_ = true;
     if (active_.load(std::memory_order_acquire) == 0) SettleLocked();
   }
 
-  void Settle() {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void Settle() PMSNAP_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     SettleLocked();
   }
 
-  void SettleLocked() {
+  void SettleLocked() PMSNAP_REQUIRES(mutex_) {
     using State = PrefaultProgress::State;
     if (pieces_done_.load(std::memory_order_acquire) == pieces_.size()) {
       result_.state = State::kDone;
@@ -369,7 +373,7 @@ class PagePrefaulter {
     }
     result_.seconds = SecondsSinceStart();
     settled_ = true;
-    settled_changed_.notify_all();
+    settled_changed_.NotifyAll();
   }
 
   std::vector<PrefaultRange> pieces_;
@@ -385,11 +389,11 @@ class PagePrefaulter {
   std::atomic<std::int64_t> last_resume_ns_{std::numeric_limits<std::int64_t>::min() / 2};
   std::chrono::steady_clock::time_point started_;
 
-  mutable std::mutex mutex_;  // guards result_, failed_, settled_
-  mutable std::condition_variable settled_changed_;
-  PrefaultProgress result_;
-  bool failed_ = false;
-  bool settled_ = false;
+  mutable Mutex mutex_;
+  mutable CondVar settled_changed_;
+  PrefaultProgress result_ PMSNAP_GUARDED_BY(mutex_);
+  bool failed_ PMSNAP_GUARDED_BY(mutex_) = false;
+  bool settled_ PMSNAP_GUARDED_BY(mutex_) = false;
 
   std::thread thread_;
 };

@@ -35,10 +35,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "pmsnap/common/mutex.h"
 #include "pmsnap/runtime/conflict_strategy.h"
 
 namespace pmsnap::conflict {
@@ -83,8 +83,8 @@ class StrategyBase : public runtime::ConflictStrategy {
   ConflictOptions options_;
 
  private:
-  mutable std::mutex choices_mutex_;  // guards choices_
-  std::vector<StrategyChoice> choices_;
+  mutable Mutex choices_mutex_;
+  std::vector<StrategyChoice> choices_ PMSNAP_GUARDED_BY(choices_mutex_);
   std::vector<UnitProfile> profiles_;  // indexed by unit; bytes == 0: none yet
   std::atomic<std::uint64_t> fallbacks_{0};
 };
@@ -118,8 +118,8 @@ class SplitGroupsStrategy final : public StrategyBase {
   std::uint32_t DirectParts(const UnitTask& task) const;
 
  private:
-  std::mutex split_mutex_;                   // guards direct_parts_
-  std::vector<std::uint32_t> direct_parts_;  // per unit, this epoch
+  Mutex split_mutex_;
+  std::vector<std::uint32_t> direct_parts_ PMSNAP_GUARDED_BY(split_mutex_);  // per unit, this epoch
 };
 
 class AdaptiveStrategy final : public StrategyBase {
@@ -172,10 +172,10 @@ class AdaptiveStrategy final : public StrategyBase {
   runtime::WaitForSnapshotStrategy wait_;
   PartsOnConflictStrategy parts_;
   SplitGroupsStrategy split_;
-  mutable std::mutex decisions_mutex_;  // guards decisions_ and the calm counts
-  std::vector<StrategyChoice> decisions_;
-  std::vector<std::uint32_t> calm_epochs_;
-  std::vector<std::uint32_t> calm_needed_;
+  mutable Mutex decisions_mutex_;
+  std::vector<StrategyChoice> decisions_ PMSNAP_GUARDED_BY(decisions_mutex_);
+  std::vector<std::uint32_t> calm_epochs_ PMSNAP_GUARDED_BY(decisions_mutex_);
+  std::vector<std::uint32_t> calm_needed_ PMSNAP_GUARDED_BY(decisions_mutex_);
   // Measured speed of in-device copies (bytes/s; 0 until one ran), from the
   // last epoch that made any.
   double in_device_bytes_per_second_ = 0;

@@ -30,19 +30,18 @@
 // host batch buffer and writes full batches.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "pmsnap/common/mutex.h"
 #include "pmsnap/common/status.h"
 #include "pmsnap/pmem_layout/pool.h"
 
@@ -169,29 +168,31 @@ class DifferentialLog {
     std::uint64_t truncate_after = 0;
   };
   DifferentialLog(layout::Pool& pool, DifferentialLogOptions options);
-  void Run();
-  Status Fail(Status status);
+  void Run() PMSNAP_EXCLUDES(mutex_, live_mutex_);
+  Status Fail(Status status) PMSNAP_EXCLUDES(mutex_);
   // Copies the chunk heap's figures into stats_ (mutex_ held), while the
   // pool is surely open: stats() stays valid after the pool closed.
-  void NoteHeapLocked();
+  void NoteHeapLocked() PMSNAP_REQUIRES(mutex_);
 
   layout::Pool& pool_;
   std::string pool_path_;
   DifferentialLogOptions options_;
-  mutable std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<std::unique_ptr<Pending>> queue_;  // appended, not copied yet
-  bool stopping_ = false;
+  mutable Mutex mutex_;
+  CondVar changed_;
+  std::deque<std::unique_ptr<Pending>> queue_ PMSNAP_GUARDED_BY(mutex_);  // appended, not copied yet
+  bool stopping_ PMSNAP_GUARDED_BY(mutex_) = false;
+  // The training thread's own flag (Close and Abandon run there, and only
+  // that thread reads it); written under mutex_ beside stopping_.
   bool closed_ = false;
-  Status error_ = Status::Ok();
-  std::optional<std::uint64_t> last_appended_;
-  std::uint64_t copied_through_ = 0;  // iteration (0: none)
-  std::uint64_t next_sequence_ = 1;
-  std::uint64_t flushes_requested_ = 0;
-  std::uint64_t flushes_done_ = 0;
-  DifferentialLogStats stats_;
-  std::mutex live_mutex_;  // the worker adds, Retire frees
-  std::vector<LiveChunk> live_;
+  Status error_ PMSNAP_GUARDED_BY(mutex_) = Status::Ok();
+  std::optional<std::uint64_t> last_appended_ PMSNAP_GUARDED_BY(mutex_);
+  std::uint64_t copied_through_ PMSNAP_GUARDED_BY(mutex_) = 0;  // iteration (0: none)
+  std::uint64_t next_sequence_ PMSNAP_GUARDED_BY(mutex_) = 1;
+  std::uint64_t flushes_requested_ PMSNAP_GUARDED_BY(mutex_) = 0;
+  std::uint64_t flushes_done_ PMSNAP_GUARDED_BY(mutex_) = 0;
+  DifferentialLogStats stats_ PMSNAP_GUARDED_BY(mutex_);
+  Mutex live_mutex_;  // the worker adds, Retire frees
+  std::vector<LiveChunk> live_ PMSNAP_GUARDED_BY(live_mutex_);
   std::thread worker_;
 };
 

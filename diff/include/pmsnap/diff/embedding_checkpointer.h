@@ -118,6 +118,10 @@ struct TableCheckpointStats {
   std::uint64_t access_record_bytes = 0;
 };
 
+namespace detail {
+class EncodingPolicy;
+}  // namespace detail
+
 class EmbeddingCheckpointer final : public runtime::Encoder {
  public:
   explicit EmbeddingCheckpointer(EmbeddingOptions options);
@@ -144,6 +148,8 @@ class EmbeddingCheckpointer final : public runtime::Encoder {
 
  private:
   EmbeddingOptions options_;
+  // What options_.policy does at each Encode (diff/detail/encoding_policies.h).
+  std::unique_ptr<detail::EncodingPolicy> encoding_;
   layout::ChunkHeap* chunks_ = nullptr;
   runtime::Device* device_ = nullptr;
   std::vector<std::unique_ptr<Table>> tables_;     // one per encoded unit

@@ -34,12 +34,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 
 #include "pmsnap/common/bandwidth_pacer.h"
+#include "pmsnap/common/mutex.h"
 #include "pmsnap/common/status.h"
 
 namespace pmsnap::runtime {
@@ -365,7 +365,7 @@ class SimulatedDevice final : public HostMemoryDevice {
   // A copy's wait for `event` (unless the testing switch drops it); counts
   // the copy as settled and returns true when it blocked.
   bool CopyWaitsFor(const DeviceEvent* event);
-  Queue& CopyStreamForThisThread();
+  Queue& CopyStreamForThisThread() PMSNAP_EXCLUDES(copy_streams_mutex_);
   SimulatedDeviceOptions options_;
   std::uint64_t serial_;        // names this device in the registration table
   BandwidthPacer link_;         // device <-> host copies
@@ -375,8 +375,9 @@ class SimulatedDevice final : public HostMemoryDevice {
   std::atomic<std::uint64_t> compute_stalls_{0};
   std::atomic<std::int64_t> compute_stall_ns_{0};
   std::unique_ptr<Queue> compute_;  // asynchronous mode only
-  std::mutex copy_streams_mutex_;   // guards copy_streams_
-  std::unordered_map<std::thread::id, std::unique_ptr<Queue>> copy_streams_;
+  Mutex copy_streams_mutex_;
+  std::unordered_map<std::thread::id, std::unique_ptr<Queue>> copy_streams_
+      PMSNAP_GUARDED_BY(copy_streams_mutex_);
 };
 
 }  // namespace pmsnap::runtime

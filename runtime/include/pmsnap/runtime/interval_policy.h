@@ -10,8 +10,9 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
+
+#include "pmsnap/common/mutex.h"
 
 namespace pmsnap::runtime {
 
@@ -56,12 +57,12 @@ class EveryKPolicy final : public IntervalPolicy {
  public:
   explicit EveryKPolicy(std::uint64_t every) : every_(every == 0 ? 1 : every) {}
   std::string name() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     return "every-" + std::to_string(every_);
   }
   // Steps anchor + k, anchor + 2k, ... (anchor 0: the multiples of k).
   bool ShouldCheckpoint(std::uint64_t step, const PolicyInputs&) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     return step > anchor_ && (step - anchor_) % every_ == 0;
   }
   bool wait_if_busy() const override { return true; }
@@ -71,15 +72,15 @@ class EveryKPolicy final : public IntervalPolicy {
   // than at the next multiple of k (LowDiff re-tunes its full-checkpoint
   // interval while training runs). Any thread.
   void set_every(std::uint64_t every, std::uint64_t anchor = 0) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     every_ = every == 0 ? 1 : every;
     anchor_ = anchor;
   }
 
  private:
-  mutable std::mutex mutex_;
-  std::uint64_t every_;
-  std::uint64_t anchor_ = 0;
+  mutable Mutex mutex_;
+  std::uint64_t every_ PMSNAP_GUARDED_BY(mutex_);
+  std::uint64_t anchor_ PMSNAP_GUARDED_BY(mutex_) = 0;
 };
 
 // CheckFreq's frequency determination (Algorithm 1 of the PM-DNN slides):

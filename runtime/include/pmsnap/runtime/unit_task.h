@@ -17,10 +17,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
+#include "pmsnap/common/mutex.h"
 #include "pmsnap/common/status.h"
 
 namespace pmsnap::runtime {
@@ -152,7 +152,7 @@ class UnitTask {
   std::atomic<std::uint64_t> in_device_bytes{0};
 
  private:
-  void ReleaseBuffersLocked();
+  void ReleaseBuffersLocked() PMSNAP_REQUIRES(buffers_mutex_);
   void CopyInDeviceOrdered(std::vector<std::uint32_t> parts, std::byte* buffer);
   void FinishInDeviceCopies(std::chrono::steady_clock::time_point start, std::uint64_t bytes);
   std::uint32_t unit_;
@@ -162,19 +162,19 @@ class UnitTask {
   std::vector<Part> parts_;
   std::uint64_t bytes_ = 0;
   mutable std::atomic<std::uint32_t> in_device_pending_{0};
-  mutable std::mutex device_error_mutex_;  // guards device_error_
-  Status device_error_;
+  mutable Mutex device_error_mutex_;
+  Status device_error_ PMSNAP_GUARDED_BY(device_error_mutex_);
   std::unique_ptr<std::atomic<std::uint8_t>[]> states_;
   std::unique_ptr<std::atomic<const std::byte*>[]> sources_;
   std::atomic<std::uint32_t> snapshot_remaining_;
-  std::mutex buffers_mutex_;  // guards buffers_
-  std::vector<std::pair<void*, std::size_t>> buffers_;
+  Mutex buffers_mutex_;
+  std::vector<std::pair<void*, std::size_t>> buffers_ PMSNAP_GUARDED_BY(buffers_mutex_);
   std::shared_ptr<DeviceEvent> update_event_;
   // Per part (only where the device orders by events): the event of its copy
   // out of the live tensor, valid once copy_published_[p] is 1 (release in
   // PublishCopyEvent, acquire in OrderUpdateAfterLiveCopies).
-  std::mutex copy_events_mutex_;  // guards copy_events_
-  std::vector<std::shared_ptr<DeviceEvent>> copy_events_;
+  Mutex copy_events_mutex_;
+  std::vector<std::shared_ptr<DeviceEvent>> copy_events_ PMSNAP_GUARDED_BY(copy_events_mutex_);
   std::unique_ptr<std::atomic<std::uint8_t>[]> copy_published_;
 };
 
