@@ -22,8 +22,10 @@
 
 #include <pybind11/pybind11.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "pmsnap/common/status.h"
@@ -48,6 +50,24 @@ template <typename T>
 T ValueOrThrow(Result<T> result) {
   if (!result.ok()) throw StatusError(result.status());
   return std::move(result).value();
+}
+
+// Runs `call` (returning a Status or a Result<T>) with the GIL released, so
+// that other Python threads run while it blocks; back under the GIL, throws
+// its error, or returns the Result's value. Caller holds the GIL.
+template <typename Call>
+auto CallWithoutGil(Call&& call) {
+  using Returned = std::invoke_result_t<Call>;
+  std::optional<Returned> returned;
+  {
+    pybind11::gil_scoped_release release;
+    returned.emplace(std::forward<Call>(call)());
+  }
+  if constexpr (std::is_same_v<Returned, Status>) {
+    ThrowIfError(*returned);
+  } else {
+    return ValueOrThrow(std::move(*returned));
+  }
 }
 
 // Creates the exception classes as attributes of `module` and registers the

@@ -35,16 +35,6 @@ Status Append(DifferentialLog& log, std::uint64_t iteration, const py::list& pie
   return log.Append(iteration, std::move(out));
 }
 
-template <typename F>
-void Blocking(F&& f) {
-  Status status;
-  {
-    py::gil_scoped_release release;
-    status = f();
-  }
-  ThrowIfError(status);
-}
-
 py::dict StatsOf(const diff::DifferentialLogStats& s) {
   py::dict d;
   d["appended"] = s.appended;
@@ -89,12 +79,8 @@ std::vector<std::span<const float>> Spans(const std::vector<std::uintptr_t>& del
 }  // namespace
 
 py::list ReadDifferentialsOf(const layout::Pool& pool, std::uint64_t after) {
-  std::optional<Result<std::vector<diff::Differential>>> result;
-  {
-    py::gil_scoped_release release;
-    result.emplace(diff::ReadDifferentials(pool, after));
-  }
-  std::vector<diff::Differential> diffs = ValueOrThrow(std::move(*result));
+  std::vector<diff::Differential> diffs =
+      CallWithoutGil([&] { return diff::ReadDifferentials(pool, after); });
   py::list out;
   for (const diff::Differential& d : diffs) {
     py::list pieces;
@@ -123,18 +109,18 @@ void RegisterLowDiff(py::module_& m) {
           "unchanged until wait_copied(iteration) returned.")
       .def(
           "wait_copied",
-          [](DifferentialLog& log, std::uint64_t it) { Blocking([&] { return log.WaitCopied(it); }); },
+          [](DifferentialLog& log, std::uint64_t it) { CallWithoutGil([&] { return log.WaitCopied(it); }); },
           py::arg("iteration"))
-      .def("wait_written", [](DifferentialLog& log) { Blocking([&] { return log.WaitWritten(); }); })
-      .def("flush", [](DifferentialLog& log) { Blocking([&] { return log.Flush(); }); })
-      .def("close", [](DifferentialLog& log) { Blocking([&] { return log.Close(); }); })
+      .def("wait_written", [](DifferentialLog& log) { CallWithoutGil([&] { return log.WaitWritten(); }); })
+      .def("flush", [](DifferentialLog& log) { CallWithoutGil([&] { return log.Flush(); }); })
+      .def("close", [](DifferentialLog& log) { CallWithoutGil([&] { return log.Close(); }); })
       .def("abandon", [](DifferentialLog& log) {
         py::gil_scoped_release release;
         log.Abandon();
       })
       .def(
           "retire",
-          [](DifferentialLog& log, std::uint64_t it) { Blocking([&] { return log.Retire(it); }); },
+          [](DifferentialLog& log, std::uint64_t it) { CallWithoutGil([&] { return log.Retire(it); }); },
           py::arg("full_iteration"))
       .def(
           "set_batch",

@@ -298,22 +298,15 @@ class PoolFileWriter {
   }
   std::uint64_t Begin(std::uint64_t iteration) { return ValueOrThrow(pool().BeginEpoch(iteration)); }
   void WriteTensor(std::uint32_t unit, std::uint32_t tensor, std::uintptr_t src) {
-    Status status;
-    {
-      py::gil_scoped_release release;
-      status = pool().WriteTensor(unit, tensor, reinterpret_cast<const void*>(src));
-    }
-    ThrowIfError(status);
+    CallWithoutGil(
+        [&] { return pool().WriteTensor(unit, tensor, reinterpret_cast<const void*>(src)); });
   }
   void Commit(const py::bytes& extra_state) {
     const std::string data = extra_state;
-    Status status;
-    {
-      py::gil_scoped_release release;
-      status = pool().Commit(std::span<const std::byte>(
-          reinterpret_cast<const std::byte*>(data.data()), data.size()));
-    }
-    ThrowIfError(status);
+    CallWithoutGil([&] {
+      return pool().Commit(
+          std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()), data.size()));
+    });
   }
   void Abandon() { pool().Abandon(); }
   void Close() {

@@ -172,25 +172,14 @@ class PyEngine {
 
   void BeginStep(std::uint64_t step) {
     runtime::Engine& e = engine();
-    Status status;
-    {
-      // Every-k and CheckFreq wait here for the epoch in flight: other Python
-      // threads run meanwhile (LowDiffPlus's training thread, while its
-      // replica thread waits). The coordinator's callbacks take the GIL back.
-      py::gil_scoped_release release;
-      status = e.BeginStep(step);
-    }
-    ThrowIfError(status);
+    // Every-k and CheckFreq wait here for the epoch in flight: other Python
+    // threads run meanwhile (LowDiffPlus's training thread, while its
+    // replica thread waits). The coordinator's callbacks take the GIL back.
+    CallWithoutGil([&] { return e.BeginStep(step); });
   }
   void BeforeUpdate(std::uint32_t unit) {
     runtime::Engine& e = engine();
-    Status status;
-    {
-      // A conflict may wait for a worker's copy.
-      py::gil_scoped_release release;
-      status = e.BeforeUpdate(unit);
-    }
-    ThrowIfError(status);
+    CallWithoutGil([&] { return e.BeforeUpdate(unit); });  // a conflict may wait for a copy
   }
   void AfterUpdate(std::uint32_t unit) { ThrowIfError(engine().AfterUpdate(unit)); }
   void EndStep(const py::bytes& extra_state) {
@@ -213,22 +202,14 @@ class PyEngine {
     if (PyBytes_AsStringAndSize(bytes.ptr(), &data, &size) != 0) {
       throw py::error_already_set();
     }
-    Status status;
-    {
-      py::gil_scoped_release release;
-      status = call(e, std::span<const std::byte>(reinterpret_cast<const std::byte*>(data),
-                                                  static_cast<std::size_t>(size)));
-    }
-    ThrowIfError(status);
+    CallWithoutGil([&] {
+      return call(e, std::span<const std::byte>(reinterpret_cast<const std::byte*>(data),
+                                                static_cast<std::size_t>(size)));
+    });
   }
   void Flush() {
     runtime::Engine& e = engine();
-    Status status;
-    {
-      py::gil_scoped_release release;
-      status = e.Flush();
-    }
-    ThrowIfError(status);
+    CallWithoutGil([&] { return e.Flush(); });
   }
   // Closes and destroys the engine; later calls raise FailedPreconditionError
   // (stats() keeps answering with the stats taken at Close).
@@ -259,12 +240,7 @@ class PyEngine {
   }
   py::tuple Restore() {
     runtime::Engine& e = engine();
-    std::optional<Result<runtime::RestoreResult>> result;
-    {
-      py::gil_scoped_release release;
-      result.emplace(e.Restore());
-    }
-    runtime::RestoreResult value = ValueOrThrow(std::move(*result));
+    runtime::RestoreResult value = CallWithoutGil([&] { return e.Restore(); });
     restored_extra_state_is_own_ = value.extra_state_is_own;
     return py::make_tuple(value.iteration, value.epoch,
                           py::bytes(reinterpret_cast<const char*>(value.extra_state.data()),
@@ -321,12 +297,7 @@ class PyEngine {
                                    std::to_string(tracker.rows()) + " rows, its tracker " +
                                    std::to_string(source.rows())));
     }
-    Status status;
-    {
-      py::gil_scoped_release release;
-      status = tracker.Mark(source.Touched());
-    }
-    ThrowIfError(status);
+    CallWithoutGil([&] { return tracker.Mark(source.Touched()); });
     source.Clear();
   }
   void MarkAllRows(const std::string& table) { Tracker(table).MarkAll(); }
@@ -374,12 +345,8 @@ class PyEngine {
     diff::DifferentialLogOptions options;
     options.batch = batch;
     options.resume_after = resume_after;
-    std::optional<Result<std::unique_ptr<diff::DifferentialLog>>> result;
-    {
-      py::gil_scoped_release release;
-      result.emplace(diff::DifferentialLog::Open(e.pool(), options));
-    }
-    differential_log_ = ValueOrThrow(std::move(*result));
+    differential_log_ =
+        CallWithoutGil([&] { return diff::DifferentialLog::Open(e.pool(), options); });
     return differential_log_;
   }
   // Changes the interval of an "every" policy (LowDiff's full checkpoints
