@@ -179,10 +179,10 @@ Result<std::unique_ptr<DifferentialLog>> DifferentialLog::Open(layout::Pool& poo
                       "chunk_heap_bytes > 0)");
   }
   std::unique_ptr<DifferentialLog> log(new DifferentialLog(pool, options));
-  // No other thread sees the log until its worker starts; the lock is for
-  // the analysis.
-  MutexLock lock(log->mutex_);
+  // No other thread sees the log until its worker starts; the locks are for
+  // the analysis, taken in Retire's order (live_mutex_, then mutex_).
   MutexLock live_lock(log->live_mutex_);
+  MutexLock lock(log->mutex_);
   std::vector<std::uint64_t> unsealed;
   PMSNAP_ASSIGN_OR_RETURN(std::vector<ParsedChunk> chunks, ParseChunks(pool, false, &unsealed));
   // A chunk a crash left unsealed holds nothing readable; nobody else frees
@@ -228,8 +228,8 @@ Result<std::unique_ptr<DifferentialLog>> DifferentialLog::Open(layout::Pool& poo
   log->stats_.live_chunks = live.size();
   log->NoteHeapLocked();
   log->live_ = std::move(live);
-  live_lock.Unlock();
   lock.Unlock();
+  live_lock.Unlock();
   log->worker_ = std::thread([raw = log.get()] { raw->Run(); });
   return log;
 }
