@@ -1,6 +1,6 @@
 // LowDiff's differential log (diff::DifferentialLog) and the Eq. 8-10 and
 // merge helpers, for python/pmsnap/lowdiff.py. The log itself is opened by
-// an Engine (module.cc, Engine.open_differential_log), whose pool it writes;
+// an Engine (py_engine.cc, Engine.open_differential_log), whose pool it writes;
 // the engine closes it before it closes the pool.
 #pragma once
 
