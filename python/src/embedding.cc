@@ -116,13 +116,9 @@ std::size_t TouchedInto(const RowTracker& tracker, std::uintptr_t ptr, std::size
 }  // namespace
 
 py::list ListCheckpointsOf(const layout::Pool& pool, const std::string& table) {
-  std::optional<Result<std::vector<diff::CheckpointInfo>>> result;
-  {
-    py::gil_scoped_release release;
-    result.emplace(diff::ListCheckpoints(pool, table));
-  }
   py::list out;
-  for (const diff::CheckpointInfo& info : ValueOrThrow(std::move(*result))) {
+  for (const diff::CheckpointInfo& info :
+       CallWithoutGil([&] { return diff::ListCheckpoints(pool, table); })) {
     out.append(CheckpointInfoToDict(info));
   }
   return out;
@@ -130,12 +126,7 @@ py::list ListCheckpointsOf(const layout::Pool& pool, const std::string& table) {
 
 py::tuple RecoverTableOf(const layout::Pool& pool, const std::string& table,
                          std::optional<std::uint64_t> epoch) {
-  std::optional<Result<diff::RecoveredTable>> result;
-  {
-    py::gil_scoped_release release;
-    result.emplace(diff::RecoverTable(pool, table, epoch));
-  }
-  return RecoveredToPython(ValueOrThrow(std::move(*result)));
+  return RecoveredToPython(CallWithoutGil([&] { return diff::RecoverTable(pool, table, epoch); }));
 }
 
 void RegisterEmbedding(py::module_& m) {
