@@ -94,7 +94,6 @@ Result<std::unique_ptr<ChunkHeap>> ChunkHeap::Load(std::unique_ptr<State> state)
     prev = offset;
     offset = chunk->next_offset;
   }
-  lock.Unlock();
   return std::unique_ptr<ChunkHeap>(new ChunkHeap(std::move(state)));
 }
 

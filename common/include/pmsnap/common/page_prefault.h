@@ -258,10 +258,9 @@ class PagePrefaulter {
   bool WaitUntilSettled(std::chrono::nanoseconds timeout) const PMSNAP_EXCLUDES(mutex_) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     MutexLock lock(mutex_);
-    while (!settled_) {
-      if (!settled_changed_.WaitUntil(lock, deadline)) return settled_;
+    while (!settled_ && settled_changed_.WaitUntil(lock, deadline)) {
     }
-    return true;
+    return settled_;
   }
 
   PrefaultProgress progress() const PMSNAP_EXCLUDES(mutex_) {
