@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "libtorch_error.h"
+#include "pmsnap/hooks/c10d_coordinator.h"
 
 namespace pmsnap::hooks {
 namespace {
@@ -77,11 +78,6 @@ Result<std::unique_ptr<LowDiff>> LowDiff::Create(const torch::nn::Module& module
                   "LowDiff for " + options.pool_path + ": topk_ratio must be in (0, 1], got " +
                       std::to_string(lowdiff.topk_ratio));
   }
-  if (lowdiff.max_batch == 0 || lowdiff.initial_batch == 0 || lowdiff.initial_full_every == 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "LowDiff for " + options.pool_path +
-                      ": max_batch, initial_batch and initial_full_every must be >= 1");
-  }
   if (lowdiff.gradient_group && options.coordinator &&
       lowdiff.gradient_group->getSize() != options.coordinator->world_size()) {
     return Status(StatusCode::kInvalidArgument,
@@ -99,19 +95,47 @@ Result<std::unique_ptr<LowDiff>> LowDiff::Create(const torch::nn::Module& module
   options.policy = policy;
   auto coordinator = options.coordinator;
   std::string pool_path = options.pool_path;
+  diff::LowDiffControllerOptions plan;
+  plan.full_every = lowdiff.full_every;
+  plan.initial_full_every = lowdiff.initial_full_every;
+  plan.batch = lowdiff.batch;
+  plan.initial_batch = lowdiff.initial_batch;
+  plan.max_batch = lowdiff.max_batch;
+  plan.mtbf_seconds = lowdiff.mtbf_seconds;
+  plan.world_size =
+      lowdiff.gradient_group ? static_cast<std::uint32_t>(lowdiff.gradient_group->getSize()) : 1;
+  // The ranks agree on tuned values over the gradient group: the engine's
+  // coordinator keeps an all-reduce in flight across the step.
+  std::shared_ptr<runtime::Coordinator> agreement;
+  if (lowdiff.gradient_group && lowdiff.gradient_group->getSize() > 1) {
+    agreement = std::make_shared<C10dCoordinator>(lowdiff.gradient_group);
+  }
+  auto controller = diff::LowDiffController::Create(
+      plan, std::move(agreement), [policy](std::uint64_t every, std::uint64_t anchor) {
+        policy->set_every(every, anchor);
+        return Status::Ok();
+      });
+  if (!controller.ok()) {
+    return Status(controller.status().code(),
+                  "LowDiff for " + options.pool_path + ": " + controller.status().message());
+  }
   auto checkpointed = CheckpointedOptimizer::Create(module, optimizer, std::move(options));
   if (!checkpointed.ok()) return checkpointed.status();
   return std::unique_ptr<LowDiff>(new LowDiff(std::move(*checkpointed), std::move(policy),
-                                              optimizer, std::move(coordinator),
-                                              std::move(pool_path), std::move(lowdiff)));
+                                              std::move(*controller), optimizer,
+                                              std::move(coordinator), std::move(pool_path),
+                                              std::move(lowdiff)));
 }
 
 LowDiff::LowDiff(std::unique_ptr<CheckpointedOptimizer> checkpointed,
-                 std::shared_ptr<runtime::EveryKPolicy> policy, torch::optim::Optimizer& optimizer,
+                 std::shared_ptr<runtime::EveryKPolicy> policy,
+                 std::unique_ptr<diff::LowDiffController> controller,
+                 torch::optim::Optimizer& optimizer,
                  std::shared_ptr<runtime::Coordinator> coordinator, std::string pool_path,
                  LowDiffOptions options)
     : checkpointed_(std::move(checkpointed)),
       policy_(std::move(policy)),
+      controller_(std::move(controller)),
       optimizer_(optimizer),
       coordinator_(std::move(coordinator)),
       pool_path_(std::move(pool_path)),
@@ -121,8 +145,6 @@ LowDiff::LowDiff(std::unique_ptr<CheckpointedOptimizer> checkpointed,
   }
   residuals_.resize(params_.size());
   world_ = options_.gradient_group ? options_.gradient_group->getSize() : 1;
-  full_every_ = options_.full_every ? options_.full_every : options_.initial_full_every;
-  batch_ = options_.batch ? options_.batch : options_.initial_batch;
 }
 
 LowDiff::~LowDiff() { (void)Close(); }
@@ -191,16 +213,14 @@ Status LowDiff::SynchronizeGradients() {
   return Status::Ok();
 }
 
-Status LowDiff::OpenLog(std::optional<std::uint64_t> resume_after) {
+Status LowDiff::OpenLog(std::optional<std::uint64_t> resume_after,
+                        std::optional<std::uint64_t> full_iteration) {
   diff::DifferentialLogOptions options;
-  options.batch = batch_;
+  options.batch = controller_->batch();
   options.resume_after = resume_after;
   auto log = diff::DifferentialLog::Open(checkpointed_->engine().pool(), options);
   if (!log.ok()) return log.status();
-  log_ = std::move(*log);
-  policy_->set_every(full_every_, anchor_);
-  first_tune_step_ = resume_after.value_or(0) + kFirstTuneStep;
-  return Status::Ok();
+  return controller_->Attach(std::move(*log), resume_after, full_iteration);
 }
 
 Status LowDiff::Step(std::span<const std::byte> extra_state) {
@@ -216,7 +236,8 @@ Status LowDiff::Step(std::span<const std::byte> extra_state) {
   // Kept alive until the log's worker copied them (WaitCopied below).
   torch::Tensor learning_rates;
   std::vector<std::byte> extra;
-  if (log_) {
+  diff::DifferentialLog* log = controller_->log().get();
+  if (log) {
     extra.assign(extra_state.begin(), extra_state.end());
     std::vector<double> lrs;
     for (const auto& group : optimizer_.param_groups()) lrs.push_back(group.options().get_lr());
@@ -238,18 +259,18 @@ Status LowDiff::Step(std::span<const std::byte> extra_state) {
     extra_piece.data = extra.data();
     extra_piece.bytes = extra.size();
     pieces.push_back(extra_piece);
-    for (const auto& p : pieces) bytes_handed_ += p.bytes;
-    status = log_->Append(step, std::move(pieces));
+    for (const auto& p : pieces) controller_->CountHanded(p.bytes);
+    status = log->Append(step, std::move(pieces));
     appended = status.ok();
   }
   Status stepped = checkpointed_->Step(extra_state);
   if (status.ok()) status = stepped;
-  if (!log_) {
-    Status opened = OpenLog(std::nullopt);
+  if (!log) {
+    Status opened = OpenLog(std::nullopt, std::nullopt);
     if (status.ok()) status = opened;
   } else if (appended) {
     // The pieces above must outlive the worker's copy of them.
-    Status copied = log_->WaitCopied(step);
+    Status copied = log->WaitCopied(step);
     if (status.ok()) status = copied;
   }
   gathered_.clear();
@@ -259,123 +280,13 @@ Status LowDiff::Step(std::span<const std::byte> extra_state) {
 }
 
 Status LowDiff::Observe(double step_seconds) {
-  auto ema = [](double old, double now) { return old == 0 ? now : 0.8 * old + 0.2 * now; };
-  const double now = Now();
-  merge_seconds_ = ema(merge_seconds_, step_seconds);
-  if (last_step_end_ > 0) iteration_seconds_ = ema(iteration_seconds_, now - last_step_end_);
-  last_step_end_ = now;
-  if (!log_) return Status::Ok();
-  const std::uint64_t step = checkpointed_->iteration();
-  const bool full_step = step > anchor_ && (step - anchor_) % full_every_ == 0;
-  if (full_step) {
-    pending_full_ = step;  // commits in the background
-    last_full_ = step;
-  }
-  RetireBehindCommittedFull();
-  // The same steps on every rank (full_every_ is agreed), so the ranks can
-  // agree on what they tune: every rank's engine must ask for the same
-  // full checkpoints (runtime::EpochAgreement).
-  if (full_step || step == first_tune_step_) return Retune();
-  return Status::Ok();
-}
-
-void LowDiff::RetireBehindCommittedFull() {
-  if (!pending_full_) return;
-  const std::uint64_t committed = checkpointed_->stats().last_committed_iteration;
-  if (committed < *pending_full_) return;
-  pending_full_.reset();
-  if (!full_iterations_.empty() && full_iterations_.back() == committed) return;
-  full_iterations_.push_back(committed);
-  if (full_iterations_.size() >= 2) {
-    // Keep what the second-newest full checkpoint needs: a rank may have to
-    // roll back to it (a damaged slot, another rank one checkpoint behind).
-    (void)log_->Retire(full_iterations_[full_iterations_.size() - 2]);
-  }
-}
-
-Result<std::optional<std::uint64_t>> LowDiff::SmallestOverRanks(
-    std::optional<std::uint64_t> value) {
-  if (!options_.gradient_group || world_ <= 1) return value;
-  constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
-  std::vector<torch::Tensor> values{
-      torch::tensor({value ? static_cast<std::int64_t>(*value) : kNone}, torch::kInt64)};
-  c10d::AllreduceOptions min;
-  min.reduceOp = c10d::ReduceOp::MIN;
-  try {
-    options_.gradient_group->allreduce(values, min)->wait();
-  } catch (const std::exception& e) {
-    return Status(StatusCode::kInternal, "LowDiff for " + pool_path_ + ": rank " +
-                                             std::to_string(options_.gradient_group->getRank()) +
-                                             ": agreeing on the tuned full interval and batch "
-                                             "failed: " + e.what());
-  }
-  const std::int64_t smallest = values[0][0].item<std::int64_t>();
-  if (smallest == kNone) return std::optional<std::uint64_t>();
-  return std::optional<std::uint64_t>(static_cast<std::uint64_t>(smallest));
-}
-
-Status LowDiff::Retune() {
-  std::optional<diff::Configuration> config;
-  std::optional<diff::HeapBounds> bounds;
-  const diff::DifferentialLogStats log = log_->stats();
-  if (auto b = diff::BoundsOfHeap(diff::MeasuredDifferentialBytes(log, bytes_handed_),
-                                  log.heap_capacity_bytes, options_.max_batch);
-      b.ok()) {
-    bounds = *b;
-  }
   const runtime::Stats stats = checkpointed_->stats();
-  if (stats.epochs_committed > 0 && stats.last_epoch_seconds > 0 && iteration_seconds_ > 0) {
-    diff::ConfigurationInputs in;
-    in.full_bytes = static_cast<double>(stats.bytes_written) / stats.epochs_committed;
-    in.write_bandwidth = in.full_bytes / stats.last_epoch_seconds;
-    in.merge_seconds = merge_seconds_;
-    in.mtbf_seconds = options_.mtbf_seconds;
-    in.iteration_seconds = iteration_seconds_;
-    in.world_size = static_cast<std::uint32_t>(world_);
-    if (auto c = diff::OptimalConfiguration(in, bounds ? bounds->max_batch : options_.max_batch);
-        c.ok()) {
-      config = *c;
-      tuned_ = true;
-      config_ = *c;
-      inputs_ = in;
-    }
-  }
-  if (options_.full_every != 0 && options_.batch != 0) return Status::Ok();
-  // The batch first (the heap's interval bound depends on it), then the
-  // interval each rank's heap holds at that batch.
-  // Without a measured full checkpoint (a resumed run): the values in
-  // force, still kept within the heap.
-  std::uint32_t batch = batch_;
-  if (options_.batch == 0) {
-    std::optional<std::uint64_t> proposal;
-    if (config) {
-      proposal = config->batch;
-    } else if (bounds) {
-      proposal = std::min(batch_, bounds->max_batch);
-    }
-    PMSNAP_ASSIGN_OR_RETURN(const std::optional<std::uint64_t> agreed,
-                            SmallestOverRanks(proposal));
-    if (agreed) batch = static_cast<std::uint32_t>(*agreed);
-  }
-  std::optional<std::uint64_t> interval;
-  if (config || bounds) interval = config ? config->full_interval : full_every_;
-  if (bounds) {
-    heap_max_full_every_ = bounds->MaxInterval(batch);
-    interval = std::min(*interval, heap_max_full_every_);
-  }
-  if (options_.full_every == 0) {
-    PMSNAP_ASSIGN_OR_RETURN(interval, SmallestOverRanks(interval));
-    if (interval && *interval != full_every_) {
-      full_every_ = *interval;
-      anchor_ = last_full_;  // the new interval counts from the latest full checkpoint
-      policy_->set_every(full_every_, anchor_);
-    }
-  }
-  if (batch != batch_) {
-    batch_ = batch;
-    PMSNAP_RETURN_IF_ERROR(log_->SetBatch(batch_));
-  }
-  return Status::Ok();
+  diff::FullCheckpointProgress progress;
+  progress.last_committed_iteration = stats.last_committed_iteration;
+  progress.epochs_committed = stats.epochs_committed;
+  progress.bytes_written = stats.bytes_written;
+  progress.last_epoch_seconds = stats.last_epoch_seconds;
+  return controller_->Observe(checkpointed_->iteration(), step_seconds, progress);
 }
 
 Status LowDiff::ReplayOne(const diff::Differential& differential,
@@ -443,7 +354,7 @@ Status LowDiff::ReplayOne(const diff::Differential& differential,
 }
 
 Result<LowDiffRestoreInfo> LowDiff::Restore() {
-  if (log_ || checkpointed_->iteration() != 0) {
+  if (controller_->log() || checkpointed_->iteration() != 0) {
     return Status(StatusCode::kFailedPrecondition,
                   "LowDiff::Restore of " + pool_path_ +
                       ": only before the first Step");
@@ -456,14 +367,9 @@ Result<LowDiffRestoreInfo> LowDiff::Restore() {
   const double began = Now();
   auto diffs = diff::ReadDifferentials(checkpointed_->engine().pool(), full->iteration);
   if (!diffs.ok()) return diffs.status();
-  std::uint64_t reach = full->iteration + diffs->size();
-  if (coordinator_ && coordinator_->world_size() > 1) {
-    const std::int64_t mine = static_cast<std::int64_t>(reach);
-    PMSNAP_RETURN_IF_ERROR(coordinator_->StartMinAllReduce(std::span(&mine, 1)));
-    auto agreed = coordinator_->FinishMinAllReduce();
-    if (!agreed.ok()) return agreed.status();
-    reach = static_cast<std::uint64_t>(agreed->at(0));
-  }
+  PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t reach,
+                          diff::LowDiffController::AgreeOnReplayReach(
+                              coordinator_.get(), full->iteration, diffs->size()));
   diffs->resize(reach - full->iteration);
   // The replayed steps go through the same Step as training, with no full
   // checkpoint among them.
@@ -478,13 +384,12 @@ Result<LowDiffRestoreInfo> LowDiff::Restore() {
   info.iteration = reach;
   info.replayed = diffs->size();
   info.replay_seconds = Now() - began;
-  anchor_ = last_full_ = full->iteration;  // the same on every rank
-  PMSNAP_RETURN_IF_ERROR(OpenLog(reach));
+  PMSNAP_RETURN_IF_ERROR(OpenLog(reach, full->iteration));
   return info;
 }
 
 Status LowDiff::Flush() {
-  if (log_) PMSNAP_RETURN_IF_ERROR(log_->Flush());
+  if (const auto& log = controller_->log()) PMSNAP_RETURN_IF_ERROR(log->Flush());
   return checkpointed_->Flush();
 }
 
@@ -492,32 +397,33 @@ Status LowDiff::Close(runtime::CloseMode mode) {
   if (closed_) return Status::Ok();
   closed_ = true;
   Status status = Status::Ok();
-  if (log_) {
+  if (const auto& log = controller_->log()) {
     if (mode == runtime::CloseMode::kFinish) {
-      status = log_->Close();
+      status = log->Close();
     } else {
-      log_->Abandon();
+      log->Abandon();
     }
     // The log writes into the engine's pool: it goes first.
-    log_.reset();
+    controller_->Detach();
   }
   Status closed = checkpointed_->Close(mode);
   return status.ok() ? closed : status;
 }
 
 LowDiffStats LowDiff::stats() const {
+  const diff::LowDiffControllerStats plan = controller_->stats();
   LowDiffStats s;
-  s.full_every = full_every_;
-  s.batch = batch_;
-  s.max_loss = batch_ - 1;
+  s.full_every = plan.full_every;
+  s.batch = plan.batch;
+  s.max_loss = plan.batch - 1;
   s.world_size = static_cast<std::uint32_t>(world_);
-  s.tuned = tuned_;
-  s.heap_max_full_every = heap_max_full_every_;
-  s.f_star = config_.f_star;
-  s.b_star = config_.b_star;
-  s.inputs = inputs_;
-  s.bytes_handed = bytes_handed_;
-  if (log_) s.log = log_->stats();
+  s.tuned = plan.tuned;
+  s.heap_max_full_every = plan.heap_max_full_every;
+  s.f_star = plan.f_star;
+  s.b_star = plan.b_star;
+  s.inputs = plan.inputs;
+  s.bytes_handed = plan.bytes_handed;
+  if (const auto& log = controller_->log()) s.log = log->stats();
   return s;
 }
 

@@ -15,3 +15,7 @@ pmsnap_add_test(diff_differential_log_test SOURCES diff_differential_log_test.cc
                 LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")
 # CPR: PLS (Eq. 3), intervals (Eq. 4), the full/partial decision, MFU / SSU.
 pmsnap_add_test(diff_cpr_test SOURCES diff_cpr_test.cc LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")
+# LowDiff's controller: full-checkpoint steps, retirement, the ranks'
+# agreement on Eq. 10's values, the replay reach (both front ends use it).
+pmsnap_add_test(diff_lowdiff_controller_test SOURCES diff_lowdiff_controller_test.cc
+                LIBS pmsnap::diff ENV "PMEM_IS_PMEM_FORCE=1")

@@ -212,7 +212,7 @@ class LowDiffMethod(Runner):
         log = s["log"]
         full = s["engine"]["bytes_written"]
         return {"persisted": (full + log["bytes_written"]) / steps,
-                "off_device": (full + self.ld.bytes_handed) / steps,
+                "off_device": (full + self.ld.stats()["bytes_handed"]) / steps,
                 "diff_bytes_per_it": log["bytes_written"] / max(1, log["appended"]),
                 "f_star": s.get("f_star", ""), "b_star": s.get("b_star", ""),
                 "full_every": s["full_every"], "batch": s["batch"],

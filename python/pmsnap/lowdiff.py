@@ -72,11 +72,6 @@ _DTYPES = {torch.float32: 1, torch.int64: 2, torch.float16: 3, torch.bfloat16: 4
 _FROM_CODE = {v: k for k, v in _DTYPES.items()}
 _EXTRA_CODE = 255  # pickled {"user": extra_state, "param_groups": hyperparameters} of the step
 
-# Eq. 10 is first applied this many steps after the start (or the restored
-# iteration): the first full checkpoint has usually committed by then, so
-# its W and S are measured. Then at every full checkpoint's step: steps that
-# are the same on every rank.
-_FIRST_TUNE_STEP = 10
 
 # Kinds of a bucket's record (its descriptor piece's first entry).
 _DENSE, _POWERSGD, _TOPK = 0, 1, 2
@@ -394,42 +389,29 @@ class LowDiff:
         self.merge = merge
         self.mtbf_seconds = float(mtbf_seconds)
         self.world_size = int(world_size or (dist.get_world_size() if dist.is_initialized() else 1))
-        self._tune_full = full_every is None
-        self._tune_batch = batch is None
-        self.full_every = full_every or initial_full_every
-        self.batch = batch or initial_batch
-        self.max_batch = max_batch
         # every=1 so that the first step (or the pool's state after restore)
         # is a full checkpoint the differentials can build on; then every
-        # full_every steps (set_every).
+        # full_every steps (set by the controller).
         self.ckpt = CheckpointedOptimizer(optimizer, pool, model=ddp_model.module, every=1,
                                           chunk_heap_bytes=chunk_heap_bytes, **kwargs)
         self._params = list(ddp_model.module.parameters())
         self._shapes = [tuple(p.shape) for p in self._params]
         compressor.attach(ddp_model)
+        # Ranks agree on tuned values over a gloo group of LowDiff's own
+        # (created on every rank together, as LowDiff itself is): the
+        # engine's coordinator keeps an all-reduce in flight across the step.
+        self._agreement = None
+        if (full_every is None or batch is None) and self.ckpt.coordinator is not None:
+            self._agreement = _distributed.TorchDistributedCoordinator(kwargs.get("process_group"))
+        # The full-checkpoint steps, retirement, Eq. 10 and the agreement are
+        # diff::LowDiffController's, shared with the C++ front end.
+        self._controller = _pmsnap.LowDiffController(
+            full_every=full_every or 0, initial_full_every=initial_full_every,
+            batch=batch or 0, initial_batch=initial_batch, max_batch=max_batch,
+            mtbf_seconds=self.mtbf_seconds, world_size=self.world_size,
+            agreement=self._agreement, set_full_interval=self.ckpt.set_full_interval)
         self._log = None
         self._resume_after = None
-        self._last_step_end = None
-        self._iteration_seconds = None
-        self._merge_seconds = None
-        self._config = None
-        self._full_iterations = []  # committed full checkpoints seen, oldest first
-        self._pending_full = 1  # the first step's full checkpoint
-        # Full checkpoints come at anchor + k * full_every; the anchor moves to
-        # the latest full checkpoint whenever full_every changes, so a new
-        # interval counts from there (EveryKPolicy::set_every).
-        self._anchor = 0
-        self._last_full = 1
-        self.bytes_handed = 0  # compressed bytes handed to the log (all steps)
-        self._heap_max_full_every = None
-        # Ranks agree on tuned values over a gloo group of LowDiff's own
-        # (created on every rank together, as LowDiff itself is).
-        self._tune_group = None
-        if (self._tune_full or self._tune_batch) and self.ckpt.coordinator is not None:
-            group = kwargs.get("process_group")
-            ranks = (dist.get_process_group_ranks(group) if group is not None
-                     else list(range(dist.get_world_size())))
-            self._tune_group = dist.new_group(ranks=ranks, backend="gloo")
 
     @property
     def iteration(self):
@@ -454,64 +436,33 @@ class LowDiff:
         if self._log is not None:
             pieces, keep = _pieces_of(records, extra_state or {},
                                       _extra.param_group_hyperparameters(self.optimizer))
-            self.bytes_handed += sum(p[1] for p in pieces)
+            self._controller.count_handed(sum(p[1] for p in pieces))
             with self._heap_advice():
                 self._log.append(step, pieces)
         self.ckpt.step(extra_state=extra_state)
         if self._log is None:
             # The first step opened the pool with a full checkpoint of it.
-            self._log = self.ckpt.open_differential_log(self.batch, self._resume_after)
-            self.ckpt.set_full_interval(self.full_every)
+            self._open_log(self._resume_after)
         else:
             with self._heap_advice():
                 self._log.wait_copied(step)
             del keep
-        now = time.perf_counter()
-        self._observe(now - began, now)
+        self._controller.observe(self.ckpt.iteration, time.perf_counter() - began,
+                                 self.ckpt.stats())
 
-    def _observe(self, step_seconds, now):
-        ema = lambda old, new: new if old is None else 0.8 * old + 0.2 * new  # noqa: E731
-        self._merge_seconds = ema(self._merge_seconds, step_seconds)
-        if self._last_step_end is not None:
-            self._iteration_seconds = ema(self._iteration_seconds, now - self._last_step_end)
-        self._last_step_end = now
-        step = self.ckpt.iteration
-        full_step = step > self._anchor and (step - self._anchor) % self.full_every == 0
-        if full_step:
-            self._pending_full = step  # its epoch commits in the background
-            self._last_full = step
-        self._retire_behind_committed_full()
-        # The same steps on every rank (full_every is agreed), so the ranks
-        # can agree on what they tune: every rank must ask the engine for
-        # the same full checkpoints (EpochAgreement).
-        if full_step or step == (self._resume_after or 0) + _FIRST_TUNE_STEP:
-            self._retune()
+    @property
+    def full_every(self):
+        """The full-checkpoint interval in force (tuned unless fixed)."""
+        return self._controller.full_every
 
-    def _retire_behind_committed_full(self):
-        """Once the pending full checkpoint committed, frees the differentials
-        older than the second-newest one (this rank's log only)."""
-        if self._pending_full is None:
-            return
-        committed = self.ckpt.stats()["last_committed_iteration"]
-        if committed < self._pending_full:
-            return
-        self._pending_full = None
-        if not self._full_iterations or committed != self._full_iterations[-1]:
-            self._full_iterations.append(committed)
-            if len(self._full_iterations) >= 2:
-                # Keep what the second-newest full checkpoint needs: a rank
-                # may have to roll back to it (damaged slot, or another rank
-                # one checkpoint behind).
-                self._log.retire(self._full_iterations[-2])
+    @property
+    def batch(self):
+        """Differentials per chunk in force (tuned unless fixed)."""
+        return self._controller.batch
 
-    def _inputs(self, stats):
-        epochs = stats["epochs_committed"]
-        if epochs < 1 or not stats["last_epoch_seconds"] or not self._iteration_seconds:
-            return None
-        full_bytes = stats["bytes_written"] / epochs
-        return dict(write_bandwidth=full_bytes / stats["last_epoch_seconds"], full_bytes=full_bytes,
-                    merge_seconds=self._merge_seconds, mtbf_seconds=self.mtbf_seconds,
-                    iteration_seconds=self._iteration_seconds, world_size=self.world_size)
+    def _open_log(self, resume_after, full_iteration=None):
+        self._log = self.ckpt.open_differential_log(self.batch, resume_after)
+        self._controller.attach(self._log, resume_after, full_iteration)
 
     @contextlib.contextmanager
     def _heap_advice(self):
@@ -520,7 +471,7 @@ class LowDiff:
             yield
         except _pmsnap.NoSpaceError as e:
             heap = self._log.stats()["heap_capacity_bytes"]
-            lower = ("lower full_every" if not self._tune_full else
+            lower = ("lower full_every" if not self._controller.tunes_full_every else
                      "lower initial_full_every (tuned values are capped to the heap)")
             rank = f"rank {dist.get_rank()}: " if self.world_size > 1 else ""
             raise make_error(_pmsnap.NoSpaceError,
@@ -531,66 +482,6 @@ class LowDiff:
                              f"the pool a larger chunk heap than its {heap} bytes "
                              "(chunk_heap_bytes= when the pool is created)") from e
 
-    def _retune(self):
-        """Eq. 10 from this rank's measurements (for stats), within what the
-        chunk heap holds (diff::HeapBounds: one chunk within 1/16 of the
-        heap, the retained differentials within 3/4). With several ranks
-        the batch is the smallest any rank proposes, then the interval the
-        smallest any rank proposes for that batch: all-reduces, so this runs
-        at the same steps on every rank, and an error of this rank is raised
-        only after them."""
-        config, bounds, failure = None, None, None
-        try:
-            differential_bytes = self._log.differential_bytes(self.bytes_handed)
-            heap_bytes = self._log.stats()["heap_capacity_bytes"]
-            if differential_bytes > 0 and heap_bytes > 0:
-                bounds = _pmsnap.heap_bounds(differential_bytes, heap_bytes, self.max_batch)
-            inputs = self._inputs(self.ckpt.stats())
-            if inputs is not None:
-                config = _pmsnap.optimal_configuration(
-                    **inputs, max_batch=bounds.max_batch if bounds else self.max_batch)
-                self._config = dict(config, inputs=inputs)
-        except _pmsnap.Error as e:
-            config, bounds, failure = None, None, e
-        if self._tune_full or self._tune_batch:
-            # Without a measured full checkpoint (a resumed run), the values
-            # in force, still kept within the heap.
-            batch = self.batch
-            if self._tune_batch:
-                proposal = (config["batch"] if config else
-                            min(self.batch, bounds.max_batch) if bounds else None)
-                batch = self._smallest_over_ranks(proposal) or batch
-            interval = config["full_interval"] if config else self.full_every
-            if bounds is not None:
-                self._heap_max_full_every = bounds.max_interval(batch)
-                interval = min(interval, self._heap_max_full_every)
-            elif config is None:
-                interval = None
-            if self._tune_full:
-                interval = self._smallest_over_ranks(interval)
-                if interval is not None and interval != self.full_every:
-                    self.full_every = interval
-                    self._anchor = self._last_full
-                    self.ckpt.set_full_interval(self.full_every, self._anchor)
-            if batch != self.batch:
-                self.batch = batch
-                self._log.set_batch(self.batch)
-        if failure is not None:
-            raise failure
-
-    def _smallest_over_ranks(self, value):
-        """The smallest `value` any rank proposes (None: this rank has none);
-        None if no rank has one. Alone: value."""
-        if self._tune_group is None:
-            return value
-        none = 2 ** 63 - 1
-        values = torch.tensor([none if value is None else value], dtype=torch.int64)
-        # A gloo group of LowDiff's own: the engine's agreement keeps an
-        # all-reduce of its coordinator in flight across the step.
-        dist.all_reduce(values, op=dist.ReduceOp.MIN, group=self._tune_group)
-        smallest = int(values[0])
-        return None if smallest == none else smallest
-
     def restore(self, restore_rng=True):
         """Restores the newest full checkpoint and replays the differentials
         after it (every rank to the same iteration). Returns (iteration,
@@ -600,18 +491,14 @@ class LowDiff:
         full, extra = self.ckpt.restore(restore_rng=restore_rng)
         began = time.perf_counter()
         diffs = self.ckpt.read_differentials(full)
-        reach = full + len(diffs)
-        coordinator = self.ckpt.coordinator
-        if coordinator is not None:
-            reach = min(_distributed.gather_objects(coordinator, reach))
+        reach = _pmsnap.LowDiffController.agree_on_replay_reach(self.ckpt.coordinator, full,
+                                                                len(diffs))
         diffs = diffs[:reach - full]
         if diffs:
             extra = self._replay(diffs) or extra
         self.ckpt.resume_at(reach)
         self._resume_after = reach
-        self._anchor = self._last_full = full
-        self._log = self.ckpt.open_differential_log(self.batch, reach)
-        self.ckpt.set_full_interval(self.full_every, self._anchor)
+        self._open_log(reach, full)
         return reach, extra, {"full": full, "replayed": len(diffs),
                               "seconds": time.perf_counter() - began}
 
@@ -702,15 +589,11 @@ class LowDiff:
         """CheckpointedOptimizer's stats under "engine", the differential
         log's, and the Eq. 10 configuration with its measured inputs."""
         out = {"engine": self.ckpt.stats(), "compressor": self.compressor.name,
-               "full_every": self.full_every, "batch": self.batch,
-               "heap_max_full_every": self._heap_max_full_every,
                "max_loss": self.batch - 1, "mtbf_seconds": self.mtbf_seconds,
-               "world_size": self.world_size, "bytes_handed": self.bytes_handed}
+               "world_size": self.world_size}
+        out.update(self._controller.stats())
         if self._log is not None:
             out["log"] = self._log.stats()
-        if self._config is not None:
-            out.update(f_star=self._config["f_star"], b_star=self._config["b_star"],
-                       inputs=self._config["inputs"])
         return out
 
     def __enter__(self):

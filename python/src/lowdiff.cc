@@ -2,13 +2,17 @@
 
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <span>
 #include <vector>
 
 #include "errors.h"
 #include "pmsnap/diff/differential_log.h"
+#include "pmsnap/diff/lowdiff_controller.h"
+#include "pmsnap/runtime/coordinator.h"
 
 namespace py = pybind11;
 
@@ -66,6 +70,44 @@ diff::ConfigurationInputs Inputs(double w, double s, double rd, double rf, doubl
   in.iteration_seconds = it;
   in.world_size = n;
   return in;
+}
+
+py::dict StatsOf(const diff::LowDiffControllerStats& s) {
+  py::dict d;
+  d["full_every"] = s.full_every;
+  d["batch"] = s.batch;
+  d["heap_max_full_every"] =
+      s.heap_max_full_every ? py::object(py::int_(s.heap_max_full_every)) : py::object(py::none());
+  d["bytes_handed"] = s.bytes_handed;
+  if (s.tuned) {
+    d["f_star"] = s.f_star;
+    d["b_star"] = s.b_star;
+    py::dict inputs;
+    inputs["write_bandwidth"] = s.inputs.write_bandwidth;
+    inputs["full_bytes"] = s.inputs.full_bytes;
+    inputs["merge_seconds"] = s.inputs.merge_seconds;
+    inputs["mtbf_seconds"] = s.inputs.mtbf_seconds;
+    inputs["iteration_seconds"] = s.inputs.iteration_seconds;
+    inputs["world_size"] = s.inputs.world_size;
+    d["inputs"] = inputs;
+  }
+  return d;
+}
+
+// A Python callable(every, anchor) as the controller's SetFullInterval: its
+// exception becomes a Status naming it (the controller runs without the GIL).
+diff::LowDiffController::SetFullInterval FullIntervalSetter(py::function set_full_interval) {
+  auto shared = std::make_shared<py::function>(std::move(set_full_interval));
+  return [shared](std::uint64_t every, std::uint64_t anchor) {
+    py::gil_scoped_acquire gil;
+    try {
+      (*shared)(every, anchor);
+      return Status::Ok();
+    } catch (py::error_already_set& e) {
+      return Status(StatusCode::kFailedPrecondition,
+                    std::string("LowDiff: setting the full-checkpoint interval raised ") + e.what());
+    }
+  };
 }
 
 // float32 buffers by address: weights (n floats) and deltas (n floats each).
@@ -136,17 +178,71 @@ void RegisterLowDiff(py::module_& m) {
           "Bytes per differential now: the newest chunk's, or bytes_handed per appended one "
           "before any chunk (diff::MeasuredDifferentialBytes); 0 before any.");
 
-  py::class_<diff::HeapBounds>(m, "HeapBounds",
-                               "What a chunk heap holds of a differential log (diff::HeapBounds).")
-      .def_readonly("max_batch", &diff::HeapBounds::max_batch)
-      .def("max_interval", &diff::HeapBounds::MaxInterval, py::arg("batch"));
-  m.def(
-      "heap_bounds",
-      [](double differential_bytes, std::uint64_t heap_bytes, std::uint32_t max_batch) {
-        return ValueOrThrow(diff::BoundsOfHeap(differential_bytes, heap_bytes, max_batch));
-      },
-      py::arg("differential_bytes"), py::arg("heap_bytes"), py::arg("max_batch") = 64,
-      "diff::BoundsOfHeap: the largest batch and the longest full interval the heap holds.");
+  py::class_<diff::LowDiffController>(
+      m, "LowDiffController",
+      "diff::LowDiffController: LowDiff's full-checkpoint steps, retirement, Eq. 10 retuning "
+      "and the ranks' agreement (python/pmsnap/lowdiff.py supplies tensors and collectives).")
+      .def(py::init([](std::uint64_t full_every, std::uint64_t initial_full_every,
+                       std::uint32_t batch, std::uint32_t initial_batch, std::uint32_t max_batch,
+                       double mtbf_seconds, std::uint32_t world_size,
+                       std::shared_ptr<runtime::Coordinator> agreement,
+                       py::function set_full_interval) {
+             diff::LowDiffControllerOptions o;
+             o.full_every = full_every;
+             o.initial_full_every = initial_full_every;
+             o.batch = batch;
+             o.initial_batch = initial_batch;
+             o.max_batch = max_batch;
+             o.mtbf_seconds = mtbf_seconds;
+             o.world_size = world_size;
+             return ValueOrThrow(diff::LowDiffController::Create(
+                 o, std::move(agreement), FullIntervalSetter(std::move(set_full_interval))));
+           }),
+           py::arg("full_every"), py::arg("initial_full_every"), py::arg("batch"),
+           py::arg("initial_batch"), py::arg("max_batch"), py::arg("mtbf_seconds"),
+           py::arg("world_size"), py::arg("agreement"), py::arg("set_full_interval"),
+           "full_every / batch 0: tuned. agreement: a Coordinator of the controller's own (None "
+           "alone). set_full_interval(every, anchor): the engine's full-checkpoint steps.")
+      .def(
+          "attach",
+          [](diff::LowDiffController& c, std::shared_ptr<DifferentialLog> log,
+             std::optional<std::uint64_t> resume_after, std::optional<std::uint64_t> full_iteration) {
+            CallWithoutGil([&] { return c.Attach(std::move(log), resume_after, full_iteration); });
+          },
+          py::arg("log"), py::arg("resume_after") = py::none(),
+          py::arg("full_iteration") = py::none())
+      .def("count_handed", &diff::LowDiffController::CountHanded, py::arg("bytes"))
+      .def(
+          "observe",
+          [](diff::LowDiffController& c, std::uint64_t iteration, double step_seconds,
+             const py::dict& engine_stats) {
+            diff::FullCheckpointProgress progress;
+            progress.last_committed_iteration =
+                engine_stats["last_committed_iteration"].cast<std::uint64_t>();
+            progress.epochs_committed = engine_stats["epochs_committed"].cast<std::uint64_t>();
+            progress.bytes_written = engine_stats["bytes_written"].cast<std::uint64_t>();
+            progress.last_epoch_seconds = engine_stats["last_epoch_seconds"].cast<double>();
+            CallWithoutGil([&] { return c.Observe(iteration, step_seconds, progress); });
+          },
+          py::arg("iteration"), py::arg("step_seconds"), py::arg("engine_stats"),
+          "After each step on every rank (it all-reduces at the tuning steps); engine_stats: "
+          "CheckpointedOptimizer.stats().")
+      .def_static(
+          "agree_on_replay_reach",
+          [](runtime::Coordinator* coordinator, std::uint64_t full_iteration,
+             std::uint64_t available) {
+            return CallWithoutGil([&] {
+              return diff::LowDiffController::AgreeOnReplayReach(coordinator, full_iteration,
+                                                                 available);
+            });
+          },
+          py::arg("coordinator"), py::arg("full_iteration"), py::arg("available"))
+      .def_property_readonly("full_every", &diff::LowDiffController::full_every)
+      .def_property_readonly("batch", &diff::LowDiffController::batch)
+      .def_property_readonly("tunes_full_every", &diff::LowDiffController::tunes_full_every)
+      .def_property_readonly("log", &diff::LowDiffController::log)
+      .def("stats", [](const diff::LowDiffController& c) { return StatsOf(c.stats()); });
+
   m.def(
       "optimal_configuration",
       [](double w, double s, double rd, double m_, double it, std::uint32_t n,

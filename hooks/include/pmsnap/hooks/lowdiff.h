@@ -65,6 +65,7 @@
 
 #include "pmsnap/common/status.h"
 #include "pmsnap/diff/differential_log.h"
+#include "pmsnap/diff/lowdiff_controller.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/runtime/engine.h"
 
@@ -174,34 +175,23 @@ class LowDiff {
  private:
   struct Gathered;  // one parameter's synchronized compressed gradient
   LowDiff(std::unique_ptr<CheckpointedOptimizer> checkpointed,
-          std::shared_ptr<runtime::EveryKPolicy> policy, torch::optim::Optimizer& optimizer,
+          std::shared_ptr<runtime::EveryKPolicy> policy,
+          std::unique_ptr<diff::LowDiffController> controller, torch::optim::Optimizer& optimizer,
           std::shared_ptr<runtime::Coordinator> coordinator, std::string pool_path,
           LowDiffOptions options);
-  Status OpenLog(std::optional<std::uint64_t> resume_after);
+  // Opens the differential log after the first step, or after a restore
+  // that replayed to `resume_after` from `full_iteration`.
+  Status OpenLog(std::optional<std::uint64_t> resume_after,
+                 std::optional<std::uint64_t> full_iteration);
+  // Hands the step's measurements to the controller (retire, retune).
   Status Observe(double step_seconds);
-  // Once the pending full checkpoint committed, frees this rank's
-  // differentials older than the second-newest one.
-  void RetireBehindCommittedFull();
-  // Eq. 10 within the chunk heap (diff::HeapBounds) from this rank's
-  // measurements; the tuned batch, then the interval, the smallest any rank
-  // proposes (all-reduces over gradient_group: called at the same steps on
-  // every rank). kInternal naming the rank if an all-reduce fails.
-  Status Retune();
-  // MIN over gradient_group's ranks (nullopt: none proposed); alone: value.
-  Result<std::optional<std::uint64_t>> SmallestOverRanks(std::optional<std::uint64_t> value);
-  // Eq. 10 is first applied this many steps after the start or the restored
-  // iteration (the first full checkpoint has usually committed: W and S are
-  // measured), then at every full checkpoint's step.
-  static constexpr std::uint64_t kFirstTuneStep = 10;
-  std::uint64_t first_tune_step_ = kFirstTuneStep;
-  // Full checkpoints come at anchor_ + k * full_every_; a new interval
-  // counts from the latest full checkpoint (last_full_; step 1's at first).
-  std::uint64_t anchor_ = 0;
-  std::uint64_t last_full_ = 1;
   Status ReplayOne(const diff::Differential& differential, std::vector<std::byte>* extra_state);
 
   std::unique_ptr<CheckpointedOptimizer> checkpointed_;
   std::shared_ptr<runtime::EveryKPolicy> policy_;
+  // Full-checkpoint steps, retirement, Eq. 10 and the ranks' agreement;
+  // holds the differential log once open.
+  std::unique_ptr<diff::LowDiffController> controller_;
   torch::optim::Optimizer& optimizer_;
   std::shared_ptr<runtime::Coordinator> coordinator_;
   std::string pool_path_;  // for errors (the engine's pool is gone once closed)
@@ -212,19 +202,6 @@ class LowDiff {
   bool synchronized_ = false;
   bool closed_ = false;
   int world_ = 1;
-  std::unique_ptr<diff::DifferentialLog> log_;
-  std::uint64_t full_every_ = 1;
-  std::uint32_t batch_ = 1;
-  std::optional<std::uint64_t> pending_full_ = 1;  // the first step's full checkpoint
-  std::vector<std::uint64_t> full_iterations_;     // committed full checkpoints seen
-  double merge_seconds_ = 0;                       // EMA of a step's optimizer time
-  double iteration_seconds_ = 0;                   // EMA of Step to Step
-  double last_step_end_ = 0;
-  bool tuned_ = false;
-  std::uint64_t heap_max_full_every_ = 0;
-  diff::Configuration config_;
-  diff::ConfigurationInputs inputs_;
-  std::uint64_t bytes_handed_ = 0;
 };
 
 }  // namespace pmsnap::hooks
