@@ -4,15 +4,14 @@
 #include <torch/optim.h>
 #include <torch/serialize.h>
 
-#include <chrono>
-#include <deque>
-#include <optional>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <unordered_map>
 
 #include "libtorch_error.h"
 #include "pmsnap/common/mutex.h"
+#include "pmsnap/frontend/replica_pipeline.h"
 
 namespace pmsnap::hooks {
 namespace {
@@ -78,15 +77,9 @@ void CopyOptimizerState(optim::Optimizer& from, optim::Optimizer& to) {
 struct LowDiffPlus::State {
   // What the replica thread needs of one iteration.
   struct Iteration {
-    std::uint64_t iteration = 0;
     std::vector<bool> with_gradient;
     std::vector<std::unique_ptr<optim::OptimizerOptions>> group_options;
     std::vector<std::byte> extra_state;
-  };
-  struct Copy {
-    std::uint64_t iteration = 0;
-    std::size_t index = 0;
-    torch::Tensor gradient;
   };
 
   optim::Optimizer* training = nullptr;
@@ -97,88 +90,59 @@ struct LowDiffPlus::State {
   std::unique_ptr<CheckpointedOptimizer> checkpointer;
   std::vector<torch::Tensor> buffers[2];  // gradients of iterations t % 2
   std::uint64_t gradient_bytes = 0;
-
-  mutable Mutex mu;
-  CondVar cv;
-  std::uint64_t iteration PMSNAP_GUARDED_BY(mu) = 0;     // Steps done (training thread's count)
-  std::uint64_t replica_done PMSNAP_GUARDED_BY(mu) = 0;  // last iteration the replica applied
-  std::vector<bool> handed PMSNAP_GUARDED_BY(mu);        // gradients handed over this iteration
-  std::uint64_t copies_queued PMSNAP_GUARDED_BY(mu) = 0;
-  std::uint64_t copies_done PMSNAP_GUARDED_BY(mu) = 0;
-  std::deque<Copy> copies PMSNAP_GUARDED_BY(mu);
-  std::deque<Iteration> iterations PMSNAP_GUARDED_BY(mu);
-  Status error PMSNAP_GUARDED_BY(mu);  // the first error of a thread
-  bool stopping PMSNAP_GUARDED_BY(mu) = false;
-  bool closed PMSNAP_GUARDED_BY(mu) = false;
+  // The schedule: hand-over, two buffers, the replica's lag, errors.
+  std::unique_ptr<frontend::ReplicaPipeline> pipeline;
+  // The gradient each parameter handed over this iteration: written by the
+  // thread that claimed it, read by the snapshot thread (the pipeline
+  // orders both).
+  std::vector<torch::Tensor> handed;
+  Mutex released_mu;
+  std::map<std::uint64_t, Iteration> released PMSNAP_GUARDED_BY(released_mu);
   bool stepped = false;  // training thread
-  LowDiffPlusStats stats PMSNAP_GUARDED_BY(mu);
   std::thread snapshot_thread, replica_thread;
 
-  void RecordError(Status status) {
-    MutexLock lock(mu);
-    if (error.ok()) error = std::move(status);
-    cv.NotifyAll();
-  }
-
   void SnapshotLoop() {
-    for (;;) {
-      Copy copy;
-      {
-        MutexLock lock(mu);
-        while (!stopping && copies.empty()) cv.Wait(lock);
-        // Closing: a copy not taken by a Step is dropped (its buffer may be
-        // the one the replica reads).
-        if (stopping) return;
-        copy = std::move(copies.front());
-        copies.pop_front();
-        // Buffer iteration % 2 is free once the replica applied iteration - 2.
-        while (!stopping && error.ok() && replica_done + 2 < copy.iteration) cv.Wait(lock);
-        if (stopping) return;
+    while (auto copies = pipeline->NextCopies()) {
+      std::uint64_t bytes = 0;
+      for (const frontend::ReplicaPipeline::Copy& copy : *copies) {
+        torch::Tensor& target = buffers[copy.iteration % 2][copy.index];
+        try {
+          target.copy_(handed[copy.index].view_as(target));
+          bytes += target.nbytes();
+          handed[copy.index] = torch::Tensor();  // the caller's tensor is free again
+        } catch (const c10::Error& e) {
+          pipeline->RecordError(
+              LibtorchError("LowDiffPlus: copying the gradient of '" + names[copy.index] + "'", e));
+        }
       }
-      torch::Tensor& target = buffers[copy.iteration % 2][copy.index];
-      try {
-        target.copy_(copy.gradient.view_as(target));
-      } catch (const c10::Error& e) {
-        RecordError(LibtorchError("LowDiffPlus: copying the gradient of '" + names[copy.index] + "'",
-                               e));
-      }
-      MutexLock lock(mu);
-      ++copies_done;
-      stats.gradient_bytes_snapshotted += target.nbytes();
-      cv.NotifyAll();
+      pipeline->CopiesDone(copies->size(), bytes);
     }
   }
 
   void ReplicaLoop() {
-    for (;;) {
-      Iteration next;
-      bool apply = false;
+    while (auto next = pipeline->NextIteration()) {
+      Iteration iteration;
       {
-        MutexLock lock(mu);
-        while (!stopping && iterations.empty()) cv.Wait(lock);
-        if (iterations.empty()) return;
-        next = std::move(iterations.front());
-        iterations.pop_front();
-        apply = error.ok();
+        MutexLock lock(released_mu);
+        auto found = released.find(next->iteration);
+        iteration = std::move(found->second);
+        released.erase(found);
       }
-      if (apply) {
-        Status status = Apply(next);
-        if (!status.ok()) RecordError(std::move(status));
+      if (next->apply) {
+        Status status = Apply(next->iteration, iteration);
+        if (!status.ok()) pipeline->RecordError(std::move(status));
       }
-      MutexLock lock(mu);
-      replica_done = next.iteration;
-      stats.replica_iteration = next.iteration;
-      cv.NotifyAll();
+      pipeline->Applied(next->iteration);
     }
   }
 
   // The replica's update of one iteration and its checkpoint.
-  Status Apply(Iteration& next) {
+  Status Apply(std::uint64_t number, Iteration& next) {
     auto& groups = replica_optimizer->param_groups();
     for (std::size_t g = 0; g < groups.size(); ++g) {
       groups[g].set_options(std::move(next.group_options[g]));
     }
-    const auto& buffer = buffers[next.iteration % 2];
+    const auto& buffer = buffers[number % 2];
     for (std::size_t i = 0; i < replica.size(); ++i) {
       replica[i].mutable_grad() = next.with_gradient[i] ? buffer[i] : torch::Tensor();
     }
@@ -187,18 +151,7 @@ struct LowDiffPlus::State {
     return status;
   }
 
-  Status WaitForReplica(std::uint64_t target) {
-    MutexLock lock(mu);
-    while (replica_done < target && error.ok()) cv.Wait(lock);
-    return error;
-  }
-
-  void Stop() {
-    {
-      MutexLock lock(mu);
-      stopping = true;
-      cv.NotifyAll();
-    }
+  void Join() {
     if (snapshot_thread.joinable()) snapshot_thread.join();
     if (replica_thread.joinable()) replica_thread.join();
   }
@@ -256,16 +209,13 @@ Result<std::unique_ptr<LowDiffPlus>> LowDiffPlus::Create(
       return LibtorchError("LowDiffPlus: copying the optimizer's state to the replica", e);
     }
   }
+  std::string pool_path = options.pool_path;
   PMSNAP_ASSIGN_OR_RETURN(state->checkpointer,
                           CheckpointedOptimizer::Create(replica_named, *state->replica_optimizer,
                                                         std::move(options)));
-  {
-    // Before the threads start; the lock is for the analysis.
-    MutexLock lock(state->mu);
-    state->iteration = state->replica_done = state->checkpointer->iteration();
-    state->handed.assign(state->params.size(), false);
-    state->stats.gradient_bytes_per_iteration = state->gradient_bytes;
-  }
+  state->pipeline = std::make_unique<frontend::ReplicaPipeline>(
+      state->names, std::move(pool_path), state->checkpointer->iteration());
+  state->handed.resize(state->params.size());
   State* s = state.get();
   s->snapshot_thread = std::thread([s] { s->SnapshotLoop(); });
   s->replica_thread = std::thread([s] { s->ReplicaLoop(); });
@@ -274,52 +224,25 @@ Result<std::unique_ptr<LowDiffPlus>> LowDiffPlus::Create(
 
 Status LowDiffPlus::HandGradient(std::size_t index, const torch::Tensor& gradient) {
   State& s = *state_;
-  if (index >= s.params.size()) {
-    return Status(StatusCode::kInvalidArgument,
-                  "LowDiffPlus: gradient index " + std::to_string(index) + " out of range (" +
-                      std::to_string(s.params.size()) + " parameters)");
-  }
-  if (!gradient.defined() || gradient.sizes() != s.params[index].sizes() ||
-      gradient.scalar_type() != s.params[index].scalar_type() || gradient.is_sparse()) {
+  if (index < s.params.size() &&
+      (!gradient.defined() || gradient.sizes() != s.params[index].sizes() ||
+       gradient.scalar_type() != s.params[index].scalar_type() || gradient.is_sparse())) {
     return Status(StatusCode::kInvalidArgument,
                   "LowDiffPlus: the gradient handed for '" + s.names[index] +
                       "' is not a dense tensor of the parameter's shape and dtype");
   }
-  MutexLock lock(s.mu);
-  if (s.closed) {
-    return Status(StatusCode::kFailedPrecondition, "LowDiffPlus: closed");
-  }
-  if (s.handed[index]) {
-    return Status(StatusCode::kInvalidArgument,
-                  "LowDiffPlus: parameter '" + s.names[index] +
-                      "' got a second gradient before Step; accumulating gradients over several "
-                      "backward passes would be applied twice");
-  }
-  s.handed[index] = true;
-  ++s.copies_queued;
-  s.copies.push_back({s.iteration + 1, index, gradient});
-  s.cv.NotifyAll();
+  const std::size_t indices[] = {index};
+  PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t iteration, s.pipeline->Claim(indices));
+  s.handed[index] = gradient;
+  s.pipeline->Queue(indices, iteration);
   return Status::Ok();
 }
 
 Status LowDiffPlus::Step(std::span<const std::byte> extra_state) {
   State& s = *state_;
   State::Iteration next;
-  {
-    MutexLock lock(s.mu);
-    if (s.closed) return Status(StatusCode::kFailedPrecondition, "LowDiffPlus: closed");
-    if (!s.error.ok()) return s.error;
-    for (std::size_t i = 0; i < s.params.size(); ++i) {
-      bool has = s.params[i].grad().defined();
-      if (has && !s.handed[i]) {
-        return Status(StatusCode::kInvalidArgument,
-                      "LowDiffPlus: parameter '" + s.names[i] +
-                          "' has a gradient that was not handed over this iteration; the "
-                          "replica would miss it");
-      }
-      next.with_gradient.push_back(has);
-    }
-  }
+  for (const auto& p : s.params) next.with_gradient.push_back(p.grad().defined());
+  PMSNAP_RETURN_IF_ERROR(s.pipeline->CheckHandedOver(next.with_gradient));
   try {
     s.training->step();
     for (const auto& group : s.training->param_groups()) {
@@ -329,30 +252,19 @@ Status LowDiffPlus::Step(std::span<const std::byte> extra_state) {
     return LibtorchError("LowDiffPlus: the training optimizer's step", e);
   }
   next.extra_state.assign(extra_state.begin(), extra_state.end());
-  auto began = std::chrono::steady_clock::now();
-  MutexLock lock(s.mu);
-  while (s.copies_done < s.copies_queued && s.error.ok()) s.cv.Wait(lock);
-  s.stats.training_wait_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-  s.copies_done = s.copies_queued = 0;
-  s.handed.assign(s.params.size(), false);
-  if (!s.error.ok()) return s.error;
-  next.iteration = ++s.iteration;
+  PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t iteration, s.pipeline->FinishStep());
   s.stepped = true;
-  ++s.stats.iterations;
-  s.iterations.push_back(std::move(next));
-  s.cv.NotifyAll();
+  {
+    MutexLock lock(s.released_mu);
+    s.released.emplace(iteration, std::move(next));
+  }
+  s.pipeline->Release(iteration);
   return Status::Ok();
 }
 
 Result<RestoreInfo> LowDiffPlus::Restore() {
   State& s = *state_;
-  bool closed = false;
-  {
-    MutexLock lock(s.mu);
-    closed = s.closed;
-  }
-  if (s.stepped || closed) {
+  if (s.stepped || s.pipeline->closed()) {
     return Status(StatusCode::kFailedPrecondition,
                   "LowDiffPlus: Restore must come before the first Step and before Close");
   }
@@ -364,38 +276,25 @@ Result<RestoreInfo> LowDiffPlus::Restore() {
   } catch (const c10::Error& e) {
     return LibtorchError("LowDiffPlus: copying the restored replica into the model", e);
   }
-  MutexLock lock(s.mu);
-  s.iteration = s.replica_done = info.iteration;
+  s.pipeline->Restored(info.iteration);
   return info;
 }
 
 Status LowDiffPlus::Flush() {
-  PMSNAP_RETURN_IF_ERROR(state_->WaitForReplica(iteration()));
+  PMSNAP_RETURN_IF_ERROR(state_->pipeline->WaitForReplica(iteration()));
   return state_->checkpointer->Flush();
 }
 
 Status LowDiffPlus::Close(runtime::CloseMode mode) {
   State& s = *state_;
-  {
-    MutexLock lock(s.mu);
-    if (s.closed) return Status::Ok();
-  }
   Status waited;
-  if (mode == runtime::CloseMode::kFinish) waited = s.WaitForReplica(iteration());
-  {
-    MutexLock lock(s.mu);
-    s.closed = true;
-    if (mode != runtime::CloseMode::kFinish) s.iterations.clear();
-  }
-  s.Stop();
+  if (!s.pipeline->Close(mode == runtime::CloseMode::kFinish, &waited)) return Status::Ok();
+  s.Join();
   Status closed = s.checkpointer->Close(waited.ok() ? mode : runtime::CloseMode::kAbandon);
   return waited.ok() ? closed : waited;
 }
 
-std::uint64_t LowDiffPlus::iteration() const {
-  MutexLock lock(state_->mu);
-  return state_->iteration;
-}
+std::uint64_t LowDiffPlus::iteration() const { return state_->pipeline->iteration(); }
 
 const std::vector<torch::Tensor>& LowDiffPlus::replica_parameters() const {
   return state_->replica;
@@ -404,8 +303,14 @@ const std::vector<torch::Tensor>& LowDiffPlus::replica_parameters() const {
 torch::optim::Optimizer& LowDiffPlus::replica_optimizer() { return *state_->replica_optimizer; }
 
 LowDiffPlusStats LowDiffPlus::stats() const {
-  MutexLock lock(state_->mu);
-  return state_->stats;
+  const frontend::ReplicaPipelineStats p = state_->pipeline->stats();
+  LowDiffPlusStats out;
+  out.iterations = p.iterations;
+  out.replica_iteration = p.replica_iteration;
+  out.gradient_bytes_snapshotted = p.gradient_bytes_snapshotted;
+  out.gradient_bytes_per_iteration = state_->gradient_bytes;
+  out.training_wait_seconds = p.training_wait_seconds;
+  return out;
 }
 
 runtime::Stats LowDiffPlus::checkpoint_stats() const { return state_->checkpointer->stats(); }

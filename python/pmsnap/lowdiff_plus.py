@@ -101,9 +101,7 @@ references.
 """
 
 import inspect
-import queue
 import threading
-import time
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -196,26 +194,26 @@ class LowDiffPlus:
         self._checkpointer = self._make_checkpointer()
         self.pool = self._checkpointer.pool
         self.capture_rng = capture_rng
-        self.iteration = self._checkpointer.iteration
         # Two host gradient buffers: iteration t is copied into buffer t % 2
         # while the replica thread may still read t - 1's.
         self._buffers = [[torch.empty_like(rp) for _, rp in self._replica_named]
                          for _ in range(2)]
-        self._lock = threading.Condition()
-        self._handed = set()            # parameter indices handed over this iteration
-        self._copies_queued = 0         # gradients queued this iteration
-        self._copies_done = 0           # of those, copied
-        self._replica_done = self.iteration  # last iteration the replica applied
+        # The schedule (hand-over, the two buffers, the replica's lag, the
+        # first error) is frontend::ReplicaPipeline's, shared with the C++
+        # front end. Python keeps the tensors: each parameter's handed
+        # gradient (and the CUDA event after its all-reduce), and what the
+        # replica needs of each released iteration.
+        self._pipeline = _pmsnap.ReplicaPipeline([name for name, _ in self._named],
+                                                 str(self.pool), self._checkpointer.iteration)
+        self._handed = [None] * len(self._named)
+        self._released = {}
         # Parameter indices this rank's replica steps (sharding); None: all.
         # Set by the replica thread once its engine is open, read by the
         # snapshot thread (a stale None only copies more).
         self._shard = None
-        self._error = None              # first error of a thread
+        self._error = None              # first exception of a thread, raised on the training thread
+        self._error_lock = threading.Lock()
         self._closed = False
-        self._stats = {"iterations": 0, "gradient_bytes_snapshotted": 0,
-                       "training_wait_seconds": 0.0}
-        self._snapshot_queue = queue.SimpleQueue()
-        self._replica_queue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._snapshot_loop, daemon=True,
                                           name="pmsnap-lowdiffplus-snapshot"),
                          threading.Thread(target=self._replica_loop, daemon=True,
@@ -251,35 +249,23 @@ class LowDiffPlus:
                              f"from sizes {self._group_sizes} to "
                              f"{[len(g['params']) for g in self.optimizer.param_groups]}; the "
                              "replica applies the optimizer it copied at construction")
-        if self._stats["iterations"] == 0:
+        if self._pipeline.stats()["iterations"] == 0:
             # A pool with checkpoints is continued by restore(), never overwritten.
             self._checkpointer.check_resumes_pool(self.iteration + 1)
         with_gradient = [p.grad is not None for _, p in self._named]
-        with self._lock:
-            missing = [self._named[i][0] for i, has in enumerate(with_gradient)
-                       if has and i not in self._handed]
-        if missing:
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"LowDiffPlus ({self.pool}): the gradient of {missing[:3]} was not "
-                             "handed over by the hooks in this iteration's backward (a gradient "
-                             "set by hand, or step() after a no_sync() backward); the replica "
-                             "would miss it")
+        self._pipeline.check_handed_over(with_gradient)
         self.optimizer.step()
         hyperparameters = _extra.param_group_hyperparameters(self.optimizer)
         rng = _extra.capture_rng() if self.capture_rng else None
-        began = time.perf_counter()
-        with self._lock:
-            while self._copies_done < self._copies_queued and self._error is None:
-                self._lock.wait()
-            self._handed = set()
-            self._copies_queued = self._copies_done = 0
-        self._stats["training_wait_seconds"] += time.perf_counter() - began
-        self._raise_thread_error()
-        self.iteration += 1
-        self._stats["iterations"] += 1
-        self._replica_queue.put((self.iteration, with_gradient, hyperparameters,
-                                 dict(extra_state or {}), rng))
+        iteration = self._raising_thread_error(self._pipeline.finish_step)
+        self._released[iteration] = (with_gradient, hyperparameters, dict(extra_state or {}), rng)
+        self._pipeline.release(iteration)
         return loss
+
+    @property
+    def iteration(self):
+        """The last iteration stepped (or restored)."""
+        return self._pipeline.iteration
 
     def restore(self, restore_rng=True):
         """Restores the model and the training optimizer from the pool's newest
@@ -287,7 +273,7 @@ class LowDiffPlus:
         CheckpointedOptimizer.restore does. Before the first step();
         NotFoundError if the pool holds no checkpoint."""
         self._check_open()
-        if self.iteration != self._checkpointer.iteration or self._stats["iterations"]:
+        if self.iteration != self._checkpointer.iteration or self._pipeline.stats()["iterations"]:
             raise make_error(_pmsnap.FailedPreconditionError,
                              "LowDiffPlus.restore() must come before the first step()")
         try:
@@ -307,7 +293,7 @@ class LowDiffPlus:
             group.update({k: v for k, v in replica_group.items() if k != "params"})
         self._copy_state(self.replica_optimizer, self._replica_named, self.optimizer,
                          self._named, None)
-        self.iteration = self._replica_done = iteration
+        self._pipeline.restored(iteration)
         self._shard = self._written_shard()
         return iteration, extra
 
@@ -315,7 +301,7 @@ class LowDiffPlus:
         """Waits until the replica applied every iteration handed over and its
         checkpoint committed; raises a thread's error."""
         self._check_open()
-        self._wait_for_replica(self.iteration)
+        self._raising_thread_error(self._pipeline.wait_for_replica, self.iteration)
         self._checkpointer.flush()
         self._raise_thread_error()
 
@@ -325,19 +311,15 @@ class LowDiffPlus:
         every rank. Raises a thread's error after cleaning up."""
         if self._closed:
             return
-        try:
-            if not abandon and self._error is None:
-                self._wait_for_replica(self.iteration)
-        finally:
-            self._closed = True
-            for handle in self._hook_handles:
-                handle.remove()
-            self._hook_handles = []
-            self._snapshot_queue.put(None)
-            self._replica_queue.put(None)
-            for t in self._threads:
-                t.join()
-            self._checkpointer.close(abandon=abandon or self._error is not None)
+        self._closed = True
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+        # Waits for the replica unless abandoning or a thread failed.
+        self._pipeline.close(finish=not abandon)
+        for t in self._threads:
+            t.join()
+        self._checkpointer.close(abandon=abandon or self._error is not None)
         self._raise_thread_error()
 
     def stats(self):
@@ -355,9 +337,9 @@ class LowDiffPlus:
         state_bytes = gradient_bytes + sum(
             t.numel() * t.element_size() for _, p in self._named
             for t in self.optimizer.state.get(p, {}).values() if isinstance(t, torch.Tensor))
-        s["lowdiff_plus"] = dict(self._stats, gradient_bytes_per_iteration=gradient_bytes,
-                                 full_state_bytes=state_bytes,
-                                 replica_iteration=self._replica_done)
+        s["lowdiff_plus"] = dict(self._pipeline.stats(),
+                                 gradient_bytes_per_iteration=gradient_bytes,
+                                 full_state_bytes=state_bytes)
         return s
 
     @property
@@ -428,7 +410,7 @@ class LowDiffPlus:
         return future.then(synchronized)
 
     def _hand_over(self, pairs):
-        """Queues gradients of the current iteration for the snapshot thread."""
+        """Hands gradients of the current iteration to the snapshot thread."""
         if self._closed or not pairs:
             return
         event = None
@@ -437,67 +419,52 @@ class LowDiffPlus:
             # queued so far on this one (the all-reduce's result).
             event = torch.cuda.Event()
             event.record()
-        with self._lock:
-            for index, _ in pairs:
-                if index in self._handed:
-                    raise make_error(_pmsnap.InvalidArgumentError,
-                                     f"LowDiffPlus ({self.pool}): parameter "
-                                     f"'{self._named[index][0]}' got a second gradient before "
-                                     "step(); accumulating gradients over several backward "
-                                     "passes needs DDP's no_sync() on all but the last")
-                self._handed.add(index)
-            self._copies_queued += len(pairs)
-            iteration = self.iteration + 1
-        self._snapshot_queue.put((iteration, pairs, event))
+        indices = [index for index, _ in pairs]
+        iteration = self._pipeline.claim(indices)  # a second gradient raises here
+        for index, gradient in pairs:
+            self._handed[index] = (gradient, event)
+        self._pipeline.queue(indices, iteration)
 
     # --- threads ----------------------------------------------------------------
 
     def _snapshot_loop(self):
         stream = torch.cuda.Stream() if torch.cuda.is_available() else None
-        while True:
-            item = self._snapshot_queue.get()
-            if item is None:
-                return
-            iteration, pairs, event = item
+        while (copies := self._pipeline.next_copies()) is not None:
+            copied = 0
             try:
-                # Buffer iteration % 2 is free once the replica applied iteration - 2.
-                self._wait_for_replica(iteration - 2, raise_error=False)
-                buffer = self._buffers[iteration % 2]
+                buffer = self._buffers[copies[0][0] % 2]
                 shard = self._shard
-                copied_pairs = [(i, g) for i, g in pairs if shard is None or i in shard]
-                if event is not None:
+                taken = []
+                for _, index in copies:
+                    gradient, event = self._handed[index]
+                    self._handed[index] = None
+                    if shard is None or index in shard:
+                        taken.append((buffer[index], gradient, event))
+                if any(event is not None for _, _, event in taken):
                     with torch.cuda.stream(stream):
-                        stream.wait_event(event)
-                        for index, gradient in copied_pairs:
-                            buffer[index].copy_(gradient.view_as(buffer[index]),
-                                                non_blocking=True)
+                        for event in {id(e): e for _, _, e in taken if e is not None}.values():
+                            stream.wait_event(event)
+                        for target, gradient, _ in taken:
+                            target.copy_(gradient.view_as(target), non_blocking=True)
                     stream.synchronize()
                 else:
-                    for index, gradient in copied_pairs:
-                        buffer[index].copy_(gradient.view_as(buffer[index]))
-                copied = sum(buffer[i].numel() * buffer[i].element_size()
-                             for i, _ in copied_pairs)
-                with self._lock:
-                    self._copies_done += len(pairs)
-                    self._stats["gradient_bytes_snapshotted"] += copied
-                    self._lock.notify_all()
+                    for target, gradient, _ in taken:
+                        target.copy_(gradient.view_as(target))
+                copied = sum(target.numel() * target.element_size() for target, _, _ in taken)
             except BaseException as e:  # noqa: BLE001 - reported on the training thread
                 self._record_error(e)
+            self._pipeline.copies_done(len(copies), copied)
 
     def _replica_loop(self):
-        while True:
-            item = self._replica_queue.get()
-            if item is None:
-                return
-            iteration, with_gradient, hyperparameters, extra_state, rng = item
-            try:
-                if self._error is None:
+        while (released := self._pipeline.next_iteration()) is not None:
+            iteration, apply = released
+            with_gradient, hyperparameters, extra_state, rng = self._released.pop(iteration)
+            if apply:
+                try:
                     self._apply(iteration, with_gradient, hyperparameters, extra_state, rng)
-            except BaseException as e:  # noqa: BLE001 - reported on the training thread
-                self._record_error(e)
-            with self._lock:
-                self._replica_done = iteration
-                self._lock.notify_all()
+                except BaseException as e:  # noqa: BLE001 - reported on the training thread
+                    self._record_error(e)
+            self._pipeline.applied(iteration)
 
     def _apply(self, iteration, with_gradient, hyperparameters, extra_state, rng):
         """The replica's update of `iteration` and its checkpoint."""
@@ -525,22 +492,24 @@ class LowDiffPlus:
             return None
         return frozenset(i for i, (name, _) in enumerate(self._replica_named) if name in written)
 
-    def _wait_for_replica(self, iteration, raise_error=True):
-        with self._lock:
-            while self._replica_done < iteration and self._error is None:
-                self._lock.wait()
-        if raise_error:
-            self._raise_thread_error()
-
     def _record_error(self, error):
-        with self._lock:
+        with self._error_lock:
             if self._error is None:
                 self._error = error
-            self._lock.notify_all()
+        # Ends every wait of the pipeline; the exception itself is raised here.
+        self._pipeline.record_error(f"{type(error).__name__}: {error}")
 
     def _raise_thread_error(self):
         if self._error is not None:
             raise self._error
+
+    def _raising_thread_error(self, call, *args):
+        """call(*args); a pipeline error is a thread's: its exception is raised."""
+        try:
+            return call(*args)
+        except _pmsnap.Error:
+            self._raise_thread_error()
+            raise
 
     def _check_open(self):
         if self._closed:

@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "pmsnap/diff/differential_log.h"
 #include "pmsnap/diff/lowdiff_controller.h"
+#include "pmsnap/frontend/replica_pipeline.h"
 #include "pmsnap/runtime/coordinator.h"
 
 namespace py = pybind11;
@@ -242,6 +243,93 @@ void RegisterLowDiff(py::module_& m) {
       .def_property_readonly("tunes_full_every", &diff::LowDiffController::tunes_full_every)
       .def_property_readonly("log", &diff::LowDiffController::log)
       .def("stats", [](const diff::LowDiffController& c) { return StatsOf(c.stats()); });
+
+  using frontend::ReplicaPipeline;
+  py::class_<ReplicaPipeline>(
+      m, "ReplicaPipeline",
+      "frontend::ReplicaPipeline: LowDiff+'s hand-over, two-buffer copy and replica schedule "
+      "(python/pmsnap/lowdiff_plus.py supplies the tensors and threads). Blocking calls "
+      "release the GIL.")
+      .def(py::init<std::vector<std::string>, std::string, std::uint64_t>(), py::arg("names"),
+           py::arg("owner"), py::arg("iteration"))
+      .def(
+          "claim",
+          [](ReplicaPipeline& p, const std::vector<std::size_t>& indices) {
+            return ValueOrThrow(p.Claim(indices));
+          },
+          py::arg("indices"))
+      .def(
+          "queue",
+          [](ReplicaPipeline& p, const std::vector<std::size_t>& indices, std::uint64_t it) {
+            p.Queue(indices, it);
+          },
+          py::arg("indices"), py::arg("iteration"))
+      .def(
+          "check_handed_over",
+          [](const ReplicaPipeline& p, const std::vector<bool>& with_gradient) {
+            ThrowIfError(p.CheckHandedOver(with_gradient));
+          },
+          py::arg("with_gradient"))
+      .def("finish_step",
+           [](ReplicaPipeline& p) { return CallWithoutGil([&] { return p.FinishStep(); }); })
+      .def("release", &ReplicaPipeline::Release, py::arg("iteration"))
+      .def("next_copies",
+           [](ReplicaPipeline& p) -> py::object {
+             std::optional<std::vector<ReplicaPipeline::Copy>> copies;
+             {
+               py::gil_scoped_release release;
+               copies = p.NextCopies();
+             }
+             if (!copies) return py::none();
+             py::list out;
+             for (const auto& c : *copies) out.append(py::make_tuple(c.iteration, c.index));
+             return out;
+           },
+           "[(iteration, index)] of one iteration once its buffer is free; None once stopping.")
+      .def("copies_done", &ReplicaPipeline::CopiesDone, py::arg("count"), py::arg("bytes"))
+      .def("next_iteration",
+           [](ReplicaPipeline& p) -> py::object {
+             std::optional<ReplicaPipeline::Next> next;
+             {
+               py::gil_scoped_release release;
+               next = p.NextIteration();
+             }
+             if (!next) return py::none();
+             return py::make_tuple(next->iteration, next->apply);
+           },
+           "(iteration, apply) for the replica; None once stopping and drained.")
+      .def("applied", &ReplicaPipeline::Applied, py::arg("iteration"))
+      .def(
+          "record_error",
+          [](ReplicaPipeline& p, const std::string& message) {
+            p.RecordError(Status(StatusCode::kInternal, message));
+          },
+          py::arg("message"))
+      .def(
+          "wait_for_replica",
+          [](ReplicaPipeline& p, std::uint64_t it) {
+            CallWithoutGil([&] { return p.WaitForReplica(it); });
+          },
+          py::arg("iteration"))
+      .def("restored", &ReplicaPipeline::Restored, py::arg("iteration"))
+      .def(
+          "close",
+          [](ReplicaPipeline& p, bool finish) {
+            py::gil_scoped_release release;
+            return p.Close(finish, nullptr);
+          },
+          py::arg("finish"), "False if already closed.")
+      .def_property_readonly("iteration", &ReplicaPipeline::iteration)
+      .def_property_readonly("closed", &ReplicaPipeline::closed)
+      .def("stats", [](const ReplicaPipeline& p) {
+        const frontend::ReplicaPipelineStats s = p.stats();
+        py::dict d;
+        d["iterations"] = s.iterations;
+        d["replica_iteration"] = s.replica_iteration;
+        d["gradient_bytes_snapshotted"] = s.gradient_bytes_snapshotted;
+        d["training_wait_seconds"] = s.training_wait_seconds;
+        return d;
+      });
 
   m.def(
       "optimal_configuration",

@@ -31,6 +31,11 @@
 // (the weight-grained path); f and b follow Eq. 10 from the measured write
 // bandwidth, checkpoint bytes, merge and iteration times unless fixed.
 //
+// When full checkpoints come, what the log frees, the Eq. 10 retuning and
+// the ranks' agreement on it are diff::LowDiffController's, which the
+// Python front end follows too; this class supplies the tensors and the
+// gradient group (whose ranks agree through a C10dCoordinator).
+//
 // Restore: the newest full checkpoint (every rank the same), then each
 // retained differential in order, decompressed and stepped through the same
 // CheckpointedOptimizer::Step that training ran, with the learning rate of

@@ -27,6 +27,10 @@
 // kernels on the same values); with gradients from another device it would
 // match within float tolerance.
 //
+// The schedule (one gradient per parameter and iteration, the two buffers,
+// the replica's lag, the first error) is frontend::ReplicaPipeline's, which
+// the Python front end follows too; this class supplies the tensors.
+//
 // A crash of the training process leaves the pool's newest commit as the
 // recovery point (no replay); Restore copies it into the model and the
 // training optimizer. The replica runs at most two iterations behind: the
