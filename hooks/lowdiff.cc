@@ -95,13 +95,7 @@ Result<std::unique_ptr<LowDiff>> LowDiff::Create(const torch::nn::Module& module
   options.policy = policy;
   auto coordinator = options.coordinator;
   std::string pool_path = options.pool_path;
-  diff::LowDiffControllerOptions plan;
-  plan.full_every = lowdiff.full_every;
-  plan.initial_full_every = lowdiff.initial_full_every;
-  plan.batch = lowdiff.batch;
-  plan.initial_batch = lowdiff.initial_batch;
-  plan.max_batch = lowdiff.max_batch;
-  plan.mtbf_seconds = lowdiff.mtbf_seconds;
+  diff::LowDiffControllerOptions plan = lowdiff;
   plan.world_size =
       lowdiff.gradient_group ? static_cast<std::uint32_t>(lowdiff.gradient_group->getSize()) : 1;
   // The ranks agree on tuned values over the gradient group: the engine's
@@ -411,18 +405,10 @@ Status LowDiff::Close(runtime::CloseMode mode) {
 }
 
 LowDiffStats LowDiff::stats() const {
-  const diff::LowDiffControllerStats plan = controller_->stats();
   LowDiffStats s;
-  s.full_every = plan.full_every;
-  s.batch = plan.batch;
-  s.max_loss = plan.batch - 1;
+  static_cast<diff::LowDiffControllerStats&>(s) = controller_->stats();
+  s.max_loss = s.batch - 1;
   s.world_size = static_cast<std::uint32_t>(world_);
-  s.tuned = plan.tuned;
-  s.heap_max_full_every = plan.heap_max_full_every;
-  s.f_star = plan.f_star;
-  s.b_star = plan.b_star;
-  s.inputs = plan.inputs;
-  s.bytes_handed = plan.bytes_handed;
   if (const auto& log = controller_->log()) s.log = log->stats();
   return s;
 }

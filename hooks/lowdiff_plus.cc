@@ -303,13 +303,9 @@ const std::vector<torch::Tensor>& LowDiffPlus::replica_parameters() const {
 torch::optim::Optimizer& LowDiffPlus::replica_optimizer() { return *state_->replica_optimizer; }
 
 LowDiffPlusStats LowDiffPlus::stats() const {
-  const frontend::ReplicaPipelineStats p = state_->pipeline->stats();
   LowDiffPlusStats out;
-  out.iterations = p.iterations;
-  out.replica_iteration = p.replica_iteration;
-  out.gradient_bytes_snapshotted = p.gradient_bytes_snapshotted;
+  static_cast<frontend::ReplicaPipelineStats&>(out) = state_->pipeline->stats();
   out.gradient_bytes_per_iteration = state_->gradient_bytes;
-  out.training_wait_seconds = p.training_wait_seconds;
   return out;
 }
 

@@ -76,24 +76,14 @@
 
 namespace pmsnap::hooks {
 
-struct LowDiffOptions {
+// The full-checkpoint interval and batch (fixed, or tuned by Eq. 10 within
+// the chunk heap), their initial values and M are diff::LowDiffController's
+// options (diff/lowdiff_controller.h); world_size is the gradient group's.
+struct LowDiffOptions : diff::LowDiffControllerOptions {
   // Fraction of each gradient's elements a rank sends, in (0, 1].
   double topk_ratio = 0.01;
   // Add what was not sent to the next step's gradient.
   bool error_feedback = true;
-  // Full checkpoint every full_every steps; 0: round(1/f*) of Eq. 10 within
-  // what the chunk heap holds, tuned at step 10 and at every full
-  // checkpoint's step, the smallest any rank proposes (initial_full_every
-  // until then).
-  std::uint64_t full_every = 0;
-  std::uint64_t initial_full_every = 50;
-  // Differentials per chunk (b); 0: round(b*) of Eq. 10 within the chunk
-  // heap, tuned with full_every (initial_batch until then), at most max_batch.
-  std::uint32_t batch = 0;
-  std::uint32_t initial_batch = 4;
-  std::uint32_t max_batch = 64;
-  // M of Eq. 8-10, configured.
-  double mtbf_seconds = 3600;
   // The group gradients are averaged over (gloo on CPU tensors); nullptr:
   // one process, the compressed gradient is applied as it is.
   c10::intrusive_ptr<c10d::Backend> gradient_group;
@@ -110,20 +100,11 @@ struct LowDiffRestoreInfo {
   std::vector<std::byte> extra_state;  // of `iteration`, as passed to Step
 };
 
-struct LowDiffStats {
-  std::uint64_t full_every = 0;    // in force
-  std::uint32_t batch = 0;         // b in force
-  std::uint32_t max_loss = 0;      // b - 1
-  std::uint32_t world_size = 1;    // N
-  bool tuned = false;              // f*, b* and inputs below are set
-  // The longest full interval the chunk heap holds at the measured
-  // differential size (diff::HeapBounds); tuned values stay within it. 0:
-  // not measured yet.
-  std::uint64_t heap_max_full_every = 0;
-  double f_star = 0;
-  double b_star = 0;
-  diff::ConfigurationInputs inputs;  // what the last tuning measured
-  std::uint64_t bytes_handed = 0;    // compressed bytes handed to the log, all steps
+// The controller's (full_every, batch, Eq. 10's f*, b* and inputs, the heap
+// bound, bytes handed) and:
+struct LowDiffStats : diff::LowDiffControllerStats {
+  std::uint32_t max_loss = 0;    // b - 1
+  std::uint32_t world_size = 1;  // N
   diff::DifferentialLogStats log;
 };
 

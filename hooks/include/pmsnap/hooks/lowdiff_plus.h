@@ -56,17 +56,17 @@
 #include <vector>
 
 #include "pmsnap/common/status.h"
+#include "pmsnap/frontend/replica_pipeline.h"
 #include "pmsnap/hooks/checkpointed_optimizer.h"
 #include "pmsnap/runtime/engine.h"
 
 namespace pmsnap::hooks {
 
-struct LowDiffPlusStats {
-  std::uint64_t iterations = 0;            // Steps handed to the replica
-  std::uint64_t replica_iteration = 0;     // the last iteration the replica applied
-  std::uint64_t gradient_bytes_snapshotted = 0;  // bytes copied off the device, total
+// The pipeline's (iterations handed to the replica, the last one it
+// applied, gradient bytes copied off the device, Step's waits for the
+// copies) and:
+struct LowDiffPlusStats : frontend::ReplicaPipelineStats {
   std::uint64_t gradient_bytes_per_iteration = 0;
-  double training_wait_seconds = 0;        // Step's waits for the snapshot copies
 };
 
 class LowDiffPlus {
