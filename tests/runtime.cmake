@@ -5,6 +5,8 @@ pmsnap_add_pool_test(runtime_engine_staging_test SOURCES runtime_engine_staging_
 pmsnap_add_pool_test(runtime_engine_fork_test SOURCES runtime_engine_fork_test.cc
                      LIBS pmsnap::runtime)
 pmsnap_add_test(runtime_device_test SOURCES runtime_device_test.cc LIBS pmsnap::runtime)
+# Every-k with a moving anchor, CheckFreq's Algorithm 1 interval.
+pmsnap_add_test(runtime_policy_test SOURCES runtime_policy_test.cc LIBS pmsnap::runtime)
 pmsnap_add_test(runtime_registration_test SOURCES runtime_registration_test.cc
                 LIBS pmsnap::runtime ENV "PMEM_IS_PMEM_FORCE=1")
 pmsnap_add_test(runtime_epoch_agreement_test SOURCES runtime_epoch_agreement_test.cc

@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "pmsnap/runtime/cuda_device.h"
@@ -79,6 +81,42 @@ TEST(CudaDeviceTest, OnAGpuBytesRoundTripThroughDeviceMemory) {
   EXPECT_GE(device.peak_allocated_bytes(), 2 * bytes);
   device.Free(*a, bytes);
   device.Free(*b, bytes);
+}
+
+TEST(SimulatedDeviceTest, CopiesTakeBandwidthTimeAndShareTheLink) {
+  SimulatedDeviceOptions sim;
+  sim.copy_bandwidth_gbps = 1.0;
+  sim.latency_us = 0;
+  SimulatedDevice device(sim);
+  // Two destinations: the concurrent copies below must not write the same
+  // bytes (that was a data race, found by ThreadSanitizer).
+  std::vector<std::byte> src(10'000'000), dst(10'000'000), other_dst(10'000'000);
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(device.CopyToHost(dst.data(), src.data(), src.size()).ok());
+  const double one =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(one, 0.0099);
+  start = std::chrono::steady_clock::now();
+  std::thread other([&] { (void)device.CopyToHost(other_dst.data(), src.data(), src.size()); });
+  ASSERT_TRUE(device.CopyToHost(dst.data(), src.data(), src.size()).ok());
+  other.join();
+  const double two =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(two, 0.0199);  // two concurrent copies share one link
+  EXPECT_THAT(device.name(), HasSubstr("simulated"));
+}
+
+TEST(SimulatedDeviceTest, AllocationsRespectTheMemoryCapacity) {
+  SimulatedDeviceOptions sim;
+  sim.memory_bytes = 1000;
+  SimulatedDevice device(sim);
+  auto a = device.Allocate(600);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(device.free_bytes(), 400u);
+  EXPECT_EQ(device.Allocate(600).status().code(), StatusCode::kNoSpace);
+  device.Free(*a, 600);
+  EXPECT_EQ(device.free_bytes(), 1000u);
+  EXPECT_EQ(device.peak_allocated_bytes(), 600u);
 }
 
 }  // namespace
