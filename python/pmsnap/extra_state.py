@@ -58,12 +58,13 @@ def apply_rng(rng):
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def pack(user, rng, param_groups, nontensor_state, param_names=None, peers=None):
+def pack(user, rng, param_groups, nontensor_state, param_names=None, peers=None, shards=None):
     """Pickles one checkpoint's extra state; raises TypeError naming what fails.
     `param_names` (per group, the names of its parameters) lets readers
     without the optimizer (pmsnap.load_state_dict) rebuild the groups.
     `peers` ({rank: that rank's packed extra state}) are the other ranks'
-    states this rank keeps (distributed.PeerReplicas)."""
+    states this rank keeps (distributed.PeerReplicas). `shards`: this rank's
+    layout of each sharded (DTensor) parameter (sharded.layouts)."""
     blob = {
         "format": FORMAT,
         "user": user,
@@ -75,6 +76,8 @@ def pack(user, rng, param_groups, nontensor_state, param_names=None, peers=None)
         blob["param_names"] = param_names
     if peers:
         blob["peers"] = peers
+    if shards:
+        blob["shards"] = shards
     try:
         return pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError) as e:

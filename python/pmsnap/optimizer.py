@@ -49,6 +49,7 @@ import torch
 from . import _pmsnap
 from . import extra_state as _extra
 from . import distributed as _distributed
+from . import sharded as _sharded
 from .embedding import EmbeddingTracker
 from .embedding_tables import gradient_rows, make_embedding_options, resolve_tables
 from .errors import make_error
@@ -244,6 +245,7 @@ class CheckpointedOptimizer(UpdateInBackward):
             # optimizer runs on (docs/ARCHITECTURE.md, "GPU ordering").
             self._engine_kwargs["cuda_stream"] = torch.cuda.current_stream().cuda_stream
         self._named = named_parameters(optimizer, model)
+        self._shards = _sharded.layouts(self._named, sharding)
         self._buffers = (ModuleBuffers(model) if isinstance(model, torch.nn.Module) and buffers
                          else None)
         if self._buffers is not None and not len(self._buffers):
@@ -396,6 +398,8 @@ class CheckpointedOptimizer(UpdateInBackward):
         if self._buffers is not None:
             self._buffers.restore()
         blob = self._own_blob(_extra.unpack(data))
+        _sharded.check_restored(blob.get("shards"), self._shards, self.pool,
+                                self._coordinator.rank() if self._coordinator else None)
         _extra.apply_to_optimizer(blob, self.optimizer, self._named, self.pool, restore_rng)
         self.iteration = int(iteration)
         self._pool_latest = self.iteration
@@ -784,10 +788,10 @@ class CheckpointedOptimizer(UpdateInBackward):
                   if hyperparameters is None else hyperparameters),
                  _extra.nontensor_state(self.optimizer, self._named),
                  _extra.param_group_names(self.optimizer, self._named))
-        own = _extra.pack(*parts)
+        own = _extra.pack(*parts, shards=self._shards)
         if self._peers is None:
             return own
-        return _extra.pack(*parts, peers=self._peers.send_and_receive(own))
+        return _extra.pack(*parts, shards=self._shards, peers=self._peers.send_and_receive(own))
 
     def _rng_states(self):
         """The RNG states stored with the step being checkpointed ({} without

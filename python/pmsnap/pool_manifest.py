@@ -17,7 +17,8 @@ import torch
 
 from . import _pmsnap
 from .errors import make_error
-from .units import PARAM_ROLE, dtype_name, shape_text, state_tensors, torch_dtype
+from .units import (PARAM_ROLE, dtype_name, is_dtensor, local_tensor, shape_text, state_tensors,
+                    torch_dtype)
 
 
 def check_pool_tables(info, tables, pool):
@@ -54,10 +55,11 @@ def check_pool_names(info, named, pool, sharded=False):
                              f"{len(units)} units, e.g. {', '.join(list(units)[:3])}): it was "
                              "made for another model")
         role, dtype, shape = tensors[0]
-        if role != PARAM_ROLE or dtype != dtype_name(p.dtype) or list(shape) != list(p.shape):
+        local = local_tensor(p)  # what the pool holds of a sharded parameter
+        if role != PARAM_ROLE or dtype != dtype_name(p.dtype) or list(shape) != list(local.shape):
             raise make_error(_pmsnap.ModelMismatchError,
                              f"pool {pool}: parameter '{name}' is {dtype_name(p.dtype)} "
-                             f"{shape_text(p.shape)} but the pool holds {dtype} "
+                             f"{shape_text(local.shape)} but the pool holds {dtype} "
                              f"{shape_text(shape)}")
     if len(units) != len(named) and not (sharded and units.keys() <= ours):
         extra = [name for name in units if name not in ours]
@@ -154,22 +156,30 @@ def create_state_from_manifest(info, optimizer, named):
                                  f"parameter '{name}': the optimizer holds state '{key}' that "
                                  f"the pool does not (pool roles: {sorted(roles)}); was the "
                                  "pool written by another optimizer?")
-            if (dtype_name(value.dtype), list(value.shape)) != roles[key]:
+            if (dtype_name(value.dtype), list(local_tensor(value).shape)) != roles[key]:
                 dtype, shape = roles[key]
                 raise make_error(_pmsnap.ModelMismatchError,
                                  f"parameter '{name}': optimizer state '{key}' is "
-                                 f"{dtype_name(value.dtype)} {shape_text(value.shape)}, the "
+                                 f"{dtype_name(value.dtype)} {shape_text(local_tensor(value).shape)}, the "
                                  f"pool holds {dtype} {shape_text(shape)}")
     for name, p in named:
         for role, dtype, shape in units[name][1:]:
             state = optimizer.state[p]
             current = state.get(role)
             if (isinstance(current, torch.Tensor) and dtype_name(current.dtype) == dtype
-                    and list(current.shape) == list(shape) and current.is_contiguous()):
+                    and list(local_tensor(current).shape) == list(shape)
+                    and local_tensor(current).is_contiguous()):
                 continue
             if current is not None and not isinstance(current, torch.Tensor):
                 raise make_error(_pmsnap.ModelMismatchError,
                                  f"parameter '{name}': optimizer state '{role}' is a "
                                  f"{type(current).__name__} here but a tensor in the pool")
             device = "cpu" if (name, role) in on_host else p.device
-            state[role] = torch.zeros(shape, dtype=torch_dtype(dtype), device=device)
+            zeros = torch.zeros(shape, dtype=torch_dtype(dtype), device=device)
+            if is_dtensor(p) and list(shape) == list(local_tensor(p).shape):
+                # State shaped like a sharded parameter is sharded like it
+                # (Adam's moments under FSDP2); scalars (`step`) stay plain.
+                from torch.distributed.tensor import DTensor
+                zeros = DTensor.from_local(zeros, p.device_mesh, p.placements, run_check=False,
+                                           shape=p.shape, stride=p.stride())
+            state[role] = zeros

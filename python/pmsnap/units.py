@@ -47,6 +47,39 @@ def torch_dtype(name):
     return dtype
 
 
+def is_dtensor(t):
+    """Whether `t` is a torch.distributed DTensor (FSDP2's sharded parameters
+    and their optimizer state, distribute_tensor's)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+    return isinstance(t, DTensor)
+
+
+def local_tensor(t):
+    """The tensor whose memory holds `t` on this rank: a DTensor's local
+    shard, else `t` itself. pmsnap checkpoints this memory in place; the
+    shard's place in the global tensor is recorded beside it
+    (sharded_layout)."""
+    return t.to_local().detach() if is_dtensor(t) else t
+
+
+def sharded_layout(name, t):
+    """{"global_shape", "placements", "mesh_shape", "offsets"} of a DTensor
+    `t` on this rank (what DCP keeps of a shard), or None for a plain
+    tensor. offsets: where the local shard starts in the global tensor."""
+    if not is_dtensor(t):
+        return None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    shape, offsets = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    if list(shape) != list(t.to_local().shape):
+        raise make_error(_pmsnap.InvalidArgumentError,
+                         f"parameter '{name}': its local shard is {shape_text(t.to_local().shape)} "
+                         f"but its placements {t.placements} give {shape_text(shape)}")
+    return {"global_shape": list(t.shape), "placements": [str(p) for p in t.placements],
+            "mesh_shape": list(t.device_mesh.shape), "offsets": [int(o) for o in offsets]}
+
+
 def shape_text(shape):
     """"[4, 3]", as the C++ messages write shapes."""
     return "[" + ", ".join(str(int(d)) for d in shape) + "]"
@@ -92,11 +125,13 @@ class Unit:
         self.name = name
         self.param = param
         self.tensors = [(PARAM_ROLE, param)] + state  # [(role, tensor)]
-        self.ptrs = [t.data_ptr() for _, t in self.tensors]
-        # Aliases of the registered storage that `p.data = ...` does not
-        # rebind: the memory the engine copies stays valid (module doc).
-        self._storage_holds = [t.detach() for _, t in self.tensors]
-        self.shapes = [tuple(t.shape) for _, t in self.tensors]
+        # What is registered: each tensor's memory on this rank (a DTensor's
+        # local shard). Also the aliases of the registered storage that
+        # `p.data = ...` does not rebind: the memory the engine copies stays
+        # valid (module doc).
+        self._storage_holds = [local_tensor(t).detach() for _, t in self.tensors]
+        self.ptrs = [t.data_ptr() for t in self._storage_holds]
+        self.shapes = [tuple(t.shape) for t in self._storage_holds]
         self.table = table
         self._registrations = None
 
@@ -110,7 +145,8 @@ class Unit:
         with `cuda`, optimizer state on the CPU is allowed (Adam's `step`)
         and checkpointed from there.
         """
-        views = [self._view(role, t, cuda) for role, t in self.tensors]
+        views = [self._view(role, local, cuda)
+                 for (role, _), local in zip(self.tensors, self._storage_holds)]
         self._registrations = _pmsnap.parameter_units(self.name, views, self.table)
         return self._registrations
 
@@ -122,6 +158,7 @@ class Unit:
     def check_unchanged(self):
         """ModelMismatchError if a registered tensor moved or changed shape."""
         for (role, t), ptr, shape in zip(self.tensors, self.ptrs, self.shapes):
+            t = local_tensor(t)
             if t.data_ptr() != ptr or tuple(t.shape) != shape:
                 raise make_error(_pmsnap.ModelMismatchError,
                                  f"parameter '{self.name}': tensor '{role}' changed from "

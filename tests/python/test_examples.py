@@ -6,6 +6,8 @@ measures in interleaved rounds (a plain and a checkpointed run each, the
 order alternating) and prints medians with their spread, leaving no pool
 behind. examples/train_loop.py (pmsnap.TrainingState in a torchtitan-style
 loop) continues from its pool at the step after the last committed one.
+examples/train_fsdp2.py (FSDP2 under torchrun) resumes after a killed rank
+with the losses of the uninterrupted steps.
 
 Thread-safety: each test runs the example in a child process of its own.
 """
@@ -71,3 +73,27 @@ def test_train_loop_continues_at_the_step_after_the_last_committed_one(pool_path
     small = ("--dim", "16", "--layers", "1", "--seq", "8", "--batch", "2", "--vocab", "64")
     assert_resumes("train_loop.py", pool_path, "--steps", "step",
                    f"resumed from {pool_path}: continuing at step 7", small)
+
+
+def test_train_fsdp2_resumes_after_a_killed_rank_with_the_same_losses(pool_path):
+    template = pool_path.replace(".pool", ".{rank}.pool")
+    try:
+        out = run_example("train_fsdp2.py", "--pool", template, "--steps", "20",
+                          "--kill-at", "12")
+    finally:
+        for r in range(2):
+            if os.path.exists(template.replace("{rank}", str(r))):
+                os.remove(template.replace("{rank}", str(r)))
+    before, _, after = out.partition("relaunching")
+    assert after, out
+    resumed = re.search(r"resumed: continuing at step (\d+)", after)
+    assert resumed and 1 < int(resumed.group(1)) <= 13, out
+    losses = [dict(re.findall(r"step +(\d+)  loss (\S+)", part)) for part in (before, after)]
+    common = set(losses[0]) & set(losses[1])
+    # Rank 0 printed steps 10-12 before the kill; a resume at or before 12
+    # prints 12 again (one at 13, from a commit of 12 that beat the kill,
+    # shares no printed step).
+    assert common or int(resumed.group(1)) == 13, out
+    for step in common:
+        assert losses[0][step] == losses[1][step], f"step {step}:\n{out}"
+    assert "kB per checkpoint" in after
