@@ -11,6 +11,7 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr_ranks.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_training_state.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_examples.py
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_sharded.py
                    ${CMAKE_CURRENT_SOURCE_DIR}/python)
   # A sanitizer build (scripts/sanitize.sh) runs the interpreter with libasan
   # preloaded and an instrumented extension: several times slower.
@@ -31,6 +32,13 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
            COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_ddp_resume.py)
   set_tests_properties(python_ddp_resume_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
+                       TIMEOUT ${_pmsnap_ddp_timeout})
+  # FSDP2 and DTensor parameters: 2-rank torchrun jobs SIGKILLed and resumed
+  # ($PMSNAP_SHARDED_KILLS per model), against an uninterrupted run.
+  add_test(NAME python_sharded_test
+           COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/python/test_sharded.py)
+  set_tests_properties(python_sharded_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
                        TIMEOUT ${_pmsnap_ddp_timeout})
   # LowDiff: 2-rank DDP runs under torchrun with PowerSGD and top-k, SIGKILLed
   # and restored ($PMSNAP_LOWDIFF_KILLS trials each), and the one-process
