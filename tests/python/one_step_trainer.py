@@ -1,0 +1,106 @@
+"""A 2-rank FSDP2 trainer for the one-step-one-checkpoint test, run by
+torchrun (gloo, CPU).
+
+Every tensor pmsnap checkpoints changes at every step in a way that tells
+the step apart: the weights (Adam, a gradient of ones), Adam's moments and
+its `step`, and a buffer that counts forward passes. With --record the run
+uses the plain optimizer and writes, for every step k, every such tensor as
+it is after step k (this rank's shards), keyed like the pool: (unit, role).
+Otherwise it checkpoints through pmsnap (--mode every or continuous), after
+a restore, and the kill plan of ddp_trainer.py may SIGKILL a rank.
+"""
+
+import argparse
+import os
+import signal
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+import pmsnap
+
+torch.set_num_threads(1)
+
+
+class Counted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(16, 32)
+        self.second = torch.nn.Linear(32, 4)
+        self.register_buffer("forwards", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x):
+        self.forwards += 1
+        # Loss = the sum of every weight: each gradient is all ones.
+        return (self.first.weight.sum() + self.first.bias.sum() + self.second.weight.sum()
+                + self.second.bias.sum()) + 0 * x.sum()
+
+
+def snapshot(model, optimizer):
+    """{(unit, role): this rank's tensor} as pmsnap names them in the pool."""
+    out = {}
+    for name, p in model.named_parameters():
+        out[(name, "param")] = p.to_local().detach().clone()
+        for key, value in optimizer.state.get(p, {}).items():
+            local = value.to_local() if hasattr(value, "to_local") else value
+            out[(name, key)] = local.detach().clone()
+    out[("#buffers", "forwards")] = model.forwards.detach().clone()
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pool", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--kills", default="")
+    parser.add_argument("--record", action="store_true")
+    parser.add_argument("--mode", default="every")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    torch.manual_seed(0)
+    model = Counted()
+    fully_shard(model.first)
+    fully_shard(model.second)
+    fully_shard(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    start, opt, history = 1, optimizer, {}
+    if not args.record:
+        kwargs = {"every": 1} if args.mode == "every" else {"mode": args.mode}
+        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, **kwargs)
+        try:
+            _, extra = opt.restore()
+            start = extra["batch"] + 1
+        except pmsnap.NotFoundError:
+            pass
+    plan = [k.split(":") for k in args.kills.split(",") if k]
+    victim, kill_step, fraction = (int(plan[attempt][0]), int(plan[attempt][1]),
+                                   float(plan[attempt][2])) if attempt < len(plan) else (-1, 0, 0)
+    for step in range(start, args.steps + 1):
+        began = time.monotonic()
+        model(torch.ones(2, 16)).backward()
+        if args.record:
+            opt.step()
+            history[step] = snapshot(model, optimizer)
+        else:
+            opt.step(extra_state={"batch": step})
+        optimizer.zero_grad(set_to_none=True)
+        if rank == victim and step == kill_step:
+            delay = fraction * (time.monotonic() - began)
+            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    if args.record:
+        torch.save(history, os.path.join(args.out, f"history{rank}.pt"))
+    else:
+        opt.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
