@@ -156,19 +156,20 @@ def create_state_from_manifest(info, optimizer, named):
                                  f"parameter '{name}': the optimizer holds state '{key}' that "
                                  f"the pool does not (pool roles: {sorted(roles)}); was the "
                                  "pool written by another optimizer?")
-            if (dtype_name(value.dtype), list(local_tensor(value).shape)) != roles[key]:
+            local = local_tensor(value)  # what the pool holds of sharded state
+            if (dtype_name(value.dtype), list(local.shape)) != roles[key]:
                 dtype, shape = roles[key]
                 raise make_error(_pmsnap.ModelMismatchError,
                                  f"parameter '{name}': optimizer state '{key}' is "
-                                 f"{dtype_name(value.dtype)} {shape_text(local_tensor(value).shape)}, the "
+                                 f"{dtype_name(value.dtype)} {shape_text(local.shape)}, the "
                                  f"pool holds {dtype} {shape_text(shape)}")
     for name, p in named:
         for role, dtype, shape in units[name][1:]:
             state = optimizer.state[p]
             current = state.get(role)
-            if (isinstance(current, torch.Tensor) and dtype_name(current.dtype) == dtype
-                    and list(local_tensor(current).shape) == list(shape)
-                    and local_tensor(current).is_contiguous()):
+            local = local_tensor(current) if isinstance(current, torch.Tensor) else None
+            if (local is not None and dtype_name(current.dtype) == dtype
+                    and list(local.shape) == list(shape) and local.is_contiguous()):
                 continue
             if current is not None and not isinstance(current, torch.Tensor):
                 raise make_error(_pmsnap.ModelMismatchError,

@@ -92,7 +92,8 @@ def main():
     parser.add_argument("--pool", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--kills", default="", help="rank:step:fraction per attempt, comma-separated")
+    parser.add_argument("--kills", default="",
+                        help="rank:step:fraction per attempt, comma-separated")
     parser.add_argument("--plain", action="store_true")
     parser.add_argument("--model", choices=("fsdp2", "dtensor"), default="fsdp2")
     parser.add_argument("--mesh", default="2")
