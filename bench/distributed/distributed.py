@@ -13,6 +13,7 @@ their own, so every overhead here is an upper bound of what a machine with
 spare cores would see.
 
   .venv/bin/python bench/distributed/distributed.py [--iters 30] [--models mlp,transformer,gpt2]
+      [--wrap fsdp2]   # the model sharded by FSDP2's fully_shard instead of DDP
 
 Writes bench/results/distributed.csv (one row per model and method),
 distributed_allreduce.csv (latency of pmsnap's epoch-agreement all-reduce)
@@ -110,8 +111,32 @@ METHODS = {
 }
 
 
-def state_dict(model, optimizer):
+def state_dict(model, optimizer, wrap="ddp"):
+    if wrap == "fsdp2":
+        # DTensor state: DCP's own view of the model and the optimizer.
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": model_state, "optim": optim_state}
     return {"model": model.state_dict(), "optim": optimizer.state_dict()}
+
+
+def wrapped(model, wrap):
+    """`model` under DDP, or sharded by FSDP2 (each block, then the root),
+    which changes it in place; returns what the training loop calls."""
+    if wrap == "ddp":
+        return DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+    if hasattr(model, "layers"):  # TransformerEncoder
+        blocks = model.layers
+    elif hasattr(model, "blocks"):  # Gpt2Like
+        blocks = model.blocks.layers
+    else:  # the MLP's Sequential
+        blocks = list(model)
+    for block in blocks:
+        if any(True for _ in block.parameters()):
+            fully_shard(block)
+    fully_shard(model)
+    return model
 
 
 def dir_bytes(path, rank=None):
@@ -123,7 +148,7 @@ def dir_bytes(path, rank=None):
     return total
 
 
-def run_rank(rank, model_name, method, kind, options, k, iters, warmup, workdir, results):
+def run_rank(rank, model_name, method, kind, options, k, iters, warmup, wrap, workdir, results):
     import torch.distributed.checkpoint as dcp
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{workdir}/init", rank=rank,
@@ -132,7 +157,7 @@ def run_rank(rank, model_name, method, kind, options, k, iters, warmup, workdir,
     # background thread, beside DDP's all-reduces on the default group.
     checkpoint_group = dist.new_group(backend="gloo") if kind == "dcp" else None
     model, make_batch = make_model(model_name)
-    ddp = DistributedDataParallel(model)
+    ddp = wrapped(model, wrap)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     pool = os.path.join(workdir, "pool.{rank}")
     opt = optimizer
@@ -153,14 +178,14 @@ def run_rank(rank, model_name, method, kind, options, k, iters, warmup, workdir,
             target = os.path.join(workdir, f"ckpt-{step}")
             if kind == "torch_save":
                 if rank == 0:
-                    torch.save(state_dict(model, optimizer), target + ".pt")
+                    torch.save(state_dict(model, optimizer, wrap), target + ".pt")
             elif options["async"]:
                 if pending is not None:
                     pending.result()
-                pending = dcp.async_save(state_dict(model, optimizer), checkpoint_id=target,
+                pending = dcp.async_save(state_dict(model, optimizer, wrap), checkpoint_id=target,
                                          process_group=checkpoint_group)
             else:
-                dcp.save(state_dict(model, optimizer), checkpoint_id=target,
+                dcp.save(state_dict(model, optimizer, wrap), checkpoint_id=target,
                          process_group=checkpoint_group)
         t1 = time.perf_counter()
         if step > warmup:
@@ -181,6 +206,8 @@ def run_rank(rank, model_name, method, kind, options, k, iters, warmup, workdir,
         written = stats["bytes_written"] / max(1, stats["steps"])
         opt.close()
         fresh, _ = make_model(model_name)
+        if wrap == "fsdp2":
+            wrapped(fresh, wrap)  # the same shards as the run that wrote the pool
         reopened = pmsnap.CheckpointedOptimizer(torch.optim.AdamW(fresh.parameters(), lr=1e-3),
                                                 pool, model=fresh, workers=1, **options)
         t = time.perf_counter()
@@ -191,10 +218,11 @@ def run_rank(rank, model_name, method, kind, options, k, iters, warmup, workdir,
         latest = os.path.join(workdir, f"ckpt-{(warmup + iters) // k * k}")
         written = dir_bytes(workdir, rank) / (warmup + iters)
         fresh, _ = make_model(model_name)
+        fresh_model = wrapped(fresh, wrap)
         fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
-        fresh(make_batch(torch.Generator().manual_seed(0))).sum().backward()
+        fresh_model(make_batch(torch.Generator().manual_seed(0))).sum().backward()
         fresh_opt.step()  # DCP loads into existing optimizer state
-        target = state_dict(fresh, fresh_opt)
+        target = state_dict(fresh, fresh_opt, wrap)
         dist.barrier()
         t = time.perf_counter()
         dcp.load(target, checkpoint_id=latest, process_group=checkpoint_group)
@@ -254,6 +282,8 @@ def main():
     parser.add_argument("--models", default="mlp,transformer")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--tag", default="distributed", help="name of the CSV and PNG files")
+    parser.add_argument("--wrap", choices=("ddp", "fsdp2"), default="ddp",
+                        help="fsdp2: the model sharded by fully_shard (each rank holds 1/N)")
     args = parser.parse_args()
     os.makedirs(RESULTS, exist_ok=True)
     rows = []
@@ -265,10 +295,12 @@ def main():
         for method in args.methods.split(","):
             kind, options = METHODS[method]
             label = method.format(k=args.k)
+            if args.wrap == "fsdp2" and (kind == "torch_save" or "sharding" in options):
+                continue  # no whole-model save on rank 0; the shards are already spread
             per_rank = spawn(run_rank, lambda d: (model_name, label, kind, options, args.k,
-                                                  args.iters, args.warmup, d))
+                                                  args.iters, args.warmup, args.wrap, d))
             row = {
-                "model": model_name, "method": label, "ranks": WORLD,
+                "model": model_name, "wrap": args.wrap, "method": label, "ranks": WORLD,
                 "state_mb": state_bytes / 1e6,
                 "iteration_ms": 1e3 * max(r["iteration_s"] for r in per_rank),
                 "blocked_ms_per_it": 1e3 * max(r["blocked_s_per_it"] for r in per_rank),
@@ -313,7 +345,8 @@ def overhead_text(row):
 
 def print_table(rows, latency):
     pm = next((r["pm"] for r in rows if r["pm"]), "")
-    print(f"\n2-rank DDP on gloo, CPU, 2 cores (see the docstring); overhead vs `none`"
+    print(f"\n2-rank {rows[0]['wrap'].upper()} on gloo, CPU, 2 cores (see the docstring); "
+          "overhead vs `none`"
           + (f"; {pm} per rank" if pm else ""))
     header = ("model", "method", "ms/it", "overhead", "blocked ms/it", "MB/rank/it", "restore ms",
               "ckpt/min", "limit/min", "% of limit")
