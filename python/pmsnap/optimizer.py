@@ -246,6 +246,8 @@ class CheckpointedOptimizer(UpdateInBackward):
             self._engine_kwargs["cuda_stream"] = torch.cuda.current_stream().cuda_stream
         self._named = named_parameters(optimizer, model)
         self._shards = _sharded.layouts(self._named, sharding)
+        if self._shards is not None:  # the ranks' local shapes differ: name the whole model
+            self._engine_kwargs["model_fingerprint"] = _sharded.fingerprint(self._named)
         self._buffers = (ModuleBuffers(model) if isinstance(model, torch.nn.Module) and buffers
                          else None)
         if self._buffers is not None and not len(self._buffers):
@@ -613,8 +615,17 @@ class CheckpointedOptimizer(UpdateInBackward):
         from .importing import load_into
         # One rank at a time: a pool file opens in one process at once
         # (libpmemobj locks it), and init_from may name another run's pools.
-        data = _distributed.one_rank_at_a_time(self._coordinator, lambda: read_export(path))
-        load_into(data, self.model, self.optimizer, self._named, os.fspath(path))
+        # Sharded parameters from the pools of a run on any number of ranks:
+        # each rank reads the rows of its shards (sharded.py).
+        resharded = self._shards is not None and _sharded.is_pool_template(path)
+
+        def read():
+            if resharded:
+                return _sharded.load_resharded(path, self.model, self.optimizer, self._named)
+            return read_export(path)
+        data = _distributed.one_rank_at_a_time(self._coordinator, read)
+        if not resharded:
+            load_into(data, self.model, self.optimizer, self._named, os.fspath(path))
         if data["iteration"] is not None:
             self.iteration = int(data["iteration"])
         self.extra_state = dict(data["extra"])

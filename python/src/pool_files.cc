@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -156,6 +157,49 @@ class CheckpointReader {
       auto* out = reinterpret_cast<std::byte*>(dst);
       for (std::uint32_t p = t.first_part; p < t.first_part + t.part_count && status.ok(); ++p) {
         status = pool_->ReadPart(view, p, out + pool_->layout().parts[p].offset_in_tensor);
+      }
+      ReleasePages(view.slot(), t);
+    }
+    ThrowIfError(Annotate(status, epoch));
+  }
+
+  // Copies bytes [offset, offset + bytes) of tensor `tensor` of unit `unit`
+  // at `epoch` to `dst`, reading and checking only the parts that overlap
+  // them (a shard of another world size needs a slice of an old shard).
+  // kInvalidArgument for a range past the tensor's end; kCorruption as
+  // ReadTensor.
+  void ReadRange(std::uint64_t epoch, std::uint32_t unit, std::uint32_t tensor,
+                 std::uint64_t offset, std::uint64_t bytes, std::uintptr_t dst) const {
+    const layout::SnapshotView view = ViewOf(epoch);
+    const layout::TensorLayout& t = TensorOf(unit, tensor);
+    if (offset > t.bytes || bytes > t.bytes - offset) {
+      ThrowIfError(Status(StatusCode::kInvalidArgument,
+                          pool_->path() + ": bytes [" + std::to_string(offset) + ", " +
+                              std::to_string(offset + bytes) + ") of unit " +
+                              std::to_string(unit) + " tensor " + std::to_string(tensor) +
+                              " are past its " + std::to_string(t.bytes) + " bytes"));
+    }
+    Status status;
+    {
+      py::gil_scoped_release release;
+      auto* out = reinterpret_cast<std::byte*>(dst);
+      std::vector<std::byte> whole_part;
+      for (std::uint32_t p = t.first_part; p < t.first_part + t.part_count && status.ok(); ++p) {
+        const layout::PartLayout& part = pool_->layout().parts[p];
+        const std::uint64_t begin = std::max(offset, part.offset_in_tensor);
+        const std::uint64_t end = std::min(offset + bytes, part.offset_in_tensor + part.bytes);
+        if (begin >= end) continue;
+        if (begin == part.offset_in_tensor && end == part.offset_in_tensor + part.bytes) {
+          status = pool_->ReadPart(view, p, out + (begin - offset));
+          continue;
+        }
+        // A part the range covers in part: read (and check) it whole, keep the slice.
+        whole_part.resize(part.bytes);
+        status = pool_->ReadPart(view, p, whole_part.data());
+        if (status.ok()) {
+          std::memcpy(out + (begin - offset), whole_part.data() + (begin - part.offset_in_tensor),
+                      end - begin);
+        }
       }
       ReleasePages(view.slot(), t);
     }
@@ -419,6 +463,10 @@ void RegisterPoolFiles(py::module_& m) {
       .def("extra_state", &CheckpointReader::ExtraState, py::arg("epoch"))
       .def("read_tensor", &CheckpointReader::ReadTensor, py::arg("epoch"), py::arg("unit"),
            py::arg("tensor"), py::arg("dst"))
+      .def("read_range", &CheckpointReader::ReadRange, py::arg("epoch"), py::arg("unit"),
+           py::arg("tensor"), py::arg("offset"), py::arg("bytes"), py::arg("dst"),
+           "Bytes [offset, offset + bytes) of a tensor, reading and checking only the parts "
+           "that overlap them.")
       .def("verify_tensor", &CheckpointReader::VerifyTensor, py::arg("epoch"), py::arg("unit"),
            py::arg("tensor"))
       .def("tensor_file_offset", &CheckpointReader::TensorFileOffset, py::arg("epoch"),

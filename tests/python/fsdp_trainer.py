@@ -12,8 +12,10 @@
   reverse order (each rank then holds the other rank's shards).
 
 Checkpoints every iteration through pmsnap.CheckpointedOptimizer into one
-pool per rank, restoring first; the kill plan (ddp_trainer.py) SIGKILLs a
-rank a fraction of its step time after a step. --plain trains without pmsnap
+pool per rank, restoring first (or, with --init-from, starting from the
+pools of a run on another number of ranks, after writing what it loaded);
+the kill plan (ddp_trainer.py) SIGKILLs a rank a fraction of its step time
+after a step. --plain trains without pmsnap
 (the reference). At the end every rank writes its parameters and optimizer
 state gathered to full tensors, its per-rank pool bytes, and the error of a
 failed restore (--expect-mismatch: the restore must fail, nothing trains).
@@ -87,6 +89,13 @@ def full(t):
     return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
 
 
+def gathered(model, optimizer):
+    """Every parameter and optimizer state tensor, gathered to full tensors."""
+    return {"params": {name: full(p) for name, p in model.named_parameters()},
+            "state": {f"{name}.{key}": full(value) for name, p in model.named_parameters()
+                      for key, value in optimizer.state[p].items()}}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pool", required=True)
@@ -99,6 +108,8 @@ def main():
     parser.add_argument("--mesh", default="2")
     parser.add_argument("--reverse-ranks", action="store_true")
     parser.add_argument("--expect-mismatch", action="store_true")
+    parser.add_argument("--init-from", default=None,
+                        help="start from the pools of a run on another number of ranks")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -108,7 +119,12 @@ def main():
              else dtensor_model(world, args.mesh, args.reverse_ranks))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     start, opt = 1, optimizer
-    if not args.plain:
+    if args.init_from:
+        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1,
+                                           init_from=args.init_from)
+        start = opt.iteration + 1
+        torch.save(gathered(model, optimizer), os.path.join(args.out, f"restored{rank}.pt"))
+    elif not args.plain:
         opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1)
         try:
             _, extra = opt.restore()
@@ -144,13 +160,10 @@ def main():
     if not args.plain:
         opt.close()
         pool_bytes = opt.stats()["bytes_written"] // max(1, opt.stats()["epochs_committed"])
-    state = {f"{name}.{key}": full(value) for name, p in model.named_parameters()
-             for key, value in optimizer.state[p].items()}
-    torch.save({"params": {name: full(p) for name, p in model.named_parameters()},
-                "state": state, "start": start, "epoch_bytes": pool_bytes,
-                "local_bytes": sum(p.to_local().numel() * p.element_size()
-                                   for p in model.parameters()),
-                "global_bytes": sum(p.numel() * p.element_size() for p in model.parameters())},
+    torch.save(dict(gathered(model, optimizer), start=start, epoch_bytes=pool_bytes,
+                    local_bytes=sum(p.to_local().numel() * p.element_size()
+                                    for p in model.parameters()),
+                    global_bytes=sum(p.numel() * p.element_size() for p in model.parameters())),
                os.path.join(args.out, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()

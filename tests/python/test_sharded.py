@@ -88,3 +88,55 @@ def test_a_pool_restored_by_a_rank_holding_other_shards_is_refused_naming_the_ra
         message = (out / f"rank{r}.error").read_text()
         assert f"rank {r}:" in message and "parameter '" in message, message
         assert "offsets" in message, message
+
+
+def _assert_equal(expected, got, what):
+    assert expected.keys() == got.keys(), what
+    for key, value in expected.items():
+        assert torch.equal(value, got[key]), f"{what}: {key} differs"
+
+
+@pytest.mark.parametrize("model", [["--model", "fsdp2"],
+                                   ["--model", "dtensor", "--mesh", "{world}"]],
+                         ids=["fsdp2", "dtensor"])
+def test_four_ranks_save_and_two_or_three_ranks_continue_from_their_pools(tmp_path, pool_path,
+                                                                          model):
+    """4 ranks checkpoint 10 steps; 2 and then 3 ranks start from those pools
+    (init_from, each rank reading the rows of its new shards) and hold
+    every element as the 4 ranks left it, then train on. The DTensor model
+    trains every rank on the same batch, so its run does not depend on the
+    world size: continued on 2 or 3 ranks it ends bit-exact equal to an
+    uninterrupted run."""
+    saved = pool_path.replace(".pool", ".four.{rank}.pool")
+    pools = [saved]
+    try:
+        for world in (4, 2, 3):
+            args = [a.replace("{world}", str(world)) for a in model]
+            out = tmp_path / f"world{world}"
+            if world == 4:
+                conftest.torchrun("fsdp_trainer.py", out, 10, ["--pool", saved] + args,
+                                  world=world)
+                four = torch.load(out / "rank0.pt")
+                continue
+            resumed = pool_path.replace(".pool", f".{world}.{{rank}}.pool")
+            pools.append(resumed)
+            conftest.torchrun("fsdp_trainer.py", out, 20,
+                              ["--pool", resumed, "--init-from", saved] + args, world=world)
+            for r in range(world):
+                restored = torch.load(out / f"restored{r}.pt")
+                _assert_equal(four["params"], restored["params"], f"{world} ranks, rank {r}")
+                _assert_equal(four["state"], restored["state"], f"{world} ranks, rank {r}")
+                assert torch.load(out / f"rank{r}.pt")["start"] == 11
+            if model[1] == "dtensor":
+                reference = tmp_path / f"reference{world}"
+                conftest.torchrun("fsdp_trainer.py", reference, 20,
+                                  ["--pool", "unused", "--plain"] + args, world=world)
+                ref, got = torch.load(reference / "rank0.pt"), torch.load(out / "rank0.pt")
+                _assert_equal(ref["params"], got["params"], f"{world} ranks against uninterrupted")
+                _assert_equal(ref["state"], got["state"], f"{world} ranks against uninterrupted")
+    finally:
+        for template in pools:
+            for r in range(4):
+                path = template.replace("{rank}", str(r))
+                if os.path.exists(path):
+                    os.remove(path)
