@@ -175,3 +175,44 @@ def test_readers_in_a_loop_never_stop_a_trainer_from_starting(pool_path):
     finally:
         loop.kill()
         loop.wait()
+
+
+def test_read_range_reads_and_checks_only_the_parts_a_byte_range_lies_in(pool_path):
+    """CheckpointReader.read_range (how a rank of another world size reads
+    the rows of an old shard): the same bytes as the whole tensor's, a
+    damaged part outside the range unread, inside it CorruptionError."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 256)  # weight: 64 KiB, 16 parts of 4 KiB
+    with pmsnap.CheckpointedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), pool_path,
+                                      model=model, every=1, part_bytes=4096) as opt:
+        model(torch.randn(2, 64)).sum().backward()
+        opt.step()
+    reader = _pmsnap.CheckpointReader(pool_path)
+    epoch = reader.epochs()[0]["epoch"]
+    names = [name for name, _, _ in reader.describe()["units"]]
+    unit = names.index("weight")
+    whole = torch.empty(256 * 64, dtype=torch.float32)
+    reader.read_tensor(epoch, unit, 0, whole.data_ptr())
+    raw = whole.view(torch.uint8)
+    for offset, count in ((0, 4096), (100, 5000), (4095, 2), (61440, 4096), (0, 65536)):
+        out = torch.empty(count, dtype=torch.uint8)
+        reader.read_range(epoch, unit, 0, offset, count, out.data_ptr())
+        assert torch.equal(out, raw[offset:offset + count]), (offset, count)
+    with pytest.raises(pmsnap.InvalidArgumentError, match="past its 65536 bytes"):
+        reader.read_range(epoch, unit, 0, 65000, 1000, out.data_ptr())
+    damaged_at = reader.tensor_file_offset(epoch, unit, 0) + 10  # in part 0
+    reader.close()
+    with open(pool_path, "r+b") as f:
+        f.seek(damaged_at)
+        byte = f.read(1)
+        f.seek(damaged_at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    reader = _pmsnap.CheckpointReader(pool_path)
+    try:
+        out = torch.empty(4096, dtype=torch.uint8)
+        reader.read_range(epoch, unit, 0, 5 * 4096, 4096, out.data_ptr())  # part 5 only
+        assert torch.equal(out, raw[5 * 4096:6 * 4096])
+        with pytest.raises(pmsnap.CorruptionError, match=os.path.basename(pool_path)):
+            reader.read_range(epoch, unit, 0, 8, 16, out.data_ptr())
+    finally:
+        reader.close()
