@@ -7,13 +7,11 @@ checkpoints each rank's shards into its own pool every step; the script
 kills rank 1 with SIGKILL at --kill-at, then relaunches the job itself (as a
 scheduler would) and the ranks resume from the newest step both committed,
 bit-exact. It prints the loss around the crash and the per-rank bytes of one
-checkpoint.
+checkpoint. Then it moves the run to 3 ranks: new pools started from the 2
+ranks' ones (init_from), each rank reading only the rows of its new shards.
 
     python3 examples/train_fsdp2.py          # launches torchrun: kill, then resume
     torchrun --nproc_per_node=2 examples/train_fsdp2.py --kill-at 0   # one plain run
-
-Resuming on another number of ranks is not supported yet: restore() then
-fails with ModelMismatchError naming the rank.
 
 Thread-safety: one training thread per rank.
 """
@@ -48,16 +46,25 @@ def train(args):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(model)
-    opt = pmsnap.CheckpointedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-3),
-                                       args.pool, model=model, every=1)
-    start = 1
-    try:
-        _, extra = opt.restore()
-        start = extra["batch"] + 1
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if args.init_from:
+        # Another number of ranks: each rank reads the rows of its new
+        # shards from the old run's pools and starts pools of its own.
+        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1,
+                                           init_from=args.init_from)
+        start = opt.iteration + 1
         if rank == 0:
-            print(f"resumed: continuing at step {start}", flush=True)
-    except pmsnap.NotFoundError:
-        pass
+            print(f"on {dist.get_world_size()} ranks: continuing at step {start}", flush=True)
+    else:
+        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1)
+        start = 1
+        try:
+            _, extra = opt.restore()
+            start = extra["batch"] + 1
+            if rank == 0:
+                print(f"resumed: continuing at step {start}", flush=True)
+        except pmsnap.NotFoundError:
+            pass
     for step in range(start, args.steps + 1):
         x, y = batch(step, rank)
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -82,6 +89,7 @@ def main():
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--kill-at", type=int, default=25)
     parser.add_argument("--resumed", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--init-from", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if "LOCAL_RANK" in os.environ:  # started by torchrun: a rank
         train(args)
@@ -104,6 +112,18 @@ def main():
         sys.exit(first.stderr[-3000:])
     print(f"-- rank 1 was killed after step {args.kill_at}; relaunching --", flush=True)
     subprocess.run(command + ["--resumed"], env=env, check=True)
+    # Then the run moves to 3 ranks: new pools, started from the 2 ranks' ones.
+    print("-- continuing on 3 ranks --", flush=True)
+    bigger = args.pool.replace("{rank}", "3ranks.{rank}")
+    command[command.index(f"--nproc_per_node={world}")] = "--nproc_per_node=3"
+    command[command.index(args.pool)] = bigger
+    command[command.index("--steps") + 1] = str(args.steps + 20)
+    try:
+        subprocess.run(command + ["--resumed", "--init-from", args.pool], env=env, check=True)
+    finally:
+        for path in (p.replace("{rank}", str(r)) for p in (args.pool, bigger) for r in range(3)):
+            if os.path.exists(path):
+                os.remove(path)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ order alternating) and prints medians with their spread, leaving no pool
 behind. examples/train_loop.py (pmsnap.TrainingState in a torchtitan-style
 loop) continues from its pool at the step after the last committed one.
 examples/train_fsdp2.py (FSDP2 under torchrun) resumes after a killed rank
-with the losses of the uninterrupted steps.
+with the losses of the uninterrupted steps, then continues on 3 ranks.
 
 Thread-safety: each test runs the example in a child process of its own.
 """
@@ -97,3 +97,5 @@ def test_train_fsdp2_resumes_after_a_killed_rank_with_the_same_losses(pool_path)
     for step in common:
         assert losses[0][step] == losses[1][step], f"step {step}:\n{out}"
     assert "kB per checkpoint" in after
+    # Then 3 ranks continue from the 2 ranks' pools.
+    assert "on 3 ranks: continuing at step 21" in after, out
