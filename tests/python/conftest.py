@@ -110,6 +110,25 @@ def run_ranks(world, body, start_method="fork"):
     return [value for _, value in out]
 
 
+def random_kills(rng, world, steps, kills, distinct=True):
+    """A trainer's --kills plan, one per restart attempt: a rank 0..world-1
+    SIGKILLs itself 0..2 of its step times after a step (inside the next
+    update, its commit, or between steps), at increasing steps in
+    2..steps-5 (`distinct`: no step twice) so that every attempt makes
+    progress."""
+    pick = rng.sample if distinct else rng.choices
+    return [f"{rng.randrange(world)}:{step}:{rng.uniform(0, 2):.2f}"
+            for step in sorted(pick(range(2, steps - 4), k=kills))]
+
+
+def remove_rank_pools(template, world):
+    """Removes the pools of `template` ("{rank}") for ranks 0..world-1."""
+    for r in range(world):
+        path = template.replace("{rank}", str(r))
+        if os.path.exists(path):
+            os.remove(path)
+
+
 def torchrun(trainer, out, steps, extra, expect_kill=False, world=2):
     """Runs tests/python/<trainer> under torchrun (`world` gloo ranks on this
     machine, one torch thread each) with --out OUT --steps STEPS + extra;

@@ -37,6 +37,24 @@ def batch(step, rank):
     return x, x.sum(dim=1, keepdim=True).repeat(1, 4).sin()
 
 
+def kill_plan(kills, attempt):
+    """(rank, step, fraction) of restart attempt `attempt`'s kill in `kills`
+    ("rank:step:fraction" per attempt, comma-separated); (-1, 0, 0.0): none."""
+    plan = [k.split(":") for k in kills.split(",") if k]
+    if attempt >= len(plan):
+        return -1, 0, 0.0
+    rank, step, fraction = plan[attempt]
+    return int(rank), int(step), float(fraction)
+
+
+def kill_after(began, fraction):
+    """SIGKILLs this process `fraction` of the time since `began` from now
+    (a step's time measured on this machine: inside the next update, its
+    commit, or between steps)."""
+    delay = fraction * (time.monotonic() - began)
+    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pool", required=True)
@@ -70,9 +88,7 @@ def main():
             start = extra["batch"] + 1
         except pmsnap.NotFoundError:
             pass  # no rank holds a checkpoint yet (the same answer on every rank)
-    plan = [k.split(":") for k in args.kills.split(",") if k]
-    victim, kill_step, fraction = (int(plan[attempt][0]), int(plan[attempt][1]),
-                                   float(plan[attempt][2])) if attempt < len(plan) else (-1, 0, 0)
+    victim, kill_step, fraction = kill_plan(args.kills, attempt)
     print(f"rank {rank} attempt {attempt} starts at {start}", flush=True)
     for step in range(start, args.steps + 1):
         began = time.monotonic()
@@ -85,8 +101,7 @@ def main():
             opt.step(extra_state={"batch": step})
         optimizer.zero_grad(set_to_none=True)
         if rank == victim and step == kill_step:
-            delay = fraction * (time.monotonic() - began)
-            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            kill_after(began, fraction)
     if not args.plain:
         opt.close()
     torch.save({"params": [p.detach().clone() for p in model.parameters()],

@@ -23,8 +23,6 @@ failed restore (--expect-mismatch: the restore must fail, nothing trains).
 
 import argparse
 import os
-import signal
-import threading
 import time
 
 import torch
@@ -33,7 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import pmsnap
-from ddp_trainer import batch
+from ddp_trainer import batch, kill_after, kill_plan
 
 torch.set_num_threads(1)
 
@@ -139,9 +137,7 @@ def main():
             dist.barrier()
             dist.destroy_process_group()
             return
-    plan = [k.split(":") for k in args.kills.split(",") if k]
-    victim, kill_step, fraction = (int(plan[attempt][0]), int(plan[attempt][1]),
-                                   float(plan[attempt][2])) if attempt < len(plan) else (-1, 0, 0)
+    victim, kill_step, fraction = kill_plan(args.kills, attempt)
     print(f"rank {rank} attempt {attempt} starts at {start}", flush=True)
     for step in range(start, args.steps + 1):
         began = time.monotonic()
@@ -154,8 +150,7 @@ def main():
             opt.step(extra_state={"batch": step})
         optimizer.zero_grad(set_to_none=True)
         if rank == victim and step == kill_step:
-            delay = fraction * (time.monotonic() - began)
-            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            kill_after(began, fraction)
     pool_bytes = None
     if not args.plain:
         opt.close()

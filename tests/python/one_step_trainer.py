@@ -12,8 +12,6 @@ a restore, and the kill plan of ddp_trainer.py may SIGKILL a rank.
 
 import argparse
 import os
-import signal
-import threading
 import time
 
 import torch
@@ -21,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 import pmsnap
+from ddp_trainer import kill_after, kill_plan
 
 torch.set_num_threads(1)
 
@@ -79,9 +78,7 @@ def main():
             start = extra["batch"] + 1
         except pmsnap.NotFoundError:
             pass
-    plan = [k.split(":") for k in args.kills.split(",") if k]
-    victim, kill_step, fraction = (int(plan[attempt][0]), int(plan[attempt][1]),
-                                   float(plan[attempt][2])) if attempt < len(plan) else (-1, 0, 0)
+    victim, kill_step, fraction = kill_plan(args.kills, attempt)
     for step in range(start, args.steps + 1):
         began = time.monotonic()
         model(torch.ones(2, 16)).backward()
@@ -92,8 +89,7 @@ def main():
             opt.step(extra_state={"batch": step})
         optimizer.zero_grad(set_to_none=True)
         if rank == victim and step == kill_step:
-            delay = fraction * (time.monotonic() - began)
-            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            kill_after(began, fraction)
     if args.record:
         torch.save(history, os.path.join(args.out, f"history{rank}.pt"))
     else:

@@ -35,11 +35,7 @@ def test_killed_ranks_resume_bit_exact_against_uninterrupted_ddp(tmp_path, pool_
     # run must still end bit-exact.
     kills = int(os.environ.get("PMSNAP_DDP_KILLS") or 20) // (4 if sharding or
                                                              method == "lowdiff_plus" else 1)
-    # Each attempt kills one rank 0..2 of its step times after a random step
-    # (inside the next update, its commit, or between steps), at increasing
-    # steps so that every attempt makes progress.
-    plan = [f"{rng.randrange(WORLD)}:{step}:{rng.uniform(0, 2):.2f}"
-            for step in sorted(rng.choices(range(2, STEPS - 4), k=kills))]
+    plan = conftest.random_kills(rng, WORLD, STEPS, kills, distinct=False)
     template = pool_path.replace(".pool", ".{rank}.pool")
     sharded = (["--sharding", sharding] if sharding else []) + \
         (["--lowdiff-plus"] if method == "lowdiff_plus" else [])
@@ -51,10 +47,7 @@ def test_killed_ranks_resume_bit_exact_against_uninterrupted_ddp(tmp_path, pool_
             torchrun(resumed, ["--pool", template, "--kills", kill] + sharded, expect_kill=True)
         log = torchrun(resumed, ["--pool", template] + sharded)
     finally:
-        for r in range(WORLD):
-            path = template.replace("{rank}", str(r))
-            if os.path.exists(path):
-                os.remove(path)
+        conftest.remove_rank_pools(template, WORLD)
     for r in range(WORLD):
         ref = torch.load(reference / f"rank{r}.pt")
         got = torch.load(resumed / f"rank{r}.pt")

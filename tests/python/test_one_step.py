@@ -65,8 +65,7 @@ def test_no_committed_epoch_mixes_two_iterations_under_fsdp2(tmp_path, pool_path
             for key, value in history[k].items():
                 assert not torch.equal(value, history[k + 1][key]), (k, key)
     template = pool_path.replace(".pool", ".{rank}.pool")
-    plan = [f"{rng.randrange(WORLD)}:{step}:{rng.uniform(0, 2):.2f}"
-            for step in sorted(rng.sample(range(2, STEPS - 4), k=3))]
+    plan = conftest.random_kills(rng, WORLD, STEPS, 3)
     checked = []
     try:
         for kill in plan + [None]:
@@ -78,10 +77,7 @@ def test_no_committed_epoch_mixes_two_iterations_under_fsdp2(tmp_path, pool_path
                 if os.path.exists(path):
                     checked += check_pool(path, histories[r])
     finally:
-        for r in range(WORLD):
-            path = template.replace("{rank}", str(r))
-            if os.path.exists(path):
-                os.remove(path)
+        conftest.remove_rank_pools(template, WORLD)
     # Continuous mode with several ranks captures at most every second step
     # (README, "Multi-GPU"): its last epoch may be the step before the last.
     last = STEPS if mode == "every" else STEPS - 2

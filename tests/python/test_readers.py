@@ -47,12 +47,17 @@ def damage_newest(path):
     newest = reader.epochs()[0]["epoch"]
     offset = reader.tensor_file_offset(newest, 0, 0)
     reader.close()
+    flip_byte(path, offset)
+    return newest
+
+
+def flip_byte(path, offset):
+    """Inverts the byte at `offset` of the file (damage a checksum catches)."""
     with open(path, "r+b") as f:
         f.seek(offset)
         byte = f.read(1)
         f.seek(offset)
         f.write(bytes([byte[0] ^ 0xFF]))
-    return newest
 
 
 def pmsnap_cli(*args):
@@ -202,11 +207,7 @@ def test_read_range_reads_and_checks_only_the_parts_a_byte_range_lies_in(pool_pa
         reader.read_range(epoch, unit, 0, 65000, 1000, out.data_ptr())
     damaged_at = reader.tensor_file_offset(epoch, unit, 0) + 10  # in part 0
     reader.close()
-    with open(pool_path, "r+b") as f:
-        f.seek(damaged_at)
-        byte = f.read(1)
-        f.seek(damaged_at)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    flip_byte(pool_path, damaged_at)
     reader = _pmsnap.CheckpointReader(pool_path)
     try:
         out = torch.empty(4096, dtype=torch.uint8)

@@ -23,13 +23,6 @@ def torchrun(out, extra, expect_kill=False):
     return conftest.torchrun("fsdp_trainer.py", out, STEPS, extra, expect_kill, world=WORLD)
 
 
-def _remove_pools(template):
-    for r in range(WORLD):
-        path = template.replace("{rank}", str(r))
-        if os.path.exists(path):
-            os.remove(path)
-
-
 @pytest.mark.parametrize("model", [["--model", "fsdp2"],
                                    ["--model", "dtensor", "--mesh", "2"],
                                    ["--model", "dtensor", "--mesh", "2x1"],
@@ -38,10 +31,7 @@ def _remove_pools(template):
 def test_killed_sharded_ranks_resume_bit_exact_against_an_uninterrupted_run(tmp_path, pool_path,
                                                                            model, rng):
     kills = int(os.environ.get("PMSNAP_SHARDED_KILLS") or 3)
-    # Each attempt kills one rank 0..2 of its step times after a step (inside
-    # the next update, its commit, or between steps), at increasing steps.
-    plan = [f"{rng.randrange(WORLD)}:{step}:{rng.uniform(0, 2):.2f}"
-            for step in sorted(rng.sample(range(2, STEPS - 4), k=kills))]
+    plan = conftest.random_kills(rng, WORLD, STEPS, kills)
     template = pool_path.replace(".pool", ".{rank}.pool")
     reference = tmp_path / "reference"
     torchrun(reference, ["--pool", "unused", "--plain"] + model)
@@ -51,7 +41,7 @@ def test_killed_sharded_ranks_resume_bit_exact_against_an_uninterrupted_run(tmp_
             torchrun(resumed, ["--pool", template, "--kills", kill] + model, expect_kill=True)
         log = torchrun(resumed, ["--pool", template] + model)
     finally:
-        _remove_pools(template)
+        conftest.remove_rank_pools(template, WORLD)
     for r in range(WORLD):
         ref = torch.load(reference / f"rank{r}.pt")
         got = torch.load(resumed / f"rank{r}.pt")
@@ -83,7 +73,7 @@ def test_a_pool_restored_by_a_rank_holding_other_shards_is_refused_naming_the_ra
         out = tmp_path / "swapped"
         torchrun(out, ["--pool", template, "--reverse-ranks", "--expect-mismatch"] + model)
     finally:
-        _remove_pools(template)
+        conftest.remove_rank_pools(template, WORLD)
     for r in range(WORLD):
         message = (out / f"rank{r}.error").read_text()
         assert f"rank {r}:" in message and "parameter '" in message, message
@@ -136,7 +126,4 @@ def test_four_ranks_save_and_two_or_three_ranks_continue_from_their_pools(tmp_pa
                 _assert_equal(ref["state"], got["state"], f"{world} ranks against uninterrupted")
     finally:
         for template in pools:
-            for r in range(4):
-                path = template.replace("{rank}", str(r))
-                if os.path.exists(path):
-                    os.remove(path)
+            conftest.remove_rank_pools(template, 4)
