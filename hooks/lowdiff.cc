@@ -111,7 +111,7 @@ Result<std::unique_ptr<LowDiff>> LowDiff::Create(const torch::nn::Module& module
       });
   if (!controller.ok()) {
     return Status(controller.status().code(),
-                  "LowDiff for " + options.pool_path + ": " + controller.status().message());
+                  controller.status().message() + " (pool " + options.pool_path + ")");
   }
   auto checkpointed = CheckpointedOptimizer::Create(module, optimizer, std::move(options));
   if (!checkpointed.ok()) return checkpointed.status();
