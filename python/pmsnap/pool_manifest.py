@@ -17,8 +17,8 @@ import torch
 
 from . import _pmsnap
 from .errors import make_error
-from .units import (PARAM_ROLE, dtype_name, is_dtensor, local_tensor, shape_text, state_tensors,
-                    torch_dtype)
+from .units import (PARAM_ROLE, dtype_name, is_dtensor, local_tensor, new_state_tensor, shape_text,
+                    state_tensors, torch_dtype)
 
 
 def check_pool_tables(info, tables, pool):
@@ -176,11 +176,7 @@ def create_state_from_manifest(info, optimizer, named):
                                  f"parameter '{name}': optimizer state '{role}' is a "
                                  f"{type(current).__name__} here but a tensor in the pool")
             device = "cpu" if (name, role) in on_host else p.device
-            zeros = torch.zeros(shape, dtype=torch_dtype(dtype), device=device)
-            if is_dtensor(p) and list(shape) == list(local_tensor(p).shape):
-                # State shaped like a sharded parameter is sharded like it
-                # (Adam's moments under FSDP2); scalars (`step`) stay plain.
-                from torch.distributed.tensor import DTensor
-                zeros = DTensor.from_local(zeros, p.device_mesh, p.placements, run_check=False,
-                                           shape=p.shape, stride=p.stride())
-            state[role] = zeros
+            # State shaped like a sharded parameter is sharded like it.
+            state[role] = new_state_tensor(
+                p, shape, torch_dtype(dtype), device,
+                like_param=is_dtensor(p) and list(shape) == list(local_tensor(p).shape))

@@ -44,8 +44,8 @@ import torch
 from . import _pmsnap
 from . import extra_state as _extra
 from .errors import make_error
-from .units import (PARAM_ROLE, dtype_name, is_dtensor, local_tensor, shape_text, sharded_layout,
-                    torch_dtype)
+from .units import (PARAM_ROLE, dtype_name, is_dtensor, local_tensor, new_state_tensor,
+                    shape_text, sharded_layout, torch_dtype)
 
 
 def layouts(named, sharding):
@@ -182,13 +182,8 @@ def _load_parameter(name, p, optimizer, readers, epochs, blobs, manifests, paths
             target = p
         else:
             if role not in state:
-                zeros = torch.zeros(local_tensor(p).shape if shape == param_like else shape,
-                                    dtype=torch_dtype(dtype), device=local_tensor(p).device)
-                if is_dtensor(p) and shape == param_like:
-                    from torch.distributed.tensor import DTensor
-                    zeros = DTensor.from_local(zeros, p.device_mesh, p.placements,
-                                               run_check=False, shape=p.shape, stride=p.stride())
-                state[role] = zeros
+                state[role] = new_state_tensor(p, shape, torch_dtype(dtype), local_tensor(p).device,
+                                               like_param=shape == param_like)
             target = state[role]
         local = local_tensor(target)
         layout = sharded_layout(name, target) if is_dtensor(target) else None

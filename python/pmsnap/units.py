@@ -80,6 +80,20 @@ def sharded_layout(name, t):
             "mesh_shape": list(t.device_mesh.shape), "offsets": [int(o) for o in offsets]}
 
 
+def new_state_tensor(param, shape, dtype, device, like_param):
+    """Zeros for a state tensor of `param` that torch has not made yet: with
+    `like_param`, shaped like this rank's shard of `param` and, for a
+    DTensor, sharded like it (Adam's moments under FSDP2); else a plain
+    tensor of `shape` (`step`)."""
+    local = local_tensor(param)
+    zeros = torch.zeros(local.shape if like_param else shape, dtype=dtype, device=device)
+    if like_param and is_dtensor(param):
+        from torch.distributed.tensor import DTensor
+        zeros = DTensor.from_local(zeros, param.device_mesh, param.placements, run_check=False,
+                                   shape=param.shape, stride=param.stride())
+    return zeros
+
+
 def shape_text(shape):
     """"[4, 3]", as the C++ messages write shapes."""
     return "[" + ", ".join(str(int(d)) for d in shape) + "]"
