@@ -81,6 +81,12 @@ def train(args):
         print(f"rank 0 wrote {stats['bytes_written'] / max(1, stats['epochs_committed']) / 1e3:.1f} "
               f"kB per checkpoint ({stats['epochs_committed']} checkpoints)", flush=True)
     dist.destroy_process_group()
+    # torch 2.11's gloo backend sometimes aborts in the interpreter's
+    # finalization after an FSDP2 run ("terminate called without an active
+    # exception", pytorch/pytorch#190489); everything is written and closed
+    # by now, so leave without it.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main():

@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import pmsnap
-from ddp_trainer import batch, kill_after, kill_plan
+from ddp_trainer import batch, exit_after_gloo, kill_after, kill_plan
 
 torch.set_num_threads(1)
 
@@ -136,7 +136,7 @@ def main():
                 f.write(str(e))
             dist.barrier()
             dist.destroy_process_group()
-            return
+            exit_after_gloo()
     victim, kill_step, fraction = kill_plan(args.kills, attempt)
     print(f"rank {rank} attempt {attempt} starts at {start}", flush=True)
     for step in range(start, args.steps + 1):
@@ -162,6 +162,7 @@ def main():
                os.path.join(args.out, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
+    exit_after_gloo()
 
 
 if __name__ == "__main__":

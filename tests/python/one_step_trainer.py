@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 import pmsnap
-from ddp_trainer import kill_after, kill_plan
+from ddp_trainer import exit_after_gloo, kill_after, kill_plan
 
 torch.set_num_threads(1)
 
@@ -96,6 +96,7 @@ def main():
         opt.close()
     dist.barrier()
     dist.destroy_process_group()
+    exit_after_gloo()
 
 
 if __name__ == "__main__":
