@@ -56,6 +56,26 @@ def kill_after(began, fraction):
     threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
 
 
+def train_steps(forward, opt, optimizer, args, start, rank, data_rank, attempt):
+    """Steps start..args.steps on batch(step, data_rank): forward(x), MSE,
+    backward, then the plain optimizer (--plain) or pmsnap's step with the
+    data position; this attempt's planned kill (--kills) after its step."""
+    victim, kill_step, fraction = kill_plan(args.kills, attempt)
+    print(f"rank {rank} attempt {attempt} starts at {start}", flush=True)
+    for step in range(start, args.steps + 1):
+        began = time.monotonic()
+        x, y = batch(step, data_rank)
+        loss = torch.nn.functional.mse_loss(forward(x), y)
+        loss.backward()
+        if args.plain:
+            opt.step()
+        else:
+            opt.step(extra_state={"batch": step})
+        optimizer.zero_grad(set_to_none=True)
+        if rank == victim and step == kill_step:
+            kill_after(began, fraction)
+
+
 def exit_after_gloo(code=0):
     """Leaves the process without the interpreter's finalization, once every
     result is written and the process group destroyed: torch 2.11's gloo
@@ -100,20 +120,7 @@ def main():
             start = extra["batch"] + 1
         except pmsnap.NotFoundError:
             pass  # no rank holds a checkpoint yet (the same answer on every rank)
-    victim, kill_step, fraction = kill_plan(args.kills, attempt)
-    print(f"rank {rank} attempt {attempt} starts at {start}", flush=True)
-    for step in range(start, args.steps + 1):
-        began = time.monotonic()
-        x, y = batch(step, rank)
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        if args.plain:
-            opt.step()
-        else:
-            opt.step(extra_state={"batch": step})
-        optimizer.zero_grad(set_to_none=True)
-        if rank == victim and step == kill_step:
-            kill_after(began, fraction)
+    train_steps(ddp, opt, optimizer, args, start, rank, rank, attempt)
     if not args.plain:
         opt.close()
     torch.save({"params": [p.detach().clone() for p in model.parameters()],

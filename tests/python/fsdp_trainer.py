@@ -23,7 +23,6 @@ failed restore (--expect-mismatch: the restore must fail, nothing trains).
 
 import argparse
 import os
-import time
 
 import torch
 import torch.distributed as dist
@@ -31,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import pmsnap
-from ddp_trainer import batch, exit_after_gloo, kill_after, kill_plan
+from ddp_trainer import exit_after_gloo, train_steps
 
 torch.set_num_threads(1)
 
@@ -137,20 +136,8 @@ def main():
             dist.barrier()
             dist.destroy_process_group()
             exit_after_gloo()
-    victim, kill_step, fraction = kill_plan(args.kills, attempt)
-    print(f"rank {rank} attempt {attempt} starts at {start}", flush=True)
-    for step in range(start, args.steps + 1):
-        began = time.monotonic()
-        x, y = batch(step, rank if args.model == "fsdp2" else 0)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        if args.plain:
-            opt.step()
-        else:
-            opt.step(extra_state={"batch": step})
-        optimizer.zero_grad(set_to_none=True)
-        if rank == victim and step == kill_step:
-            kill_after(began, fraction)
+    train_steps(model, opt, optimizer, args, start, rank,
+                rank if args.model == "fsdp2" else 0, attempt)
     pool_bytes = None
     if not args.plain:
         opt.close()
