@@ -19,7 +19,6 @@ Thread-safety: one training thread per rank.
 import argparse
 import os
 import signal
-import subprocess
 import sys
 
 import torch
@@ -27,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 import pmsnap
+from relaunch import run_kill_resume_and_move
 
 
 def batch(step, rank):
@@ -101,35 +101,8 @@ def main():
         train(args)
         return
     # Started by hand: launch the job under torchrun, as a scheduler would,
-    # and relaunch it once a rank died.
-    world = 2
-    for path in (args.pool.replace("{rank}", str(r)) for r in range(world)):
-        if os.path.exists(path):
-            os.remove(path)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={world}", os.path.abspath(__file__), "--pool", args.pool,
-               "--steps", str(args.steps), "--kill-at", str(args.kill_at)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    first = subprocess.run(command, env=env, capture_output=True, text=True)
-    print(first.stdout, end="")
-    if first.returncode == 0:
-        return
-    if not args.kill_at:
-        sys.exit(first.stderr[-3000:])
-    print(f"-- rank 1 was killed after step {args.kill_at}; relaunching --", flush=True)
-    subprocess.run(command + ["--resumed"], env=env, check=True)
-    # Then the run moves to 3 ranks: new pools, started from the 2 ranks' ones.
-    print("-- continuing on 3 ranks --", flush=True)
-    bigger = args.pool.replace("{rank}", "3ranks.{rank}")
-    command[command.index(f"--nproc_per_node={world}")] = "--nproc_per_node=3"
-    command[command.index(args.pool)] = bigger
-    command[command.index("--steps") + 1] = str(args.steps + 20)
-    try:
-        subprocess.run(command + ["--resumed", "--init-from", args.pool], env=env, check=True)
-    finally:
-        for path in (p.replace("{rank}", str(r)) for p in (args.pool, bigger) for r in range(3)):
-            if os.path.exists(path):
-                os.remove(path)
+    # relaunch it once a rank died, then continue on 3 ranks.
+    run_kill_resume_and_move(__file__, args, world=2, new_world=3)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ packages=(
   python3 python3-dev python3-venv pybind11-dev
 )
 requirements="$root/scripts/requirements.txt"
+requirements_nodeps="$root/scripts/requirements-nodeps.txt"
 torch_version="$(sed -n 's/^torch==//p' "$requirements")"
 venv="${PMSNAP_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/pmsnap/venv-torch-$torch_version}"
 
@@ -53,7 +54,7 @@ install_missing() {
 install_python_env() {
   local stamp="$venv/.pmsnap-requirements.sha256"
   local want
-  want="$(sha256sum "$requirements" | cut -d' ' -f1)"
+  want="$(cat "$requirements" "$requirements_nodeps" | sha256sum | cut -d' ' -f1)"
   if [[ ! -x "$venv/bin/python" || ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
     echo "pmsnap: preparing $venv (torch $torch_version from PyPI; the first install downloads ~3 GB)"
     if [[ ! -x "$venv/bin/python" ]]; then
@@ -61,6 +62,7 @@ install_python_env() {
       /usr/bin/python3 -m venv "$venv"
     fi
     "$venv/bin/python" -m pip install -q --no-input -r "$requirements" </dev/null
+    "$venv/bin/python" -m pip install -q --no-input --no-deps -r "$requirements_nodeps" </dev/null
     echo "$want" >"$stamp"
   fi
   ln -sfn "$venv" "$root/.venv"

@@ -13,6 +13,7 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_examples.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_sharded.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_one_step.py
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_torchrec.py
                    ${CMAKE_CURRENT_SOURCE_DIR}/python)
   # A sanitizer build (scripts/sanitize.sh) runs the interpreter with libasan
   # preloaded and an instrumented extension: several times slower.
@@ -42,6 +43,14 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_sharded.py
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_one_step.py)
   set_tests_properties(python_sharded_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
+                       TIMEOUT ${_pmsnap_ddp_timeout})
+  # torchrec's DLRM under DistributedModelParallel (fused tables, table-wise
+  # and row-wise): 2-rank torchrun jobs SIGKILLed and resumed, loaded into
+  # another plan on 3 and 4 ranks, and the one-step check.
+  add_test(NAME python_torchrec_test
+           COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/python/test_torchrec.py)
+  set_tests_properties(python_torchrec_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
                        TIMEOUT ${_pmsnap_ddp_timeout})
   # LowDiff: 2-rank DDP runs under torchrun with PowerSGD and top-k, SIGKILLed
   # and restored ($PMSNAP_LOWDIFF_KILLS trials each), and the one-process

@@ -14,6 +14,14 @@ spare cores would see.
 
   .venv/bin/python bench/distributed/distributed.py [--iters 30] [--models mlp,transformer,gpt2]
       [--wrap fsdp2]   # the model sharded by FSDP2's fully_shard instead of DDP
+      [--reshard-to 3] # fsdp2: also restore on 3 ranks (0: not)
+
+With --wrap fsdp2 each checkpointing method's files are also restored at
+another world size (--reshard-to ranks, FSDP2 over as many gloo processes):
+pmsnap through init_from= (each new rank reads its shards' rows from the
+old pools, one rank at a time, and seeds its own pool), DCP through
+dcp.load (which reshards natively); the slowest rank's time is the
+"restore ms (M ranks)" column.
 
 Writes bench/results/distributed.csv (one row per model and method),
 distributed_allreduce.csv (latency of pmsnap's epoch-agreement all-reduce)
@@ -247,6 +255,37 @@ def run_rank(rank, model_name, method, kind, options, k, iters, warmup, wrap, wo
     }
 
 
+def reshard_rank(rank, world, model_name, kind, options, k, iters, warmup, workdir, results):
+    """Rank `rank` of `world` restoring the 2-rank FSDP2 run's checkpoint
+    in `workdir` at this world size: its restore time."""
+    import torch.distributed.checkpoint as dcp
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/init-{world}", rank=rank,
+                            world_size=world)
+    model, make_batch = make_model(model_name)
+    wrapped(model, "fsdp2")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dist.barrier()
+    if kind == "pmsnap":
+        t = time.perf_counter()
+        opt = pmsnap.CheckpointedOptimizer(optimizer, os.path.join(workdir, "new.{rank}"),
+                                           model=model, workers=1, **options,
+                                           init_from=os.path.join(workdir, "pool.{rank}"))
+        seconds = time.perf_counter() - t
+        opt.close()
+    else:
+        model(make_batch(torch.Generator().manual_seed(0))).square().mean().backward()
+        optimizer.step()  # DCP loads into existing optimizer state
+        target = state_dict(model, optimizer, "fsdp2")
+        dist.barrier()
+        t = time.perf_counter()
+        dcp.load(target, checkpoint_id=os.path.join(workdir, f"ckpt-{(warmup + iters) // k * k}"))
+        seconds = time.perf_counter() - t
+    dist.barrier()
+    dist.destroy_process_group()
+    results[rank] = seconds
+
+
 def allreduce_latency(rank, workdir, rounds, results):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{workdir}/init", rank=rank,
@@ -262,16 +301,24 @@ def allreduce_latency(rank, workdir, rounds, results):
     results[rank] = statistics.median(samples[rounds // 10:])
 
 
-def spawn(target, args):
+def spawn(target, args, then=None):
+    """Runs target(rank, *args(workdir), results) on WORLD ranks in a fresh
+    work folder; returns their results, and then(workdir)'s (None without
+    `then`: what runs on the files the ranks left, before they are removed)."""
     workdir = tempfile.mkdtemp(prefix="pmsnap-bench-dist-", dir="/dev/shm")
     try:
-        with mp.Manager() as manager:
-            results = manager.dict()
-            mp.start_processes(target, args=(*args(workdir), results), nprocs=WORLD, join=True,
-                               start_method="fork")
-            return [results[r] for r in range(WORLD)]
+        per_rank = start_ranks(target, (*args(workdir),), WORLD)
+        return per_rank, (then(workdir) if then is not None else None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def start_ranks(target, args, world):
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(target, args=(*args, results), nprocs=world, join=True,
+                           start_method="fork")
+        return [results[r] for r in range(world)]
 
 
 def main():
@@ -284,6 +331,8 @@ def main():
     parser.add_argument("--tag", default="distributed", help="name of the CSV and PNG files")
     parser.add_argument("--wrap", choices=("ddp", "fsdp2"), default="ddp",
                         help="fsdp2: the model sharded by fully_shard (each rank holds 1/N)")
+    parser.add_argument("--reshard-to", type=int, default=3,
+                        help="fsdp2: ranks of the restore at another world size (0: none)")
     args = parser.parse_args()
     os.makedirs(RESULTS, exist_ok=True)
     rows = []
@@ -297,8 +346,15 @@ def main():
             label = method.format(k=args.k)
             if args.wrap == "fsdp2" and (kind == "torch_save" or "sharding" in options):
                 continue  # no whole-model save on rank 0; the shards are already spread
-            per_rank = spawn(run_rank, lambda d: (model_name, label, kind, options, args.k,
-                                                  args.iters, args.warmup, args.wrap, d))
+            reshard = None
+            if args.wrap == "fsdp2" and args.reshard_to and kind in ("pmsnap", "dcp"):
+                def reshard(d, kind=kind, options=options):
+                    return start_ranks(reshard_rank, (args.reshard_to, model_name, kind, options,
+                                                      args.k, args.iters, args.warmup, d),
+                                       args.reshard_to)
+            per_rank, resharded = spawn(
+                run_rank, lambda d: (model_name, label, kind, options, args.k, args.iters,
+                                     args.warmup, args.wrap, d), then=reshard)
             row = {
                 "model": model_name, "wrap": args.wrap, "method": label, "ranks": WORLD,
                 "state_mb": state_bytes / 1e6,
@@ -308,6 +364,8 @@ def main():
                 "restore_ms": (1e3 * max(r["restore_s"] for r in per_rank
                                          if r["restore_s"] is not None)
                                if any(r["restore_s"] is not None for r in per_rank) else ""),
+                "reshard_ranks": args.reshard_to if resharded else "",
+                "restore_resharded_ms": 1e3 * max(resharded) if resharded else "",
             }
             pm = next((r["pm"] for r in per_rank if r["pm"]), "")
             row["pm"] = pm
@@ -327,7 +385,7 @@ def main():
             rows.append(row)
             print(f"{model_name:12s} {label:24s} {row['iteration_ms']:8.1f} ms/it "
                   f"overhead {overhead_text(row)}", flush=True)
-    latency = spawn(allreduce_latency, lambda d: (d, 300))
+    latency, _ = spawn(allreduce_latency, lambda d: (d, 300))
     with open(os.path.join(RESULTS, f"{args.tag}.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -348,18 +406,23 @@ def print_table(rows, latency):
     print(f"\n2-rank {rows[0]['wrap'].upper()} on gloo, CPU, 2 cores (see the docstring); "
           "overhead vs `none`"
           + (f"; {pm} per rank" if pm else ""))
+    other = next((r["reshard_ranks"] for r in rows if r["reshard_ranks"]), "")
     header = ("model", "method", "ms/it", "overhead", "blocked ms/it", "MB/rank/it", "restore ms",
+              f"restore ms ({other} ranks)" if other else "restore ms (other ranks)",
               "ckpt/min", "limit/min", "% of limit")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows:
         overhead = overhead_text(r)
         restore = "" if r["restore_ms"] == "" else f"{r['restore_ms']:.1f}"
+        resharded = ("" if r["restore_resharded_ms"] == ""
+                     else f"{r['restore_resharded_ms']:.1f}")
         limit = r["limit_per_min"]
         rate = (f"{r['checkpoints_per_min']:.0f} | {limit:.0f} | "
                 f"{100 * r['checkpoints_per_min'] / limit:.0f}%" if limit else " | | ")
         print(f"| {r['model']} | {r['method']} | {r['iteration_ms']:.1f} | {overhead} | "
               f"{r['blocked_ms_per_it']:.2f} | {r['mb_per_rank_per_it']:.2f} | {restore} | "
+              f"{resharded} | "
               f"{rate} |")
     print(f"\nepoch-agreement all-reduce (3 int64, gloo side group): median "
           f"{1e6 * max(latency):.0f} us")

@@ -131,8 +131,8 @@ def main():
     for model_name in args.models.split(","):
         none_time = None
         for method in args.methods.split(","):
-            per_rank = spawn(run_rank, lambda d: (model_name, method, args.iters,
-                                                  args.warmup, d))
+            per_rank, _ = spawn(run_rank, lambda d: (model_name, method, args.iters,
+                                                     args.warmup, d))
             restores = [r["restore_s"] for r in per_rank if r["restore_s"] is not None]
             row = {
                 "model": model_name, "method": method, "ranks": WORLD,

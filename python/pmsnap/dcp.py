@@ -22,6 +22,10 @@ Limits: one process (no process group, or a group of one): DCP's finish()
 runs on the coordinator only, and a pool is one process's file. Tensors are
 copied to CPU memory before they are written.
 
+PoolReader("<run>.{rank}.pool") instead reads the pools of a
+CheckpointedOptimizer run on any number of ranks as one DCP checkpoint, on
+any number of ranks: dcp.load reshards from them (dcp_pools.py).
+
 Thread-safety: one thread per writer or reader, as DCP uses them.
 """
 
@@ -36,6 +40,8 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from . import _pmsnap
+from . import dcp_pools as _pools
+from . import distributed as _distributed
 from .errors import make_error
 from .units import dtype_name, torch_dtype
 
@@ -163,7 +169,10 @@ class PoolWriter(StorageWriter):
 
 
 class PoolReader(StorageReader):
-    """A DCP StorageReader of the newest (or `epoch`) dcp.save committed to pool `path`."""
+    """A DCP StorageReader of the newest (or `epoch`) dcp.save committed to
+    pool `path`; or, for a `path` with "{rank}", of the newest iteration the
+    pools of a CheckpointedOptimizer run hold (dcp_pools.py: any world size,
+    on every rank of this one; `epoch` does not apply)."""
 
     def __init__(self, path, *, epoch=None):
         super().__init__()
@@ -173,6 +182,11 @@ class PoolReader(StorageReader):
         self._epoch = None
         self._bytes = None
         self._units = None
+        self._run = None  # (paths, epochs, Metadata) of a run's pools
+        if "{rank}" in self.path and epoch is not None:
+            raise make_error(_pmsnap.InvalidArgumentError,
+                             f"PoolReader({self.path!r}): epoch= names one pool's epoch; a "
+                             "run's pools are read at the newest iteration they all hold")
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None:
@@ -181,7 +195,8 @@ class PoolReader(StorageReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
-        return isinstance(checkpoint_id, (str, os.PathLike)) and os.path.isfile(checkpoint_id)
+        return isinstance(checkpoint_id, (str, os.PathLike)) and (
+            os.path.isfile(checkpoint_id) or "{rank}" in os.fspath(checkpoint_id))
 
     def _open(self):
         if self._reader is not None:
@@ -202,6 +217,9 @@ class PoolReader(StorageReader):
                        enumerate(self._reader.describe()["units"])}
 
     def read_metadata(self):
+        if "{rank}" in self.path:
+            self._run = _pools.run_metadata(self.path, _distributed.coordinator_for(None))
+            return self._run[2]
         self._open()
         try:
             blob = pickle.loads(self._reader.extra_state(self._epoch))
@@ -227,6 +245,8 @@ class PoolReader(StorageReader):
         return metadata
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        if "{rank}" in self.path:
+            return
         _check_single_process(f"dcp.load from pool {self.path}")
         self._open()
         if self._bytes is None:
@@ -241,6 +261,13 @@ class PoolReader(StorageReader):
     def read_data(self, plan, planner):
         from torch.distributed._shard._utils import narrow_tensor_by_index
 
+        if "{rank}" in self.path:
+            paths, epochs, metadata = self._run
+            _pools.read_requests(paths, epochs, metadata, plan.items, planner,
+                                 _distributed.coordinator_for(None))
+            future = Future()
+            future.set_result(None)
+            return future
         self._open()
         if self._bytes is None:
             self.read_metadata()

@@ -48,6 +48,7 @@ import torch
 
 from . import _pmsnap
 from . import extra_state as _extra
+from . import fused_tables as _fused
 from . import distributed as _distributed
 from . import sharded as _sharded
 from .embedding import EmbeddingTracker
@@ -61,7 +62,7 @@ from .stepping import EngineObserver, ParameterStepper
 from .units import ModuleBuffers, Unit, named_parameters, state_tensors
 from .update_in_backward import UpdateInBackward
 
-class CheckpointedOptimizer(UpdateInBackward):
+class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
     """Wraps a torch.optim optimizer; every step() is checkpointed into `pool`.
 
     Args:
@@ -74,6 +75,10 @@ class CheckpointedOptimizer(UpdateInBackward):
         Its persistent buffers (BatchNorm's running statistics, every buffer
         in its state_dict; not non-persistent ones) are checkpointed with
         every step as well, captured at the step boundary (see buffers=).
+        A torchrec DistributedModelParallel: its fused tables' shards (and
+        their fused optimizer state) are checkpointed too, beside the
+        parameters of `optimizer`, which must hold the dense ones only
+        (fused_tables.py).
       buffers: checkpoint `model`'s persistent buffers (default True).
         Without model=, or with False, buffers are not saved: restore() then
         leaves them as they are, and a model that has running statistics
@@ -92,7 +97,8 @@ class CheckpointedOptimizer(UpdateInBackward):
       embeddings: parameters to checkpoint as embedding tables (see the module
         doc): a name or list of parameter names ("emb.weight") or module
         names ("emb"); None with embedding_policy: every nn.Embedding /
-        nn.EmbeddingBag weight of `model`.
+        nn.EmbeddingBag weight of `model`, or under torchrec every fused
+        table this rank holds shards of (their FQNs).
       embedding_policy: "full", "one-shot", "incremental", "intermittent"
         (default when embeddings are given) or "incrcp", or a pmsnap.Policy.
       quantize_bits: quantize table checkpoints rowwise with 2, 3, 4 or 8
@@ -245,9 +251,13 @@ class CheckpointedOptimizer(UpdateInBackward):
             # optimizer runs on (docs/ARCHITECTURE.md, "GPU ordering").
             self._engine_kwargs["cuda_stream"] = torch.cuda.current_stream().cuda_stream
         self._named = named_parameters(optimizer, model)
-        self._shards = _sharded.layouts(self._named, sharding)
-        if self._shards is not None:  # the ranks' local shapes differ: name the whole model
-            self._engine_kwargs["model_fingerprint"] = _sharded.fingerprint(self._named)
+        self._init_update_in_backward(update_in_backward)
+        # torchrec's fused tables: units of their own (fused_tables.py).
+        self._init_fused_tables(model, optimizer)
+        self._shards = _sharded.layouts(self._named, sharding, self._fused)
+        plan = _fused.plan_text(model)
+        if self._shards is not None or plan:  # the ranks' local shapes differ: name the model
+            self._engine_kwargs["model_fingerprint"] = _sharded.fingerprint(self._named, plan)
         self._buffers = (ModuleBuffers(model) if isinstance(model, torch.nn.Module) and buffers
                          else None)
         if self._buffers is not None and not len(self._buffers):
@@ -270,8 +280,10 @@ class CheckpointedOptimizer(UpdateInBackward):
                 or embedding_options is not None):
             self._embedding_options = make_embedding_options(
                 embedding_policy, embedding_options, quantize_bits, expected_resumes, retain)
-            self._tables = resolve_tables(embeddings, model, self._named, optimizer,
-                                           embedding_rows)
+            # Under a torchrec plan the policy is for the fused tables' shards.
+            self._tables = (_fused.policy_tables(self._fused, embeddings) if self._fused else
+                            resolve_tables(embeddings, model, self._named, optimizer,
+                                           embedding_rows))
         elif quantize_bits is not None or retain is not None:
             raise make_error(_pmsnap.InvalidArgumentError,
                              "quantize_bits= and retain= are for embedding tables: pass "
@@ -281,21 +293,23 @@ class CheckpointedOptimizer(UpdateInBackward):
         with _distributed.together(self._coordinator):
             if os.path.exists(self.pool):
                 info = _pmsnap.read_pool(self.pool)
-                check_pool_names(info, self._named, self.pool, sharded=self._sharded)
+                check_pool_names(info, self._all_named, self.pool, sharded=self._sharded)
                 check_pool_buffers(info, self._buffers, self.pool, sharded=self._sharded)
                 check_pool_tables(info, self._tables, self.pool)
                 if info["latest"] is not None:
                     self._pool_latest = info["latest"]["iteration"]
         tracked = {t.module_name: dict(model.named_modules())[t.module_name]
-                   for t in self._tables.values() if t.module_name is not None}
-        if tracked:
+                   for t in self._tables.values() if t.module_name is not None
+                   and not self._fused}
+        if self._fused and self._tables:
+            self._table_tracker = _fused.FusedLookups(model, self._tables)
+        elif tracked:
             # Our own tracker: its marks are handed to the checkpointer each step.
             self._table_tracker = EmbeddingTracker(None, modules=tracked)
         if track_embeddings:
             if model is None:
                 raise make_error(_pmsnap.InvalidArgumentError, "track_embeddings needs model=")
             self.embedding_tracker = EmbeddingTracker(model)
-        self._init_update_in_backward(update_in_backward)
         if init_from is not None:
             self._init_from(init_from)
 
@@ -342,7 +356,8 @@ class CheckpointedOptimizer(UpdateInBackward):
                 raise make_error(_pmsnap.InvalidArgumentError, "extra_state must be a dict")
             self.extra_state = extra_state
         step = self.iteration + 1
-        if self._backward_hooks:
+        if self._backward_hooks or self._backward_step_begun or self._backward_error is not None:
+            # update_in_backward, or a fused table's lookup began the step
             return self._finish_backward_step(step, loss)
         if self._engine is None:
             self.check_resumes_pool(step)
@@ -375,7 +390,7 @@ class CheckpointedOptimizer(UpdateInBackward):
         with _distributed.together(self._coordinator):
             if os.path.exists(self.pool):
                 info = _pmsnap.read_pool(self.pool)
-                check_pool_names(info, self._named, self.pool, sharded=sharded)
+                check_pool_names(info, self._all_named, self.pool, sharded=sharded)
                 check_pool_buffers(info, self._buffers, self.pool, sharded=sharded)
                 check_pool_tables(info, self._tables, self.pool)
             elif not sharded:  # sharded: a lost pool is restored from its replicas
@@ -388,7 +403,7 @@ class CheckpointedOptimizer(UpdateInBackward):
         with _distributed.together(self._coordinator):
             if sharded:
                 check_every_parameter_held(info, self._named, self.pool)
-            create_state_from_manifest(info, self.optimizer, self._named)
+            create_state_from_manifest(info, self._state_view, self._all_named)
         self._open_engine()
         try:
             iteration, _, data = self._engine.restore()
@@ -443,6 +458,7 @@ class CheckpointedOptimizer(UpdateInBackward):
             return
         self._closed = True
         self._remove_backward_hooks()
+        self._remove_fused_hooks()
         if self.embedding_tracker is not None:
             self.embedding_tracker.remove()
         if self._table_tracker is not None:
@@ -621,7 +637,8 @@ class CheckpointedOptimizer(UpdateInBackward):
 
         def read():
             if resharded:
-                return _sharded.load_resharded(path, self.model, self.optimizer, self._named)
+                return _sharded.load_resharded(path, self.model, self._state_view,
+                                               self._all_named, self._fused)
             return read_export(path)
         data = _distributed.one_rank_at_a_time(self._coordinator, read)
         if not resharded:
@@ -663,8 +680,8 @@ class CheckpointedOptimizer(UpdateInBackward):
 
     def _open_engine(self):
         units = []
-        for name, p in self._named:
-            units.append(Unit(name, p, state_tensors(self.optimizer, p), name in self._tables))
+        for name, p in self._all_named:
+            units.append(Unit(name, p, state_tensors(self._state_view, p), name in self._tables))
         registrations = []
         unit_ids = []
         for u in units:
@@ -684,6 +701,7 @@ class CheckpointedOptimizer(UpdateInBackward):
         self._engine = engine
         self._units = units
         self._unit_ids = unit_ids
+        self._fused_unit_ids = [u for ids in unit_ids[len(self._named):] for u in ids]
 
     def _mark_tables(self):
         """Hands each table's changed rows to its C++ RowTracker."""
@@ -727,6 +745,7 @@ class CheckpointedOptimizer(UpdateInBackward):
         one_call = not captured and not engine.epoch_in_flight
         try:
             self._stepper.step(self._observer_of(engine), indices, one_call=one_call)
+            self._end_fused_updates(engine if error is None else None)
             if error is None:
                 self._capture_buffers(engine)
             if error is not None:

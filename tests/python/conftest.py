@@ -221,3 +221,34 @@ def assert_same_training_state(model_a, opt_a, model_b, opt_b):
     for ga, gb in zip(opt_a.param_groups, opt_b.param_groups):
         assert {k: v for k, v in ga.items() if k != "params"} == \
             {k: v for k, v in gb.items() if k != "params"}
+
+
+def check_epochs_against_history(path, history):
+    """Every committed epoch of pool `path`: each of its tensors must equal,
+    bit for bit, history[iteration][(unit, role)], the tensor as a plain run
+    left it after the epoch's own iteration (test_one_step.py); returns the
+    iterations checked."""
+    import pmsnap  # here: the fixtures above work without the extension
+    reader = pmsnap._pmsnap.CheckpointReader(path)
+    try:
+        units = [(name, [role for role, *_ in tensors])
+                 for name, _, tensors in reader.describe()["units"]]
+        checked = []
+        for epoch in reader.epochs():
+            iteration = epoch["iteration"]
+            expected = history[iteration]
+            seen = set()
+            for unit_index, (unit, roles) in enumerate(units):
+                for index, role in enumerate(roles):
+                    want = expected[(unit, role)]
+                    got = torch.empty_like(want)
+                    reader.read_tensor(epoch["epoch"], unit_index, index, got.data_ptr())
+                    assert torch.equal(got, want), \
+                        (f"{path}: epoch {epoch['epoch']} of iteration {iteration}: {unit}.{role} "
+                         f"is not the tensor of that iteration")
+                    seen.add((unit, role))
+            assert seen == set(expected), f"{path}: the pool lacks {set(expected) - seen}"
+            checked.append(iteration)
+        return checked
+    finally:
+        reader.close()

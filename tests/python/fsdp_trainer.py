@@ -93,6 +93,22 @@ def gathered(model, optimizer):
                       for key, value in optimizer.state[p].items()}}
 
 
+def dcp_load(model, optimizer, template, out):
+    """The model and optimizer state from the pools of `template` through
+    dcp.load (pmsnap.dcp.PoolReader), as get_state_dict lays them out;
+    writes them gathered to `out`."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.load({"model": model_state, "optim": optim_state},
+             storage_reader=pmsnap.dcp.PoolReader(template))
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+    torch.save(gathered(model, optimizer), out)
+    dist.barrier()
+    dist.destroy_process_group()
+    exit_after_gloo()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pool", required=True)
@@ -107,6 +123,8 @@ def main():
     parser.add_argument("--expect-mismatch", action="store_true")
     parser.add_argument("--init-from", default=None,
                         help="start from the pools of a run on another number of ranks")
+    parser.add_argument("--dcp-load", default=None,
+                        help="only dcp.load the pools of a run (PoolReader) and write them")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -116,6 +134,9 @@ def main():
              else dtensor_model(world, args.mesh, args.reverse_ranks))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     start, opt = 1, optimizer
+    if args.dcp_load:
+        dcp_load(model, optimizer, args.dcp_load, os.path.join(args.out, f"dcp{rank}.pt"))
+        return
     if args.init_from:
         opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1,
                                            init_from=args.init_from)

@@ -7,7 +7,9 @@ order alternating) and prints medians with their spread, leaving no pool
 behind. examples/train_loop.py (pmsnap.TrainingState in a torchtitan-style
 loop) continues from its pool at the step after the last committed one.
 examples/train_fsdp2.py (FSDP2 under torchrun) resumes after a killed rank
-with the losses of the uninterrupted steps, then continues on 3 ranks.
+with the losses of the uninterrupted steps, then continues on 3 ranks;
+examples/train_torchrec.py (torchrec's DLRM, table-wise) the same, then
+continues row-wise on 4 ranks.
 
 Thread-safety: each test runs the example in a child process of its own.
 """
@@ -75,15 +77,15 @@ def test_train_loop_continues_at_the_step_after_the_last_committed_one(pool_path
                    f"resumed from {pool_path}: continuing at step 7", small)
 
 
-def test_train_fsdp2_resumes_after_a_killed_rank_with_the_same_losses(pool_path):
+def assert_killed_rank_resumes(script, pool_path, new_world, moved_line):
+    """`script` (a torchrun example: relaunch.py) resumes after the kill of
+    rank 1 at step 12 with the losses of the uninterrupted steps, then
+    continues on `new_world` ranks (`moved_line` printed)."""
     template = pool_path.replace(".pool", ".{rank}.pool")
-    try:
-        out = run_example("train_fsdp2.py", "--pool", template, "--steps", "20",
-                          "--kill-at", "12")
-    finally:
-        for r in range(2):
-            if os.path.exists(template.replace("{rank}", str(r))):
-                os.remove(template.replace("{rank}", str(r)))
+    out = run_example(script, "--pool", template, "--steps", "20", "--kill-at", "12")
+    for r in range(new_world):
+        for path in (template, template.replace("{rank}", f"{new_world}ranks.{{rank}}")):
+            assert not os.path.exists(path.replace("{rank}", str(r))), "pools left behind"
     before, _, after = out.partition("relaunching")
     assert after, out
     resumed = re.search(r"resumed: continuing at step (\d+)", after)
@@ -97,5 +99,13 @@ def test_train_fsdp2_resumes_after_a_killed_rank_with_the_same_losses(pool_path)
     for step in common:
         assert losses[0][step] == losses[1][step], f"step {step}:\n{out}"
     assert "kB per checkpoint" in after
-    # Then 3 ranks continue from the 2 ranks' pools.
-    assert "on 3 ranks: continuing at step 21" in after, out
+    assert moved_line in after, out
+
+
+def test_train_fsdp2_resumes_after_a_killed_rank_with_the_same_losses(pool_path):
+    assert_killed_rank_resumes("train_fsdp2.py", pool_path, 3, "on 3 ranks: continuing at step 21")
+
+
+def test_train_torchrec_resumes_after_a_killed_rank_then_moves_to_row_wise_on_4_ranks(pool_path):
+    assert_killed_rank_resumes("train_torchrec.py", pool_path, 4,
+                               "on 4 ranks, row_wise: continuing at step 21")

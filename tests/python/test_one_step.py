@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import conftest
-import pmsnap
 
 STEPS = 24
 WORLD = 2
@@ -23,34 +22,6 @@ WORLD = 2
 
 def torchrun(out, extra, expect_kill=False):
     return conftest.torchrun("one_step_trainer.py", out, STEPS, extra, expect_kill, world=WORLD)
-
-
-def check_pool(path, history):
-    """Every committed epoch of `path` against the recorded steps; returns
-    the iterations checked."""
-    reader = pmsnap._pmsnap.CheckpointReader(path)
-    try:
-        units = [(name, [role for role, *_ in tensors])
-                 for name, _, tensors in reader.describe()["units"]]
-        checked = []
-        for epoch in reader.epochs():
-            iteration = epoch["iteration"]
-            expected = history[iteration]
-            seen = set()
-            for unit_index, (unit, roles) in enumerate(units):
-                for index, role in enumerate(roles):
-                    want = expected[(unit, role)]
-                    got = torch.empty_like(want)
-                    reader.read_tensor(epoch["epoch"], unit_index, index, got.data_ptr())
-                    assert torch.equal(got, want), \
-                        (f"{path}: epoch {epoch['epoch']} of iteration {iteration}: {unit}.{role} "
-                         f"is not the tensor of that iteration")
-                    seen.add((unit, role))
-            assert seen == set(expected), f"{path}: the pool lacks {set(expected) - seen}"
-            checked.append(iteration)
-        return checked
-    finally:
-        reader.close()
 
 
 @pytest.mark.parametrize("mode", ["every", "continuous"])
@@ -75,7 +46,7 @@ def test_no_committed_epoch_mixes_two_iterations_under_fsdp2(tmp_path, pool_path
             for r in range(WORLD):
                 path = template.replace("{rank}", str(r))
                 if os.path.exists(path):
-                    checked += check_pool(path, histories[r])
+                    checked += conftest.check_epochs_against_history(path, histories[r])
     finally:
         conftest.remove_rank_pools(template, WORLD)
     # Continuous mode with several ranks captures at most every second step

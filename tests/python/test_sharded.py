@@ -93,7 +93,8 @@ def test_four_ranks_save_and_two_or_three_ranks_continue_from_their_pools(tmp_pa
                                                                           model):
     """4 ranks checkpoint 10 steps; 2 and then 3 ranks start from those pools
     (init_from, each rank reading the rows of its new shards) and hold
-    every element as the 4 ranks left it, then train on. The DTensor model
+    every element as the 4 ranks left it, then train on; dcp.load through
+    pmsnap.dcp.PoolReader gives 2 and 3 ranks the same state. The DTensor model
     trains every rank on the same batch, so its run does not depend on the
     world size: continued on 2 or 3 ranks it ends bit-exact equal to an
     uninterrupted run."""
@@ -112,11 +113,19 @@ def test_four_ranks_save_and_two_or_three_ranks_continue_from_their_pools(tmp_pa
             pools.append(resumed)
             conftest.torchrun("fsdp_trainer.py", out, 20,
                               ["--pool", resumed, "--init-from", saved] + args, world=world)
+            # The same pools through dcp.load (pmsnap.dcp.PoolReader): DCP
+            # reshards them to this world size.
+            loaded = tmp_path / f"dcp{world}"
+            conftest.torchrun("fsdp_trainer.py", loaded, 10, ["--pool", "unused", "--dcp-load",
+                                                              saved] + args, world=world)
             for r in range(world):
                 restored = torch.load(out / f"restored{r}.pt")
                 _assert_equal(four["params"], restored["params"], f"{world} ranks, rank {r}")
                 _assert_equal(four["state"], restored["state"], f"{world} ranks, rank {r}")
                 assert torch.load(out / f"rank{r}.pt")["start"] == 11
+                through_dcp = torch.load(loaded / f"dcp{r}.pt")
+                _assert_equal(four["params"], through_dcp["params"], f"dcp.load, {world} ranks")
+                _assert_equal(four["state"], through_dcp["state"], f"dcp.load, {world} ranks")
             if model[1] == "dtensor":
                 reference = tmp_path / f"reference{world}"
                 conftest.torchrun("fsdp_trainer.py", reference, 20,
