@@ -34,6 +34,7 @@ checkpoint, and at most one checkpoint per iteration.
 
 import argparse
 import csv
+import functools
 import os
 import shutil
 import statistics
@@ -257,7 +258,8 @@ def run_rank(rank, model_name, method, kind, options, k, iters, warmup, wrap, wo
 
 def reshard_rank(rank, world, model_name, kind, options, k, iters, warmup, workdir, results):
     """Rank `rank` of `world` restoring the 2-rank FSDP2 run's checkpoint
-    in `workdir` at this world size: its restore time."""
+    in `workdir` at this world size: (its restore time, for pmsnap the time
+    of the reads alone)."""
     import torch.distributed.checkpoint as dcp
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{workdir}/init-{world}", rank=rank,
@@ -266,11 +268,26 @@ def reshard_rank(rank, world, model_name, kind, options, k, iters, warmup, workd
     wrapped(model, "fsdp2")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     dist.barrier()
+    reads = None
     if kind == "pmsnap":
+        old = os.path.join(workdir, "pool.{rank}")
+        # The reads alone (what dcp.load does), every rank at once as in
+        # init_from: each shard's rows from the old pools, every part checked.
+        from pmsnap import sharded
+        from pmsnap.units import named_parameters
+        t = time.perf_counter()
+        sharded.load_resharded(old, model, optimizer, named_parameters(optimizer, model))
+        dist.barrier()
+        reads = time.perf_counter() - t
+        # init_from as a user runs it: the same reads, then a new pool per
+        # rank created and its first epoch committed.
+        model, _ = make_model(model_name)
+        wrapped(model, "fsdp2")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        dist.barrier()
         t = time.perf_counter()
         opt = pmsnap.CheckpointedOptimizer(optimizer, os.path.join(workdir, "new.{rank}"),
-                                           model=model, workers=1, **options,
-                                           init_from=os.path.join(workdir, "pool.{rank}"))
+                                           model=model, workers=1, **options, init_from=old)
         seconds = time.perf_counter() - t
         opt.close()
     else:
@@ -283,7 +300,13 @@ def reshard_rank(rank, world, model_name, kind, options, k, iters, warmup, workd
         seconds = time.perf_counter() - t
     dist.barrier()
     dist.destroy_process_group()
-    results[rank] = seconds
+    results[rank] = (seconds, reads)
+
+
+def restore_at_another_world_size(args, model_name, kind, options, workdir):
+    """reshard_rank on args.reshard_to ranks over the 2-rank run's files."""
+    return start_ranks(reshard_rank, (args.reshard_to, model_name, kind, options, args.k,
+                                      args.iters, args.warmup, workdir), args.reshard_to)
 
 
 def allreduce_latency(rank, workdir, rounds, results):
@@ -346,12 +369,10 @@ def main():
             label = method.format(k=args.k)
             if args.wrap == "fsdp2" and (kind == "torch_save" or "sharding" in options):
                 continue  # no whole-model save on rank 0; the shards are already spread
-            reshard = None
-            if args.wrap == "fsdp2" and args.reshard_to and kind in ("pmsnap", "dcp"):
-                def reshard(d, kind=kind, options=options):
-                    return start_ranks(reshard_rank, (args.reshard_to, model_name, kind, options,
-                                                      args.k, args.iters, args.warmup, d),
-                                       args.reshard_to)
+            reshard = (functools.partial(restore_at_another_world_size, args, model_name, kind,
+                                         options)
+                       if args.wrap == "fsdp2" and args.reshard_to and kind in ("pmsnap", "dcp")
+                       else None)
             per_rank, resharded = spawn(
                 run_rank, lambda d: (model_name, label, kind, options, args.k, args.iters,
                                      args.warmup, args.wrap, d), then=reshard)
@@ -365,7 +386,9 @@ def main():
                                          if r["restore_s"] is not None)
                                if any(r["restore_s"] is not None for r in per_rank) else ""),
                 "reshard_ranks": args.reshard_to if resharded else "",
-                "restore_resharded_ms": 1e3 * max(resharded) if resharded else "",
+                "restore_resharded_ms": 1e3 * max(r[0] for r in resharded) if resharded else "",
+                "reshard_reads_ms": (1e3 * max(r[1] for r in resharded)
+                                     if resharded and resharded[0][1] is not None else ""),
             }
             pm = next((r["pm"] for r in per_rank if r["pm"]), "")
             row["pm"] = pm
@@ -417,6 +440,8 @@ def print_table(rows, latency):
         restore = "" if r["restore_ms"] == "" else f"{r['restore_ms']:.1f}"
         resharded = ("" if r["restore_resharded_ms"] == ""
                      else f"{r['restore_resharded_ms']:.1f}")
+        if r["reshard_reads_ms"] != "":
+            resharded += f" (reads {r['reshard_reads_ms']:.1f})"
         limit = r["limit_per_min"]
         rate = (f"{r['checkpoints_per_min']:.0f} | {limit:.0f} | "
                 f"{100 * r['checkpoints_per_min'] / limit:.0f}%" if limit else " | | ")

@@ -14,8 +14,8 @@ recorded: FSDP2 / DTensor shards, torchrec table shards; a plain tensor is
 one chunk from rank 0's pool), so DCP's planner reshards to whatever this
 run holds, on any number of ranks; each rank reads only the rows of the old
 chunks its shards overlap (CheckpointReader.read_range, every part read
-checked). Ranks open the pool files in turn (libpmemobj lets one process
-open a pool file at once).
+checked), all ranks at once (CheckpointReader maps a pool read-only,
+without libpmemobj's lock).
 
 Keys: the model's parameters and buffers under "<fqn>" and "model.<fqn>";
 optimizer state under "optim.state.<fqn>.<key>" and
@@ -147,8 +147,8 @@ def _param_groups(blob):
 
 
 def read_requests(paths, epochs, metadata, requests, planner, coordinator):
-    """Fills DCP's read requests of this rank from the pools, the ranks
-    taking turns to open them (a collective when `coordinator`)."""
+    """Fills DCP's read requests of this rank from the pools (a collective
+    when `coordinator`: a failing rank fails every rank)."""
     def read():
         readers = {}
         try:
@@ -165,7 +165,8 @@ def read_requests(paths, epochs, metadata, requests, planner, coordinator):
         finally:
             for reader in readers.values():
                 reader.close()
-    _distributed.one_rank_at_a_time(coordinator, read)
+    with _distributed.together(coordinator):
+        read()
 
 
 def _read_request(reader, epoch, source, req, planner, path):

@@ -629,18 +629,20 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         # Imported here: export.py imports this module's package.
         from .export import read_export
         from .importing import load_into
-        # One rank at a time: a pool file opens in one process at once
-        # (libpmemobj locks it), and init_from may name another run's pools.
         # Sharded parameters from the pools of a run on any number of ranks:
-        # each rank reads the rows of its shards (sharded.py).
+        # each rank reads the rows of its shards (sharded.py), all ranks at
+        # once (CheckpointReader maps a pool read-only, without its lock).
+        # Anything else one rank at a time: a pool file opens in one process
+        # at once for read_export (libpmemobj locks it), and init_from may
+        # name another run's pools.
         resharded = self._shards is not None and _sharded.is_pool_template(path)
-
-        def read():
-            if resharded:
-                return _sharded.load_resharded(path, self.model, self._state_view,
+        if resharded:
+            with _distributed.together(self._coordinator):
+                data = _sharded.load_resharded(path, self.model, self._state_view,
                                                self._all_named, self._fused)
-            return read_export(path)
-        data = _distributed.one_rank_at_a_time(self._coordinator, read)
+        else:
+            data = _distributed.one_rank_at_a_time(self._coordinator,
+                                                   lambda: read_export(path))
         if not resharded:
             load_into(data, self.model, self.optimizer, self._named, os.fspath(path))
         if data["iteration"] is not None:

@@ -23,6 +23,7 @@ the rows it needs (CheckpointReader.read_range: the pool parts those rows
 lie in, each checked against its checksum); replicated regions are read
 once. No process holds more than its own shards plus one old shard's rows
 at a time. The newest iteration every old pool holds is the one loaded.
+The ranks read at once: CheckpointReader maps a pool read-only, unlocked.
 
 The engine's ranks agree that they run the same model through a
 fingerprint of the global shapes (fingerprint), since local shapes differ
@@ -127,8 +128,8 @@ def load_resharded(template, model, optimizer, named, tables=()):
 
     NotFoundError if no pool matches; ModelMismatchError naming the pool and
     the parameter for pools of another model; FailedPreconditionError if the
-    pools hold no iteration in common. A pool file opens in one process at
-    once: call it one rank at a time.
+    pools hold no iteration in common. The pools are mapped read-only
+    (CheckpointReader takes no lock): every rank may read at once.
 
     `tables` (fused_tables.FusedTable, whose weights are among `named` and
     whose state `optimizer` shows: fused_tables.StateView) are loaded by
