@@ -1,6 +1,10 @@
-"""The job launcher of the multi-rank examples (train_fsdp2.py,
-train_torchrec.py): torchrun as a scheduler would run it, relaunched once a
-rank died, then moved to another number of ranks.
+"""What the multi-rank examples (train_fsdp2.py, train_torchrec.py) share:
+each rank's checkpointed loop, and the job launcher (torchrun as a scheduler
+would run it, relaunched once a rank died, then moved to another number of
+ranks).
+
+    opt, start = open_checkpointed(optimizer, model, args, rank, moved_line)
+    train_and_close(opt, args, rank, start, step_loss)   # step_loss(step): loss, backward done
 
     run_kill_resume_and_move(__file__, args, world=2, new_world=3)
 
@@ -12,9 +16,76 @@ more steps. `extra` and `new_extra` are more arguments of the first two runs
 and of the last. Removes the pools at the end.
 """
 
+import argparse
 import os
+import signal
 import subprocess
 import sys
+
+import pmsnap
+
+
+def example_arguments(pool, steps, kill_at):
+    """The examples' command line: --pool (a "{rank}" template), --steps,
+    --kill-at (0: no kill), and the launcher's own --resumed, --init-from."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pool", default=pool)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--kill-at", type=int, default=kill_at)
+    parser.add_argument("--resumed", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--init-from", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def open_checkpointed(optimizer, model, args, rank, moved_line):
+    """A rank's CheckpointedOptimizer (every step) and its first step: with
+    --init-from, new pools started from the old run's (each rank reads the
+    rows of its new shards; `moved_line` printed); else this run's pools,
+    restored if they hold a step."""
+    if args.init_from:
+        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1,
+                                           init_from=args.init_from)
+        start = opt.iteration + 1
+        if rank == 0:
+            print(f"{moved_line}: continuing at step {start}", flush=True)
+        return opt, start
+    opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1)
+    start = 1
+    try:
+        _, extra = opt.restore()
+        start = extra["batch"] + 1
+        if rank == 0:
+            print(f"resumed: continuing at step {start}", flush=True)
+    except pmsnap.NotFoundError:
+        pass
+    return opt, start
+
+
+def train_and_close(opt, args, rank, start, step_loss):
+    """Steps start..args.steps (step_loss(step) runs forward and backward
+    and returns the loss), rank 1 killed at --kill-at unless --resumed;
+    then the pool closed, rank 0 printing the bytes per checkpoint, and the
+    process left without the interpreter's finalization (torch 2.11's gloo
+    sometimes aborts there after an FSDP2 run, "terminate called without an
+    active exception", pytorch/pytorch#190489; everything is written and
+    closed by then)."""
+    for step in range(start, args.steps + 1):
+        loss = step_loss(step)
+        opt.step(extra_state={"batch": step})
+        opt.zero_grad()
+        if rank == 0 and (step % 10 == 0 or abs(step - args.kill_at) <= 1):
+            print(f"step {step:4d}  loss {loss.item():.5f}", flush=True)
+        if args.kill_at == step and rank == 1 and not args.resumed:
+            os.kill(os.getpid(), signal.SIGKILL)  # a crash: no close, no flush
+    opt.close()
+    stats = opt.stats()
+    if rank == 0:
+        print(f"rank 0 wrote {stats['bytes_written'] / max(1, stats['epochs_committed']) / 1e3:.1f} "
+              f"kB per checkpoint ({stats['epochs_committed']} checkpoints)", flush=True)
+    import torch.distributed as dist
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def run_kill_resume_and_move(script, args, world, new_world, extra=(), new_extra=()):

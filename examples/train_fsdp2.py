@@ -13,20 +13,20 @@ ranks' ones (init_from), each rank reading only the rows of its new shards.
     python3 examples/train_fsdp2.py          # launches torchrun: kill, then resume
     torchrun --nproc_per_node=2 examples/train_fsdp2.py --kill-at 0   # one plain run
 
+pmsnap's calls (CheckpointedOptimizer, restore, init_from) are in
+relaunch.py's open_checkpointed, shared with train_torchrec.py.
+
 Thread-safety: one training thread per rank.
 """
 
-import argparse
 import os
-import signal
-import sys
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-import pmsnap
-from relaunch import run_kill_resume_and_move
+from relaunch import (example_arguments, open_checkpointed, run_kill_resume_and_move,
+                      train_and_close)
 
 
 def batch(step, rank):
@@ -47,56 +47,21 @@ def train(args):
             fully_shard(layer)
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if args.init_from:
-        # Another number of ranks: each rank reads the rows of its new
-        # shards from the old run's pools and starts pools of its own.
-        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1,
-                                           init_from=args.init_from)
-        start = opt.iteration + 1
-        if rank == 0:
-            print(f"on {dist.get_world_size()} ranks: continuing at step {start}", flush=True)
-    else:
-        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1)
-        start = 1
-        try:
-            _, extra = opt.restore()
-            start = extra["batch"] + 1
-            if rank == 0:
-                print(f"resumed: continuing at step {start}", flush=True)
-        except pmsnap.NotFoundError:
-            pass
-    for step in range(start, args.steps + 1):
+
+    def step_loss(step):
         x, y = batch(step, rank)
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
-        opt.step(extra_state={"batch": step})
-        opt.zero_grad()
-        if rank == 0 and (step % 10 == 0 or abs(step - args.kill_at) <= 1):
-            print(f"step {step:4d}  loss {loss.item():.5f}", flush=True)
-        if args.kill_at == step and rank == 1 and not args.resumed:
-            os.kill(os.getpid(), signal.SIGKILL)  # a crash: no close, no flush
-    opt.close()
-    stats = opt.stats()
-    if rank == 0:
-        print(f"rank 0 wrote {stats['bytes_written'] / max(1, stats['epochs_committed']) / 1e3:.1f} "
-              f"kB per checkpoint ({stats['epochs_committed']} checkpoints)", flush=True)
-    dist.destroy_process_group()
-    # torch 2.11's gloo backend sometimes aborts in the interpreter's
-    # finalization after an FSDP2 run ("terminate called without an active
-    # exception", pytorch/pytorch#190489); everything is written and closed
-    # by now, so leave without it.
-    sys.stdout.flush()
-    os._exit(0)
+        return loss
+
+    opt, start = open_checkpointed(optimizer, model, args, rank,
+                                   f"on {dist.get_world_size()} ranks")
+    train_and_close(opt, args, rank, start, step_loss)
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pool", default="/dev/shm/pmsnap_fsdp2.{rank}.pool")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--kill-at", type=int, default=25)
-    parser.add_argument("--resumed", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--init-from", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = example_arguments("/dev/shm/pmsnap_fsdp2.{rank}.pool", steps=60,
+                             kill_at=25).parse_args()
     if "LOCAL_RANK" in os.environ:  # started by torchrun: a rank
         train(args)
         return

@@ -19,21 +19,20 @@ the rows of its new shards, and the optimizer state following its rows.
     torchrun --nproc_per_node=2 examples/train_torchrec.py --kill-at 0   # one plain run
 
 Needs torchrec and fbgemm-gpu-cpu (scripts/requirements-nodeps.txt pins the
-releases for torch 2.11). Thread-safety: one training thread per rank.
+releases for torch 2.11). pmsnap's calls (CheckpointedOptimizer, restore,
+init_from) are in relaunch.py's open_checkpointed, shared with
+train_fsdp2.py. Thread-safety: one training thread per rank.
 """
 
-import argparse
 import logging
 import os
-import signal
-import sys
 import warnings
 
 import torch
 import torch.distributed as dist
 
-import pmsnap
-from relaunch import run_kill_resume_and_move
+from relaunch import (example_arguments, open_checkpointed, run_kill_resume_and_move,
+                      train_and_close)
 
 TABLES = [("user", 5000), ("item", 20000), ("category", 300)]
 DIM = 16
@@ -90,53 +89,22 @@ def train(args):
     # The dense optimizer: the parameters torchrec does not update in backward.
     dense = [p for _, p in in_backward_optimizer_filter(model.named_parameters())]
     optimizer = torch.optim.Adam(dense, lr=1e-3)
-    if args.init_from:
-        # Another plan on another number of ranks: each rank reads the rows
-        # of its new shards from the old run's pools.
-        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1,
-                                           init_from=args.init_from)
-        start = opt.iteration + 1
-        if rank == 0:
-            print(f"on {world} ranks, {args.plan}: continuing at step {start}", flush=True)
-    else:
-        opt = pmsnap.CheckpointedOptimizer(optimizer, args.pool, model=model, every=1)
-        start = 1
-        try:
-            _, extra = opt.restore()
-            start = extra["batch"] + 1
-            if rank == 0:
-                print(f"resumed: continuing at step {start}", flush=True)
-        except pmsnap.NotFoundError:
-            pass
-    for step in range(start, args.steps + 1):
+
+    def step_loss(step):
         dense_x, sparse, labels = batch(step, rank)
         logits = model(dense_x, sparse).squeeze(-1)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
         loss.backward()
-        opt.step(extra_state={"batch": step})
-        opt.zero_grad()
-        if rank == 0 and (step % 10 == 0 or abs(step - args.kill_at) <= 1):
-            print(f"step {step:4d}  loss {loss.item():.5f}", flush=True)
-        if args.kill_at == step and rank == 1 and not args.resumed:
-            os.kill(os.getpid(), signal.SIGKILL)  # a crash: no close, no flush
-    opt.close()
-    stats = opt.stats()
-    if rank == 0:
-        print(f"rank 0 wrote {stats['bytes_written'] / max(1, stats['epochs_committed']) / 1e3:.1f} "
-              f"kB per checkpoint ({stats['epochs_committed']} checkpoints)", flush=True)
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # gloo's finalization abort in torch 2.11: see train_fsdp2.py
+        return loss
+
+    # Under --init-from, another plan on another number of ranks.
+    opt, start = open_checkpointed(optimizer, model, args, rank, f"on {world} ranks, {args.plan}")
+    train_and_close(opt, args, rank, start, step_loss)
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pool", default="/dev/shm/pmsnap_torchrec.{rank}.pool")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--kill-at", type=int, default=15)
+    parser = example_arguments("/dev/shm/pmsnap_torchrec.{rank}.pool", steps=40, kill_at=15)
     parser.add_argument("--plan", choices=("table_wise", "row_wise"), default="table_wise")
-    parser.add_argument("--resumed", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--init-from", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if "LOCAL_RANK" in os.environ:  # started by torchrun: a rank
         train(args)

@@ -56,19 +56,27 @@ def kill_after(began, fraction):
     threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
 
 
-def train_steps(forward, opt, optimizer, args, start, rank, data_rank, attempt):
-    """Steps start..args.steps on batch(step, data_rank): forward(x), MSE,
-    backward, then the plain optimizer (--plain) or pmsnap's step with the
-    data position; this attempt's planned kill (--kills) after its step."""
+def train_steps(forward, opt, optimizer, args, start, rank, data_rank, attempt, loss_of=None,
+                recorded=None):
+    """Steps start..args.steps: the loss (loss_of(step), default MSE of
+    forward(x) on batch(step, data_rank)), backward, then the plain
+    optimizer (--plain, or --record: recorded(step) after each step) or
+    pmsnap's step with the data position; this attempt's planned kill
+    (--kills) after its step."""
+    if loss_of is None:
+        def loss_of(step):
+            x, y = batch(step, data_rank)
+            return torch.nn.functional.mse_loss(forward(x), y)
+    plain = getattr(args, "plain", False) or getattr(args, "record", False)
     victim, kill_step, fraction = kill_plan(args.kills, attempt)
     print(f"rank {rank} attempt {attempt} starts at {start}", flush=True)
     for step in range(start, args.steps + 1):
         began = time.monotonic()
-        x, y = batch(step, data_rank)
-        loss = torch.nn.functional.mse_loss(forward(x), y)
-        loss.backward()
-        if args.plain:
+        loss_of(step).backward()
+        if plain:
             opt.step()
+            if recorded is not None:
+                recorded(step)
         else:
             opt.step(extra_state={"batch": step})
         optimizer.zero_grad(set_to_none=True)
@@ -77,11 +85,14 @@ def train_steps(forward, opt, optimizer, args, start, rank, data_rank, attempt):
 
 
 def exit_after_gloo(code=0):
-    """Leaves the process without the interpreter's finalization, once every
-    result is written and the process group destroyed: torch 2.11's gloo
-    backend sometimes aborts there after an FSDP2 run ("terminate called
-    without an active exception", about 1 run in 12 here: a gloo worker
-    thread met during finalization, pytorch/pytorch#190489)."""
+    """Waits for every rank, destroys the process group and leaves the
+    process without the interpreter's finalization, once every result is
+    written: torch 2.11's gloo backend sometimes aborts there after an FSDP2
+    run ("terminate called without an active exception", about 1 run in 12
+    here: a gloo worker thread met during finalization,
+    pytorch/pytorch#190489)."""
+    dist.barrier()
+    dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

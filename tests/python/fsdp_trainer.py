@@ -104,8 +104,6 @@ def dcp_load(model, optimizer, template, out):
              storage_reader=pmsnap.dcp.PoolReader(template))
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
     torch.save(gathered(model, optimizer), out)
-    dist.barrier()
-    dist.destroy_process_group()
     exit_after_gloo()
 
 
@@ -154,8 +152,6 @@ def main():
                 raise
             with open(os.path.join(args.out, f"rank{rank}.error"), "w") as f:
                 f.write(str(e))
-            dist.barrier()
-            dist.destroy_process_group()
             exit_after_gloo()
     train_steps(model, opt, optimizer, args, start, rank,
                 rank if args.model == "fsdp2" else 0, attempt)
@@ -168,8 +164,6 @@ def main():
                                     for p in model.parameters()),
                     global_bytes=sum(p.numel() * p.element_size() for p in model.parameters())),
                os.path.join(args.out, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
     exit_after_gloo()
 
 

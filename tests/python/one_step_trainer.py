@@ -12,14 +12,13 @@ a restore, and the kill plan of ddp_trainer.py may SIGKILL a rank.
 
 import argparse
 import os
-import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 import pmsnap
-from ddp_trainer import exit_after_gloo, kill_after, kill_plan
+from ddp_trainer import exit_after_gloo, train_steps
 
 torch.set_num_threads(1)
 
@@ -78,24 +77,13 @@ def main():
             start = extra["batch"] + 1
         except pmsnap.NotFoundError:
             pass
-    victim, kill_step, fraction = kill_plan(args.kills, attempt)
-    for step in range(start, args.steps + 1):
-        began = time.monotonic()
-        model(torch.ones(2, 16)).backward()
-        if args.record:
-            opt.step()
-            history[step] = snapshot(model, optimizer)
-        else:
-            opt.step(extra_state={"batch": step})
-        optimizer.zero_grad(set_to_none=True)
-        if rank == victim and step == kill_step:
-            kill_after(began, fraction)
+    train_steps(None, opt, optimizer, args, start, rank, rank, attempt,
+                loss_of=lambda step: model(torch.ones(2, 16)),
+                recorded=lambda step: history.__setitem__(step, snapshot(model, optimizer)))
     if args.record:
         torch.save(history, os.path.join(args.out, f"history{rank}.pt"))
     else:
         opt.close()
-    dist.barrier()
-    dist.destroy_process_group()
     exit_after_gloo()
 
 

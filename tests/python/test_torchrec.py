@@ -238,15 +238,17 @@ def test_fused_tables_updates_lie_between_their_engine_hooks(pool_path):
         assert not torch.equal(after[step], after[step - 1])
 
 
+@pytest.mark.parametrize("bits", [8, 4])
 def test_fused_tables_under_a_quantized_differential_policy_write_the_touched_rows(tmp_path,
-                                                                                 pool_path):
-    """8-bit intermittent differential checkpoints of row-wise shards: a
+                                                                                 pool_path, bits):
+    """8- and 4-bit intermittent differential checkpoints of row-wise shards: a
     differential checkpoint writes only the rows the lookups touched (far
     fewer than a shard's), and a restore gives every table within the
-    quantizer's bound, the dense part exact."""
+    quantizer's bound (4 bits: adaptive, bounded in the mean square), the
+    dense part exact."""
     template = pool_path.replace(".pool", ".{rank}.pool")
     extra = ["--plan", "row_wise", "--rows-scale", "200", "--policy", "intermittent",
-             "--quantize-bits", "8"]
+             "--quantize-bits", str(bits)]
     trained, restored = tmp_path / "trained", tmp_path / "restored"
     try:
         torchrun(trained, ["--pool", template] + extra)
@@ -270,11 +272,16 @@ def test_fused_tables_under_a_quantized_differential_policy_write_the_touched_ro
         if name.endswith(".momentum1"):
             assert torch.allclose(back[name], weight, rtol=1e-2, atol=1e-4), name
             continue
-        # 8-bit rowwise asymmetric: half a step of the row's range, plus fp16
-        # rounding of the row's scale and bias (test_embedding_diff.py).
+        # Half a step of the row's range, plus fp16 rounding of the row's
+        # scale and bias (test_embedding_diff.py): 8 bits (asymmetric) bound
+        # every element; 4 bits (adaptive: the range clipped where that
+        # lowers the squared error) bound each row's root mean square.
         row_range = weight.amax(1) - weight.amin(1)
-        bound = row_range / 255 * 0.5 * 1.01 + weight.abs().amax(1) * 1e-3 + 1e-6
-        assert bool(((back[name] - weight).abs().amax(1) <= bound).all()), name
+        bound = (row_range / (2 ** bits - 1) * 0.5 * 1.01 + weight.abs().amax(1) * 1e-3
+                 + 1e-6)
+        error = back[name] - weight
+        per_row = error.abs().amax(1) if bits == 8 else error.square().mean(1).sqrt()
+        assert bool((per_row <= bound).all()), (name, (per_row / bound).max())
     for r in range(2):
         assert_same(torch.load(trained / f"rank{r}.pt")["dense"],
                     torch.load(restored / f"rank{r}.pt")["dense"], f"rank {r} dense parameters")

@@ -24,14 +24,13 @@ and their state (with their offsets), the dense parameters and Adam's state.
 import argparse
 import logging
 import os
-import time
 import warnings
 
 import torch
 import torch.distributed as dist
 
 import pmsnap
-from ddp_trainer import exit_after_gloo, kill_after, kill_plan
+from ddp_trainer import exit_after_gloo, train_steps
 
 torch.set_num_threads(1)
 
@@ -174,22 +173,13 @@ def main():
             start = extra["batch"] + 1
         except pmsnap.NotFoundError:
             pass  # no rank holds a checkpoint yet (the same answer on every rank)
-    victim, kill_step, fraction = kill_plan(args.kills, attempt)
-    print(f"rank {rank} attempt {attempt} starts at {start}", flush=True)
-    for step in range(start, args.steps + 1):
-        began = time.monotonic()
+    def loss_of(step):
         dense, sparse, labels = batch(step, rank)
         logits = model(dense, sparse).squeeze(-1)
-        torch.nn.functional.binary_cross_entropy_with_logits(logits, labels).backward()
-        if args.plain or args.record:
-            opt.step()
-            if args.record:
-                history[step] = snapshot(model, optimizer)
-        else:
-            opt.step(extra_state={"batch": step})
-        optimizer.zero_grad(set_to_none=True)
-        if rank == victim and step == kill_step:
-            kill_after(began, fraction)
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+
+    train_steps(None, opt, optimizer, args, start, rank, rank, attempt, loss_of=loss_of,
+                recorded=lambda step: history.__setitem__(step, snapshot(model, optimizer)))
     written = {}
     if args.record:
         torch.save(history, os.path.join(args.out, f"history{rank}.pt"))
@@ -201,8 +191,6 @@ def main():
     torch.save(dict(local_state(model, optimizer), start=start, iteration=args.steps,
                     written=written),
                os.path.join(args.out, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
     exit_after_gloo()
 
 
