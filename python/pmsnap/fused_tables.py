@@ -92,7 +92,10 @@ def discover(model):
 
 def plan_fingerprint(model):
     """Text naming every sharded table of `model`'s plan with its global
-    shape, the same on every rank (each rank holds other tables' shards)."""
+    shape, the same on every rank (each rank holds other tables' shards);
+    "" for a model that is not a torchrec DMP with fused tables."""
+    if not hasattr(getattr(model, "fused_optimizer", None), "params") or not hasattr(model, "plan"):
+        return ""
     entries = []
     for path, module_plan in sorted(model.plan.plan.items()):
         for table, sharding in sorted(module_plan.items()):
@@ -155,7 +158,7 @@ class FusedLookups:
                              "(its embedding policy needs them); checkpoint it without one")
 
     def _hook_kernel(self, kernel, fqns, tables):
-        features = []  # (feature name, tracker, rows)
+        features = []  # (feature name, its table's tracker, the table's name)
         for config in getattr(getattr(kernel, "config", None), "embedding_tables", []):
             name = fqns.get(config.name)
             if name not in tables:
@@ -228,13 +231,6 @@ class StateView:
     def __getitem__(self, param):
         fused = self._fused.get(id(param))
         return fused if fused is not None else self._optimizer.state[param]
-
-
-def plan_text(model):
-    """plan_fingerprint(model) for a torchrec DMP with fused tables, else ""."""
-    if not hasattr(getattr(model, "fused_optimizer", None), "params") or not hasattr(model, "plan"):
-        return ""
-    return plan_fingerprint(model)
 
 
 class FusedTableUpdates:

@@ -255,7 +255,7 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         # torchrec's fused tables: units of their own (fused_tables.py).
         self._init_fused_tables(model, optimizer)
         self._shards = _sharded.layouts(self._named, sharding, self._fused)
-        plan = _fused.plan_text(model)
+        plan = _fused.plan_fingerprint(model)
         if self._shards is not None or plan:  # the ranks' local shapes differ: name the model
             self._engine_kwargs["model_fingerprint"] = _sharded.fingerprint(self._named, plan)
         self._buffers = (ModuleBuffers(model) if isinstance(model, torch.nn.Module) and buffers
