@@ -71,7 +71,7 @@ def run_metadata(template, coordinator):
         finally:
             for r in readers:
                 r.close()
-        return paths, epochs, _metadata(paths, blobs, manifests)
+        return paths, epochs, _metadata(blobs, manifests)
     if coordinator is None:
         return read()
     result = None
@@ -81,7 +81,9 @@ def run_metadata(template, coordinator):
     return _distributed.gather_objects(coordinator, result)[0]
 
 
-def _metadata(paths, blobs, manifests):
+def _metadata(blobs, manifests):
+    """DCP Metadata of the pools (their extra states `blobs`, manifests and
+    encoded units `manifests`), and where each chunk lies (storage_data)."""
     tensors = {}  # key -> (dtype, global shape, {offsets: Chunk})
     for pool, (blob, (manifest, tables)) in enumerate(zip(blobs, manifests)):
         for name, (unit, roles) in manifest.items():
