@@ -43,6 +43,7 @@ from . import _pmsnap
 from . import dcp_pools as _pools
 from . import distributed as _distributed
 from .errors import make_error
+from .sharded import is_pool_template
 from .units import dtype_name, torch_dtype
 
 _FORMAT = "pmsnap-dcp-1"
@@ -183,7 +184,7 @@ class PoolReader(StorageReader):
         self._bytes = None
         self._units = None
         self._run = None  # (paths, epochs, Metadata) of a run's pools
-        if "{rank}" in self.path and epoch is not None:
+        if is_pool_template(self.path) and epoch is not None:
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"PoolReader({self.path!r}): epoch= names one pool's epoch; a "
                              "run's pools are read at the newest iteration they all hold")
@@ -196,7 +197,7 @@ class PoolReader(StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
         return isinstance(checkpoint_id, (str, os.PathLike)) and (
-            os.path.isfile(checkpoint_id) or "{rank}" in os.fspath(checkpoint_id))
+            os.path.isfile(checkpoint_id) or is_pool_template(checkpoint_id))
 
     def _open(self):
         if self._reader is not None:
@@ -217,7 +218,7 @@ class PoolReader(StorageReader):
                        enumerate(self._reader.describe()["units"])}
 
     def read_metadata(self):
-        if "{rank}" in self.path:
+        if is_pool_template(self.path):
             self._run = _pools.run_metadata(self.path, _distributed.coordinator_for(None))
             return self._run[2]
         self._open()
@@ -245,7 +246,7 @@ class PoolReader(StorageReader):
         return metadata
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
-        if "{rank}" in self.path:
+        if is_pool_template(self.path):
             return
         _check_single_process(f"dcp.load from pool {self.path}")
         self._open()
@@ -261,7 +262,7 @@ class PoolReader(StorageReader):
     def read_data(self, plan, planner):
         from torch.distributed._shard._utils import narrow_tensor_by_index
 
-        if "{rank}" in self.path:
+        if is_pool_template(self.path):
             paths, epochs, metadata = self._run
             _pools.read_requests(paths, epochs, metadata, plan.items, planner,
                                  _distributed.coordinator_for(None))
