@@ -1,5 +1,6 @@
 #include "pmsnap/pmem_layout/manifest.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <sstream>
@@ -340,8 +341,10 @@ std::string Manifest::FirstDifference(const Manifest& other) const {
   return "";
 }
 
-SlotLayout ComputeLayout(const Manifest& manifest, std::uint64_t part_bytes) {
+SlotLayout ComputeLayout(const Manifest& manifest, std::uint64_t part_bytes,
+                         std::uint64_t extent_bytes) {
   SlotLayout layout;
+  layout.extent_bytes = extent_bytes;
   layout.units.resize(manifest.units.size());
   std::uint64_t offset = 0;
   for (std::size_t u = 0; u < manifest.units.size(); ++u) {
@@ -354,6 +357,10 @@ SlotLayout ComputeLayout(const Manifest& manifest, std::uint64_t part_bytes) {
         TensorLayout& tensor = unit.tensors[t];
         tensor.bytes = spec.tensors[t].bytes();
         offset = AlignUp(offset, kTensorAlignment);
+        if (extent_bytes != 0 && tensor.bytes <= extent_bytes &&
+            offset % extent_bytes + tensor.bytes > extent_bytes) {
+          offset = AlignUp(offset, extent_bytes);
+        }
         tensor.slot_offset = offset;
         tensor.first_part = static_cast<std::uint32_t>(layout.parts.size());
         // A zero-byte tensor still gets one (empty) part so every tensor has
@@ -374,6 +381,22 @@ SlotLayout ComputeLayout(const Manifest& manifest, std::uint64_t part_bytes) {
     unit.part_count = static_cast<std::uint32_t>(layout.parts.size()) - unit.first_part;
   }
   layout.slot_bytes = AlignUp(offset, kTensorAlignment);
+  if (extent_bytes == 0) {
+    layout.extent_used = {layout.slot_bytes};
+  } else {
+    layout.extent_used.assign(std::max<std::uint64_t>(1, (layout.slot_bytes + extent_bytes - 1) /
+                                                             extent_bytes),
+                              0);
+    for (const UnitLayout& unit : layout.units) {
+      for (const TensorLayout& tensor : unit.tensors) {
+        if (tensor.bytes == 0) continue;
+        const std::uint64_t extent = tensor.slot_offset / extent_bytes;
+        const std::uint64_t end =
+            AlignUp(tensor.slot_offset + tensor.bytes, kTensorAlignment) - extent * extent_bytes;
+        layout.extent_used[extent] = std::max(layout.extent_used[extent], end);
+      }
+    }
+  }
   return layout;
 }
 

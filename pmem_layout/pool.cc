@@ -102,7 +102,7 @@ bool VerifyReport::ok() const {
 
 std::span<const std::byte> SnapshotView::tensor(std::uint32_t unit, std::uint32_t tensor) const {
   const TensorLayout& t = layout_->units.at(unit).tensors.at(tensor);
-  return {slot_data_ + t.slot_offset, t.bytes};
+  return {data_.at(t.slot_offset), t.bytes};
 }
 
 Pool::Pool() : impl_(std::make_unique<Impl>()) {}
@@ -234,7 +234,7 @@ Result<const std::byte*> Pool::PartSource(const SnapshotView& view, std::uint32_
     return Status(StatusCode::kInvalidArgument,
                   "pool '" + path_ + "': no part " + std::to_string(part) + " in this pool's view");
   }
-  return view.slot_data_ + layout_.parts[part].slot_offset;
+  return view.data_.at(layout_.parts[part].slot_offset);
 }
 
 Status Pool::VerifyPart(const SnapshotView& view, std::uint32_t part) const {
@@ -245,7 +245,7 @@ void Pool::PrefaultPart(const SnapshotView& view, std::uint32_t part) const {
   if (part >= layout_.parts.size() || view.layout_ != &layout_) return;
 #ifdef MADV_POPULATE_READ
   const PartLayout& p = layout_.parts[part];
-  const auto start = reinterpret_cast<std::uintptr_t>(view.slot_data_ + p.slot_offset);
+  const auto start = reinterpret_cast<std::uintptr_t>(view.data_.at(p.slot_offset));
   const std::uintptr_t page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
   const std::uintptr_t first = start & ~(page - 1);
   // Kernels before 5.14 answer EINVAL: the copy then faults as before.
@@ -285,7 +285,7 @@ Status Pool::CopyAndVerifyPart(const SnapshotView& view, std::uint32_t part, std
 Result<SnapshotView> Pool::MakeView(int slot) const {
   SnapshotView view;
   view.info_ = slot_info(slot);
-  view.slot_data_ = impl_->slot_data(slot);
+  view.data_ = impl_->slot_addressing(slot);
   view.layout_ = &layout_;
   view.extra_state_ = {impl_->extra_state(slot), view.info_.extra_state_bytes};
   return view;
@@ -419,7 +419,7 @@ Result<std::span<std::byte>> Pool::PartDestination(std::uint32_t part) {
   }
   const int slot = static_cast<int>(*impl.open_epoch % 2);
   const PartLayout& p = layout_.parts[part];
-  return std::span<std::byte>(impl.slot_data(slot) + p.slot_offset, p.bytes);
+  return std::span<std::byte>(impl.slot_addressing(slot).at(p.slot_offset), p.bytes);
 }
 
 Status Pool::SealPart(std::uint32_t part) {
@@ -521,8 +521,17 @@ Result<std::optional<std::uint64_t>> Pool::DiscardOlderEpoch() {
 ChunkHeap& Pool::chunk_heap() { return *impl_->chunk_heap; }
 const ChunkHeap& Pool::chunk_heap() const { return *impl_->chunk_heap; }
 
-std::span<std::byte> Pool::slot_mapping(int slot) const {
-  return {impl_->slot_data(slot), impl_->header().slot_bytes};
+std::vector<std::span<std::byte>> Pool::slot_extents(int slot) const {
+  const Impl& impl = *impl_;
+  std::vector<std::span<std::byte>> extents;
+  for (std::size_t i = 0; i < impl.extent_data[slot].size(); ++i) {
+    extents.emplace_back(impl.extent_data[slot][i], impl.extent_stored_bytes[slot][i]);
+  }
+  return extents;
+}
+
+std::uint64_t Pool::SlotFileOffset(int slot, std::uint64_t slot_offset) const {
+  return static_cast<std::uint64_t>(impl_->slot_addressing(slot).at(slot_offset) - impl_->base);
 }
 
 std::span<const std::byte> Pool::mapping() const { return {impl_->base, file_bytes_}; }
@@ -539,7 +548,11 @@ FileRegions Pool::regions() const {
   regions.manifest = {header.manifest_offset, header.manifest_bytes};
   for (int s = 0; s < 2; ++s) {
     regions.record[s] = {header.slot_record_offset[s], header.record_bytes};
-    regions.slot_data[s] = {header.slot_data_offset[s], header.slot_bytes};
+    for (std::size_t i = 0; i < impl.extent_data[s].size(); ++i) {
+      regions.slot_extents[s].push_back(
+          {offset_of(impl.extent_data[s][i]), impl.extent_stored_bytes[s][i]});
+    }
+    regions.slot_data[s] = regions.slot_extents[s].front();
   }
   return regions;
 }

@@ -69,6 +69,41 @@ void RemoveAbandonedCreations(const std::string& path) {
   }
 }
 
+// The slot layout of a pool made with `options`: one piece where the slot
+// fits in options.slot_extent_bytes, else extents of that size or of the
+// largest tensor's (libpmemobj allocates at most one zone, just under 16
+// GiB, in one piece).
+Result<SlotLayout> PoolSlotLayout(const Manifest& manifest, const PoolOptions& options) {
+  std::uint64_t extent = options.slot_extent_bytes;
+  if (extent == 0 || extent % detail::kSlotDataAlignment != 0 || extent > kMaxSlotExtentBytes) {
+    return Status(StatusCode::kInvalidArgument,
+                  "slot_extent_bytes " + std::to_string(extent) + " must be a multiple of " +
+                      std::to_string(detail::kSlotDataAlignment) + " between " +
+                      std::to_string(detail::kSlotDataAlignment) + " and " +
+                      std::to_string(kMaxSlotExtentBytes));
+  }
+  SlotLayout whole = ComputeLayout(manifest, options.part_bytes);
+  if (whole.slot_bytes <= extent) return whole;
+  for (const UnitSpec& unit : manifest.units) {
+    if ((unit.flags & kUnitFlagEncoded) != 0) continue;
+    for (const TensorSpec& tensor : unit.tensors) {
+      if (tensor.bytes() > kMaxSlotExtentBytes) {
+        return Status(StatusCode::kInvalidArgument,
+                      "unit '" + unit.name + "' tensor '" + tensor.name + "' holds " +
+                          std::to_string(tensor.bytes()) +
+                          " bytes, more than one piece of a pool slot can (" +
+                          std::to_string(kMaxSlotExtentBytes) +
+                          " bytes; libpmemobj allocates at most about 16 GiB at once): split or "
+                          "shard the tensor");
+      }
+      extent = std::max(extent, AlignUp(tensor.bytes(), detail::kSlotDataAlignment));
+    }
+  }
+  return ComputeLayout(manifest, options.part_bytes, extent);
+}
+
+std::uint64_t Allocation(std::uint64_t bytes) { return AlignUp(bytes + 64, kPmemobjChunkBytes); }
+
 }  // namespace
 
 Result<std::uint64_t> Pool::RequiredBytes(const Manifest& manifest, const PoolOptions& options) {
@@ -78,11 +113,31 @@ Result<std::uint64_t> Pool::RequiredBytes(const Manifest& manifest, const PoolOp
                                                     " must be at least 4096 and a multiple of " +
                                                     std::to_string(kTensorAlignment));
   }
-  const SlotLayout layout = ComputeLayout(manifest, options.part_bytes);
-  auto allocation = [](std::uint64_t bytes) { return AlignUp(bytes + 64, kPmemobjChunkBytes); };
-  std::uint64_t heap = allocation(sizeof(PoolRoot)) + allocation(manifest.Serialize().size());
-  heap += 2 * allocation(layout.slot_bytes + detail::kSlotDataAlignment);
-  heap += 2 * allocation(RecordBytes(layout.parts.size(), options.extra_state_capacity));
+  PMSNAP_ASSIGN_OR_RETURN(const SlotLayout layout, PoolSlotLayout(manifest, options));
+  // libpmemobj places each allocation inside one zone: pack them zone by
+  // zone in the order Create allocates, each into the first zone with room
+  // (a slot in one piece of a few GiB packs as tightly as before; extents
+  // of 15 GiB take a zone each).
+  const std::uint64_t zone_capacity = kPmemobjZoneBytes - kPmemobjZoneOverhead;
+  std::vector<std::uint64_t> zone_used;
+  auto place = [&](std::uint64_t bytes) {
+    for (std::uint64_t& used : zone_used) {
+      if (used + bytes <= zone_capacity) {
+        used += bytes;
+        return;
+      }
+    }
+    zone_used.push_back(bytes);
+  };
+  place(Allocation(sizeof(PoolRoot)));
+  place(Allocation(manifest.Serialize().size()));
+  const bool in_extents = layout.extent_bytes != 0;
+  if (in_extents) place(Allocation(2 * 8 * layout.extent_used.size()));
+  for (int s = 0; s < 2; ++s) {
+    for (std::uint64_t used : layout.extent_used) place(Allocation(used + detail::kSlotDataAlignment));
+    place(Allocation(RecordBytes(layout.parts.size(), options.extra_state_capacity)));
+  }
+  std::uint64_t heap = (zone_used.size() - 1) * kPmemobjZoneBytes + zone_used.back();
   heap += detail::ChunkHeapFileBytes(options.chunk_heap_bytes);
   const std::uint64_t zones = heap / kPmemobjZoneBytes + 1;
   return std::max(kPmemobjMinPool, kPmemobjBaseOverhead + zones * kPmemobjZoneOverhead + heap);
@@ -154,7 +209,9 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
     }
   }
 
-  const SlotLayout layout = ComputeLayout(manifest, options.part_bytes);
+  PMSNAP_ASSIGN_OR_RETURN(const SlotLayout layout, PoolSlotLayout(manifest, options));
+  const bool in_extents = layout.extent_bytes != 0;
+  const std::size_t extent_count = layout.extent_used.size();
   const std::vector<std::byte> manifest_bytes = manifest.Serialize();
   const std::uint64_t record_bytes = RecordBytes(layout.parts.size(), options.extra_state_capacity);
   const std::string temp_path = path + ".creating-" + std::to_string(::getpid());
@@ -198,37 +255,67 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   auto* base = reinterpret_cast<std::byte*>(pop);
 
   PoolHeader header{};
+  // Slot 0's extents, then slot 1's: where each allocation, and its
+  // kSlotDataAlignment-aligned data, start.
+  std::vector<std::uint64_t> extent_alloc(2 * extent_count);
+  std::vector<std::uint64_t> extent_data(2 * extent_count);
   Status allocated = RunTransaction(pop, "allocating pool structures", [&]() -> int {
     auto alloc = [&](std::uint64_t bytes, std::uint64_t flags) -> std::uint64_t {
       PMEMoid oid = pmemobj_tx_xalloc(bytes, 0, flags | POBJ_XALLOC_NO_ABORT);
       return OID_IS_NULL(oid) ? 0 : oid.off;
     };
     header.manifest_offset = alloc(manifest_bytes.size(), 0);
+    if (header.manifest_offset == 0) return ENOMEM;
+    if (in_extents) {
+      header.slot_extent_table_offset = alloc(2 * 8 * extent_count, 0);
+      if (header.slot_extent_table_offset == 0) return ENOMEM;
+    }
     for (int s = 0; s < 2; ++s) {
       // Not flushed at commit: on the PM path libpmemobj flushes every byte
       // of a new allocation, which faults in and zeroes each page of both
       // slots through Create's own mapping (a 2 GiB pool in tmpfs: Create
       // 1.75-1.97 s with the flush, 0.51-0.65 s without), and a slot holds
       // nothing until an epoch writes and persists its parts.
-      header.slot_alloc_offset[s] =
-          alloc(layout.slot_bytes + detail::kSlotDataAlignment, POBJ_XALLOC_NO_FLUSH);
+      for (std::size_t i = 0; i < extent_count; ++i) {
+        std::uint64_t& offset = extent_alloc[s * extent_count + i];
+        offset = alloc(layout.extent_used[i] + detail::kSlotDataAlignment, POBJ_XALLOC_NO_FLUSH);
+        if (offset == 0) return ENOMEM;
+      }
       header.slot_record_offset[s] = alloc(record_bytes, POBJ_XALLOC_ZERO);
-      if (header.slot_alloc_offset[s] == 0 || header.slot_record_offset[s] == 0) return ENOMEM;
+      if (header.slot_record_offset[s] == 0) return ENOMEM;
     }
-    return header.manifest_offset == 0 ? ENOMEM : 0;
+    return 0;
   });
   if (!allocated.ok()) {
-    return fail({allocated.code(), "cannot create pool '" + path + "': " + allocated.message()});
+    std::string layout_note;
+    if (allocated.code() == StatusCode::kNoSpace) {
+      layout_note = " (two slots of " + std::to_string(layout.slot_bytes) + " bytes in " +
+                    std::to_string(extent_count) + " piece(s) each, in a file of " +
+                    std::to_string(required) + " bytes)";
+    }
+    return fail({allocated.code(),
+                 "cannot create pool '" + path + "': " + allocated.message() + layout_note});
+  }
+  for (std::size_t e = 0; e < extent_alloc.size(); ++e) {
+    const auto data_address = reinterpret_cast<std::uintptr_t>(base + extent_alloc[e]);
+    extent_data[e] =
+        AlignUp(data_address, detail::kSlotDataAlignment) - reinterpret_cast<std::uintptr_t>(base);
   }
   for (int s = 0; s < 2; ++s) {
-    const auto data_address = reinterpret_cast<std::uintptr_t>(base + header.slot_alloc_offset[s]);
-    header.slot_data_offset[s] =
-        AlignUp(data_address, detail::kSlotDataAlignment) - reinterpret_cast<std::uintptr_t>(base);
+    header.slot_alloc_offset[s] = extent_alloc[s * extent_count];
+    header.slot_data_offset[s] = extent_data[s * extent_count];
+  }
+  if (in_extents) {
+    const std::uint64_t table_bytes = 8 * extent_data.size();
+    detail::seam::CopyPersist(pop, base + header.slot_extent_table_offset, extent_data.data(),
+                              table_bytes);
+    header.slot_extent_bytes = layout.extent_bytes;
+    header.slot_extent_table_checksum = Checksum64(extent_data.data(), table_bytes);
   }
   detail::seam::CopyPersist(pop, base + header.manifest_offset, manifest_bytes.data(),
                             manifest_bytes.size());
 
-  header.format_version = kFormatVersion;
+  header.format_version = in_extents ? kFormatVersionSlotExtents : kFormatVersion;
   header.header_bytes = sizeof(PoolHeader);
   header.model_signature = manifest.Signature();
   header.created_unix_ns = detail::NowUnixNs();

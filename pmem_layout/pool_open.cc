@@ -274,9 +274,10 @@ void Pool::StartPrefault(PrefaultMethod method) {
   const PoolHeader& header = impl.header();
   const int first_slot = static_cast<int>((impl.last_committed.value_or(0) + 1) % 2);
   std::vector<FileRegion> wanted;
+  const FileRegions file_regions = regions();
   for (int slot : {first_slot, 1 - first_slot}) {
     wanted.push_back({header.slot_record_offset[slot], header.record_bytes});
-    wanted.push_back({header.slot_data_offset[slot], header.slot_bytes});
+    for (const FileRegion& extent : file_regions.slot_extents[slot]) wanted.push_back(extent);
   }
   std::vector<PrefaultRange> ranges;
   for (const FileRegion& region : detail::PrefaultOrder(wanted, file_bytes_, PageBytes())) {
@@ -333,10 +334,22 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   if (detail::HeaderChecksum(header) != header.header_checksum) {
     return corruption("header checksum mismatch (the header was damaged)");
   }
-  if (header.format_version != kFormatVersion) {
+  if (header.format_version != kFormatVersion &&
+      header.format_version != kFormatVersionSlotExtents) {
     return Status(StatusCode::kUnsupportedVersion,
                   where + " has format version " + std::to_string(header.format_version) +
-                      ", this build reads version " + std::to_string(kFormatVersion));
+                      ", this build reads versions " + std::to_string(kFormatVersion) + " and " +
+                      std::to_string(kFormatVersionSlotExtents));
+  }
+  const bool in_extents = header.format_version == kFormatVersionSlotExtents;
+  if (in_extents != (header.slot_extent_bytes != 0) ||
+      (in_extents && (header.slot_extent_bytes % detail::kSlotDataAlignment != 0 ||
+                      header.slot_extent_bytes > kMaxSlotExtentBytes))) {
+    return corruption("format version " + std::to_string(header.format_version) +
+                      " with slot extents of " + std::to_string(header.slot_extent_bytes) +
+                      " bytes (expected 0 for version 1; a multiple of " +
+                      std::to_string(detail::kSlotDataAlignment) + " up to " +
+                      std::to_string(kMaxSlotExtentBytes) + " for version 2)");
   }
   auto in_bounds = [&](std::uint64_t offset, std::uint64_t bytes) {
     return offset >= sizeof(PoolRoot) && offset <= file_bytes_ && bytes <= file_bytes_ - offset;
@@ -357,7 +370,8 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
     return outside("manifest", header.manifest_offset, header.manifest_bytes);
   }
   for (int s = 0; s < 2; ++s) {
-    if (!in_bounds(header.slot_data_offset[s], header.slot_bytes)) {
+    // A slot in extents: each extent is checked once the layout says its size.
+    if (!in_extents && !in_bounds(header.slot_data_offset[s], header.slot_bytes)) {
       return outside("slot " + std::to_string(s), header.slot_data_offset[s], header.slot_bytes);
     }
     if (!in_bounds(header.slot_record_offset[s], header.record_bytes)) {
@@ -414,10 +428,43 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
       manifest_slot_bytes += tensor.bytes();
     }
   }
-  layout_ = ComputeLayout(manifest_, options_.part_bytes);
+  layout_ = ComputeLayout(manifest_, options_.part_bytes, header.slot_extent_bytes);
   if (layout_.slot_bytes != header.slot_bytes || layout_.parts.size() != header.part_count ||
       RecordBytes(header.part_count, header.extra_state_capacity) != header.record_bytes) {
     return corruption("slot layout recomputed from the manifest differs from the header");
+  }
+  // Each slot's extents: one piece at slot_data_offset (version 1), else
+  // where the extent table says, each as large as the layout stores in it.
+  const std::uint64_t extent_count = layout_.extent_used.size();
+  std::vector<std::uint64_t> extent_offsets = {header.slot_data_offset[0],
+                                               header.slot_data_offset[1]};
+  if (in_extents) {
+    const std::uint64_t table_bytes = 2 * 8 * extent_count;
+    if (!in_bounds(header.slot_extent_table_offset, table_bytes)) {
+      return outside("slot extent table", header.slot_extent_table_offset, table_bytes);
+    }
+    extent_offsets.resize(2 * extent_count);
+    std::memcpy(extent_offsets.data(), impl.At(header.slot_extent_table_offset), table_bytes);
+    if (Checksum64(extent_offsets.data(), table_bytes) != header.slot_extent_table_checksum) {
+      return corruption("slot extent table checksum mismatch (the table was damaged)");
+    }
+  }
+  impl.extent_bytes = header.slot_extent_bytes;
+  for (int s = 0; s < 2; ++s) {
+    impl.extent_data[s].clear();
+    impl.extent_stored_bytes[s].clear();
+    for (std::uint64_t i = 0; i < extent_count; ++i) {
+      const std::uint64_t offset = extent_offsets[s * extent_count + i];
+      const std::uint64_t bytes = layout_.extent_used[i];
+      const std::string what = "slot " + std::to_string(s) + " extent " + std::to_string(i);
+      if (!in_bounds(offset, bytes)) return outside(what, offset, bytes);
+      if (offset % detail::kSlotDataAlignment != 0) {
+        return corruption(what + "'s data offset " + std::to_string(offset) + " is not " +
+                          std::to_string(detail::kSlotDataAlignment) + "-byte aligned");
+      }
+      impl.extent_data[s].push_back(impl.At(offset));
+      impl.extent_stored_bytes[s].push_back(bytes);
+    }
   }
   for (std::uint32_t u = 0; u < manifest_.units.size(); ++u) {
     impl.unit_index.emplace(manifest_.units[u].name, u);
@@ -545,7 +592,8 @@ std::vector<std::string> Pool::CheckSlot(int slot, bool deep) const {
     for (std::uint32_t p = 0; p < layout_.parts.size(); ++p) {
       const PartLayout& part = layout_.parts[p];
       const auto started = detail::seam::PaceStart(impl.pm.read);
-      const std::uint64_t actual = Checksum64(impl.slot_data(slot) + part.slot_offset, part.bytes);
+      const std::uint64_t actual =
+          Checksum64(impl.slot_addressing(slot).at(part.slot_offset), part.bytes);
       detail::seam::PaceRead(impl.pm, part.bytes, started);
       if (actual != impl.part_checksums(slot)[p]) problems.push_back(PartProblem(p));
     }

@@ -298,7 +298,13 @@ Result<std::unique_ptr<Engine>> Engine::Open(EngineOptions options,
     // is an error: the copies could land in pages that are not this pool.
     std::vector<std::pair<std::string, std::span<std::byte>>> destinations;
     for (int slot = 0; slot < 2; ++slot) {
-      destinations.emplace_back("slot " + std::to_string(slot), impl->pool->slot_mapping(slot));
+      const std::vector<std::span<std::byte>> extents = impl->pool->slot_extents(slot);
+      for (std::size_t i = 0; i < extents.size(); ++i) {
+        destinations.emplace_back(
+            "slot " + std::to_string(slot) +
+                (extents.size() > 1 ? " extent " + std::to_string(i) : std::string()),
+            extents[i]);
+      }
     }
     for (std::size_t i = 0; i < impl->staging.count(); ++i) {
       destinations.emplace_back("staging buffer " + std::to_string(i), impl->staging.buffer(i));

@@ -6,6 +6,8 @@ pmsnap_add_pool_test(pool_bad_input_test SOURCES pool_bad_input_test.cc
 target_include_directories(pool_bad_input_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)
 pmsnap_add_pool_test(pool_crash_test SOURCES pool_crash_test.cc LIBS pmsnap::layout)
 pmsnap_add_pool_test(pool_readonly_test SOURCES pool_readonly_test.cc LIBS pmsnap::layout)
+pmsnap_add_pool_test(pool_slot_extents_test SOURCES pool_slot_extents_test.cc LIBS pmsnap::layout)
+target_include_directories(pool_slot_extents_test PRIVATE ${PROJECT_SOURCE_DIR}/pmem_layout)
 pmsnap_add_test(cli_test SOURCES cli_test.cc LIBS pmsnap::layout ENV "PMEM_IS_PMEM_FORCE=1")
 target_compile_definitions(cli_test PRIVATE PMSNAP_CLI_PATH="$<TARGET_FILE:pmsnap>")
 add_dependencies(cli_test pmsnap)

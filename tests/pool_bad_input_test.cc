@@ -149,7 +149,13 @@ TEST(PoolCreateTest, AFileThatAppearsWhileThePoolIsBuiltIsNeverReplaced) {
 TEST(PoolCreateTest, FileSystemTooSmallReportsNeededAndFreeBytes) {
   TempPoolPath path("too-big");
   Manifest manifest;
-  manifest.units.push_back({"huge", {{"param", DType::kFloat32, {1ll << 40}}}, 0});  // 4 TiB
+  for (int u = 0; u < 11; ++u) {  // 11 x 64 tensors of 6 GiB: 4.1 TiB
+    UnitSpec unit{"huge" + std::to_string(u), {}, 0};
+    for (int t = 0; t < 64; ++t) {
+      unit.tensors.push_back({"t" + std::to_string(t), DType::kFloat32, {1536, 1ll << 20}});
+    }
+    manifest.units.push_back(unit);
+  }
   auto pool = Pool::Create(path.path(), manifest);
   EXPECT_EQ(pool.status().code(), StatusCode::kNoSpace);
   EXPECT_THAT(pool.status().message(), HasSubstr("needs"));

@@ -310,7 +310,7 @@ TEST(PoolPowerLossTest, ADrainNeverMakesALineOlderThanAnotherThreadMadeDurable) 
   ASSERT_TRUE(pool.ok()) << pool.status().message();
   PMEMobjpool* pop = simulator.tracked_pool();
   ASSERT_NE(pop, nullptr);
-  std::byte* line = (*pool)->slot_mapping(0).data();
+  std::byte* line = (*pool)->slot_extents(0)[0].data();
   ASSERT_EQ(reinterpret_cast<std::uintptr_t>(line) % 64, 0u);
   const std::uint64_t offset = static_cast<std::uint64_t>(line - simulator.tracked_base());
   bool captured = false;

@@ -367,7 +367,7 @@ TEST(PrefaultOrderTest, NamedRegionsComeFirstWholePagesEachPageOnce) {
 
 // The whole mapping of an open pool (pool offsets are file offsets).
 std::span<std::byte> Mapping(const Pool& pool) {
-  std::byte* base = pool.slot_mapping(0).data() - pool.regions().slot_data[0].offset;
+  std::byte* base = pool.slot_extents(0)[0].data() - pool.regions().slot_data[0].offset;
   return {base, pool.file_bytes()};
 }
 
@@ -597,7 +597,7 @@ TEST(PoolPrefaultTest, OffFaultsNothingIn) {
   // read fault maps up to 16 pages around it.
   constexpr std::size_t kFaultAroundPages = 16;
   for (int slot = 0; slot < 2; ++slot) {
-    const std::span<std::byte> data = (*pool)->slot_mapping(slot);
+    const std::span<std::byte> data = (*pool)->slot_extents(slot)[0];  // one piece
     const std::size_t pages = data.size() / PageBytes();
     const long present = PresentPages(data.data(), pages * PageBytes());
     if (present >= 0) {

@@ -271,10 +271,10 @@ TEST(EngineMemoryTest, StatsSayWhatTheEngineHoldsInMemory) {
   EXPECT_GT(memory.pool_resident_bytes, 0u);
   EXPECT_LE(memory.pool_resident_bytes, memory.pool_mapped_bytes);
   EXPECT_GE(memory.staging_bytes, 3 * kUnitFloats * sizeof(float));  // one checkpoint
-  EXPECT_LE(memory.staging_bytes, (*engine)->pool().slot_mapping(0).size());
+  EXPECT_LE(memory.staging_bytes, (*engine)->pool().slot_extents(0)[0].size());
   EXPECT_LE(memory.staging_resident_bytes, memory.staging_bytes);
   EXPECT_EQ(memory.registered_bytes,
-            2 * (*engine)->pool().slot_mapping(0).size() + memory.staging_bytes);
+            2 * (*engine)->pool().slot_extents(0)[0].size() + memory.staging_bytes);
   EXPECT_THAT((*engine)->stats().Summary(), HasSubstr("memory: pool"));
   EXPECT_THAT((*engine)->stats().Summary(), HasSubstr("MB pinned"));
 

@@ -207,6 +207,10 @@ int Info(const Pool& pool, bool json, std::ostream& text) {
        << " chunks\n"
        << "units           " << manifest.units.size() << " (" << HumanBytes(layout.slot_bytes)
        << " per slot)\n";
+  if (layout.extent_bytes != 0) {
+    text << "slot extents    " << layout.extent_used.size() << " per slot, of up to "
+         << HumanBytes(layout.extent_bytes) << " (format version 2)\n";
+  }
   if (pool.pm_bandwidth().simulated()) {
     text << "pm              " << pool.pm_bandwidth().Label()
          << " (PMSNAP_PM_WRITE_GBPS / PMSNAP_PM_READ_GBPS): this command's reads are throttled\n";

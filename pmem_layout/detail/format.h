@@ -50,7 +50,15 @@ struct PoolHeader {
   // both sizes. 0 in pools made before this field existed (the reserved
   // bytes were 0): size unknown.
   std::uint64_t file_bytes;
-  std::uint64_t reserved[7];
+  // A slot stored in extents (SlotLayout::extent_bytes; format version
+  // kFormatVersionSlotExtents): the extent size, and a table of 2 x n data
+  // offsets (kSlotDataAlignment-aligned; slot 0's n extents, then slot 1's)
+  // with its XXH3. slot_*_offset[s] then name extent 0. All 0 in a version-1
+  // pool, whose slots are one piece each.
+  std::uint64_t slot_extent_bytes;
+  std::uint64_t slot_extent_table_offset;
+  std::uint64_t slot_extent_table_checksum;
+  std::uint64_t reserved[4];
 };
 static_assert(std::is_standard_layout_v<PoolHeader>);
 static_assert(std::has_unique_object_representations_v<PoolHeader>);  // hashed whole
@@ -79,7 +87,10 @@ static_assert(offsetof(PoolHeader, group_rank) == 176);
 static_assert(offsetof(PoolHeader, group_world_size) == 180);
 static_assert(offsetof(PoolHeader, group_model_fingerprint) == 184);
 static_assert(offsetof(PoolHeader, file_bytes) == 192);
-static_assert(offsetof(PoolHeader, reserved) == 200);
+static_assert(offsetof(PoolHeader, slot_extent_bytes) == 200);
+static_assert(offsetof(PoolHeader, slot_extent_table_offset) == 208);
+static_assert(offsetof(PoolHeader, slot_extent_table_checksum) == 216);
+static_assert(offsetof(PoolHeader, reserved) == 224);
 
 // Mutable list head of the chunk heap; changed only inside transactions.
 struct ChunkHeapRoot {

@@ -158,7 +158,7 @@ class CheckpointReader {
       for (std::uint32_t p = t.first_part; p < t.first_part + t.part_count && status.ok(); ++p) {
         status = pool_->ReadPart(view, p, out + pool_->layout().parts[p].offset_in_tensor);
       }
-      ReleasePages(view.slot(), t);
+      ReleasePages(view, unit, tensor);
     }
     ThrowIfError(Annotate(status, epoch));
   }
@@ -201,7 +201,7 @@ class CheckpointReader {
                       end - begin);
         }
       }
-      ReleasePages(view.slot(), t);
+      ReleasePages(view, unit, tensor);
     }
     ThrowIfError(Annotate(status, epoch));
   }
@@ -217,7 +217,7 @@ class CheckpointReader {
       for (std::uint32_t p = t.first_part; p < t.first_part + t.part_count && status.ok(); ++p) {
         status = pool_->VerifyPart(view, p);
       }
-      ReleasePages(view.slot(), t);
+      ReleasePages(view, unit, tensor);
     }
     ThrowIfError(Annotate(status, epoch));
   }
@@ -227,7 +227,7 @@ class CheckpointReader {
   std::uint64_t TensorFileOffset(std::uint64_t epoch, std::uint32_t unit,
                                  std::uint32_t tensor) const {
     const layout::SnapshotView view = ViewOf(epoch);
-    return pool_->regions().slot_data[view.slot()].offset + TensorOf(unit, tensor).slot_offset;
+    return pool_->SlotFileOffset(view.slot(), TensorOf(unit, tensor).slot_offset);
   }
 
   const layout::Pool& pool() const {
@@ -284,12 +284,13 @@ class CheckpointReader {
 
   // Drops the whole pages of a tensor's bytes from this process's page table;
   // the data stays in the file (MAP_SHARED), a later read faults it back in.
-  void ReleasePages(int slot, const layout::TensorLayout& t) const {
-    const std::span<std::byte> mapping = pool_->slot_mapping(slot);
+  void ReleasePages(const layout::SnapshotView& view, std::uint32_t unit,
+                    std::uint32_t tensor) const {
+    const std::span<const std::byte> bytes = view.tensor(unit, tensor);
     const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-    const auto begin = reinterpret_cast<std::uintptr_t>(mapping.data() + t.slot_offset);
+    const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
     const std::uintptr_t first = (begin + page - 1) / page * page;
-    const std::uintptr_t last = (begin + t.bytes) / page * page;
+    const std::uintptr_t last = (begin + bytes.size()) / page * page;
     if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
   }
 

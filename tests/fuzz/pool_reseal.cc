@@ -71,7 +71,7 @@ std::optional<layout::SlotLayout> LayoutOf(const Image& image, const PoolHeader&
       if (slot_bytes > image_bytes) return std::nullopt;
     }
   }
-  return layout::ComputeLayout(*manifest, header.part_bytes);
+  return layout::ComputeLayout(*manifest, header.part_bytes, header.slot_extent_bytes);
 }
 
 void ResealRecord(Image& image, const PoolHeader& header, int slot,
@@ -82,7 +82,7 @@ void ResealRecord(Image& image, const PoolHeader& header, int slot,
   const std::uint64_t table = record + sizeof(SlotRecordHeader);
   const bool table_fits = parts <= (1ull << 40) && image.Fits(table, 8 * parts);
   if ((flags & kResealParts) != 0 && slot_layout && table_fits &&
-      slot_layout->parts.size() == parts &&
+      slot_layout->parts.size() == parts && slot_layout->extent_bytes == 0 &&
       image.Fits(header.slot_data_offset[slot], slot_layout->slot_bytes)) {
     for (std::uint64_t p = 0; p < parts; ++p) {
       const layout::PartLayout& part = slot_layout->parts[p];

@@ -116,12 +116,24 @@ struct SlotLayout {
   std::vector<UnitLayout> units;
   std::vector<PartLayout> parts;
   std::uint64_t slot_bytes = 0;  // every tensor starts on a kTensorAlignment boundary
+  // A slot too large for one allocation is stored in extents: extent i holds
+  // slot offsets [i * extent_bytes, (i + 1) * extent_bytes), of which only
+  // the first extent_used[i] bytes are stored (no tensor crosses an extent;
+  // the rest is padding that takes no space). extent_bytes 0: one extent of
+  // slot_bytes.
+  std::uint64_t extent_bytes = 0;
+  std::vector<std::uint64_t> extent_used;
 };
 
 inline constexpr std::uint64_t kTensorAlignment = 256;
 
 // Places every tensor of every non-encoded unit and cuts it into parts of at
-// most `part_bytes` (> 0). Deterministic: same input, same layout.
-SlotLayout ComputeLayout(const Manifest& manifest, std::uint64_t part_bytes);
+// most `part_bytes` (> 0). Deterministic: same input, same layout. With
+// `extent_bytes` > 0 (a multiple of kTensorAlignment), a tensor that would
+// cross a multiple of it starts at that multiple instead; a tensor larger
+// than `extent_bytes` cannot be placed so and crosses (Pool::Create
+// refuses such a manifest).
+SlotLayout ComputeLayout(const Manifest& manifest, std::uint64_t part_bytes,
+                         std::uint64_t extent_bytes = 0);
 
 }  // namespace pmsnap::layout

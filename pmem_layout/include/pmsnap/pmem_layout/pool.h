@@ -61,7 +61,16 @@
 
 namespace pmsnap::layout {
 
+// Version 1: each slot one piece. Version 2 (written only for slots stored
+// in extents, PoolOptions::slot_extent_bytes): the same plus an extent
+// table. This build reads both; builds before extents refuse version 2.
 inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr std::uint32_t kFormatVersionSlotExtents = 2;
+// libpmemobj allocates at most PMEMOBJ_MAX_ALLOC_SIZE (just under 16 GiB,
+// one zone) in one piece: a larger slot is split into extents. Two default
+// extents fill a zone but for 1 GiB, which the small structures use.
+inline constexpr std::uint64_t kMaxSlotExtentBytes = 15ull << 30;
+inline constexpr std::uint64_t kDefaultSlotExtentBytes = 7680ull << 20;
 inline constexpr char kPoolLayoutName[] = "pmsnap";
 
 // Which rank of which multi-rank run a pool belongs to (docs/ARCHITECTURE.md,
@@ -127,6 +136,12 @@ struct PoolOptions {
   RankGroup group;
   // Simulated PM bandwidth (PmBandwidth). Not stored in the pool.
   PmBandwidth pm_bandwidth;
+  // Largest piece of a slot stored as one allocation: a larger slot is split
+  // into extents of this many bytes, or of its largest tensor's where that
+  // is larger (no tensor crosses an extent; one over kMaxSlotExtentBytes is
+  // refused). A multiple of 4096, at most kMaxSlotExtentBytes; smaller
+  // values are for tests. Stored in the pool.
+  std::uint64_t slot_extent_bytes = kDefaultSlotExtentBytes;
 };
 
 struct OpenOptions {
@@ -195,6 +210,22 @@ struct SlotInfo {
   bool record_valid = false;  // commit record checksum verifies (COMPLETE only)
 };
 
+// Where a slot's bytes are mapped: the data of each extent
+// (SlotLayout::extent_bytes), valid while the pool is open. Cheap to copy.
+struct SlotAddressing {
+  std::byte* const* extents = nullptr;
+  std::uint64_t extent_count = 0;
+  std::uint64_t extent_bytes = 0;  // 0: one extent
+  // The mapped byte at `slot_offset` (the layout's offsets). A zero-byte
+  // tensor at the very end of the slot maps past the last extent's data.
+  std::byte* at(std::uint64_t slot_offset) const {
+    if (extent_bytes == 0) return extents[0] + slot_offset;
+    std::uint64_t extent = slot_offset / extent_bytes;
+    if (extent >= extent_count) extent = extent_count - 1;
+    return extents[extent] + (slot_offset - extent * extent_bytes);
+  }
+};
+
 // A committed epoch as seen through the pool mapping. Cheap to copy.
 class SnapshotView {
  public:
@@ -209,7 +240,7 @@ class SnapshotView {
  private:
   friend class Pool;
   SlotInfo info_;
-  const std::byte* slot_data_ = nullptr;
+  SlotAddressing data_;
   const SlotLayout* layout_ = nullptr;
   std::span<const std::byte> extra_state_;
 };
@@ -235,7 +266,8 @@ struct FileRegions {
   FileRegion header;
   FileRegion manifest;
   FileRegion record[2];  // commit record incl. part checksums and extra state
-  FileRegion slot_data[2];
+  FileRegion slot_data[2];  // the slot's first extent: the whole slot unless in extents
+  std::vector<FileRegion> slot_extents[2];  // every extent's stored bytes
   FileRegion chunk_heap_root;
 };
 
@@ -397,9 +429,13 @@ class Pool {
   const ChunkHeap& chunk_heap() const;
 
   FileRegions regions() const;
-  // The mapped data of a slot (both slots stay mapped while the pool is
-  // open), e.g. to register it for GPU DMA.
-  std::span<std::byte> slot_mapping(int slot) const;
+  // The mapped data of a slot, one span per extent (one for a slot in one
+  // piece; both slots stay mapped while the pool is open), e.g. to register
+  // it for GPU DMA.
+  std::vector<std::span<std::byte>> slot_extents(int slot) const;
+  // The file offset of the byte at `slot_offset` of `slot` (a tensor's
+  // bytes are contiguous in the file, whatever extent holds them).
+  std::uint64_t SlotFileOffset(int slot, std::uint64_t slot_offset) const;
   // The whole file as mapped (file_bytes() from its first byte), e.g. to
   // measure how much of it is in memory. Valid while the pool is open.
   std::span<const std::byte> mapping() const;
