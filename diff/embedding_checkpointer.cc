@@ -250,6 +250,26 @@ Status Gather(const Table& table, runtime::Device& device, const std::vector<std
   return Status::Ok();
 }
 
+// Makes the table's newest index the newest committed no later than
+// `limit`, and its previous one the index before that (none when the heap
+// holds no such index).
+Status LoadIndexes(Table& table, const layout::ChunkHeap& chunks, std::uint64_t limit)
+    PMSNAP_REQUIRES(table.mutex) {
+  table.index = TableIndex{};
+  table.index_chunk = 0;
+  table.previous = TableIndex{};
+  table.previous_index_chunk = 0;
+  std::vector<layout::ChunkInfo> indexes = IndexChunks(chunks, table.unit, limit);
+  if (indexes.empty()) return Status::Ok();
+  PMSNAP_ASSIGN_OR_RETURN(table.index, ReadIndex(chunks, indexes[0], table.name));
+  table.index_chunk = indexes[0].id;
+  if (indexes.size() > 1) {
+    PMSNAP_ASSIGN_OR_RETURN(table.previous, ReadIndex(chunks, indexes[1], table.name));
+    table.previous_index_chunk = indexes[1].id;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 EmbeddingCheckpointer::EmbeddingCheckpointer(EmbeddingOptions options)
@@ -290,22 +310,14 @@ Status EmbeddingCheckpointer::Attach(layout::ChunkHeap& chunks, const layout::Ma
     auto table = std::make_unique<Table>(u, units[u].name, shape, units[u].tensors);
     // Nobody else has the table yet; the lock is for the analysis.
     MutexLock lock(table->mutex);
-    std::vector<layout::ChunkInfo> indexes = IndexChunks(chunks, u, last_committed_epoch);
-    if (!indexes.empty()) {
-      PMSNAP_ASSIGN_OR_RETURN(table->index, ReadIndex(chunks, indexes[0], table->name));
-      table->index_chunk = indexes[0].id;
-      if (indexes.size() > 1) {
-        PMSNAP_ASSIGN_OR_RETURN(table->previous, ReadIndex(chunks, indexes[1], table->name));
-        table->previous_index_chunk = indexes[1].id;
-      }
-      // Rows changed since the baseline = the newest differential's rows.
-      if (encoding_->DifferentialSinceBaseline() && !table->index.retained.empty() &&
-          table->index.retained.back().refs.size() == 2) {
-        ChunkReader reader(chunks, What(table->name, table->index.epoch));
-        PMSNAP_ASSIGN_OR_RETURN(DataChunkView diff,
-                                reader.Read(table->index.retained.back().refs[1]));
-        for (std::uint64_t key : diff.keys) table->cumulative.Set(key);
-      }
+    PMSNAP_RETURN_IF_ERROR(LoadIndexes(*table, chunks, last_committed_epoch));
+    // Rows changed since the baseline = the newest differential's rows.
+    if (encoding_->DifferentialSinceBaseline() && !table->index.retained.empty() &&
+        table->index.retained.back().refs.size() == 2) {
+      ChunkReader reader(chunks, What(table->name, table->index.epoch));
+      PMSNAP_ASSIGN_OR_RETURN(DataChunkView diff,
+                              reader.Read(table->index.retained.back().refs[1]));
+      for (std::uint64_t key : diff.keys) table->cumulative.Set(key);
     }
     if (IsPrioritised(options_.policy)) {
       const double r = options_.priority.ratio;
@@ -528,6 +540,14 @@ Status EmbeddingCheckpointer::Restore(std::uint32_t unit, std::uint64_t epoch) {
   Table& table = *tables_[table_of_unit_[unit]];
   MutexLock lock(table.mutex);
   const std::string what = What(table.name, epoch);
+  if (table.index.epoch > epoch) {
+    // The ranks agreed on an iteration this rank committed before its newest
+    // (Pool::RollBackLatest): the newer epoch is dropped, and the next
+    // BeginEpoch frees its chunks and reuses its number. Attach read the
+    // dropped epoch's index (its baseline, IncrCP's chunk list, the retained
+    // chain); the next checkpoint must build on the restored epoch's.
+    PMSNAP_RETURN_IF_ERROR(LoadIndexes(table, *chunks_, epoch));
+  }
   const RetainedCheckpoint* checkpoint = FindRetained(table.index, epoch);
   if (checkpoint == nullptr) {
     return Status(StatusCode::kNotFound, what + " is not retained in the pool");

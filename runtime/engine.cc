@@ -11,6 +11,14 @@ namespace {
 
 constexpr std::size_t kBlockedHistory = 65536;
 
+// An error this rank recorded, as it reports it with several ranks: the
+// exchange tells the other ranks only which rank failed, so the failing rank
+// reports the cause, naming itself and its pool.
+Status OwnFailure(const Status& local, const EpochAgreement& agreement, const std::string& pool) {
+  return Status(local.code(), "rank " + std::to_string(agreement.rank()) + ", pool '" + pool +
+                                  "': " + local.message());
+}
+
 }  // namespace
 
 Status Engine::BeginStep(std::uint64_t step) {
@@ -22,6 +30,7 @@ Status Engine::BeginStep(std::uint64_t step) {
     if (impl.agreement) {
       (void)impl.agreement->AtBoundary(step, {impl.committed_iteration, false}, false, false,
                                        [&] { return LocalEpochState{}; });
+      return OwnFailure(failed, *impl.agreement, impl.options.pool_path);
     }
     return failed;
   }
@@ -52,15 +61,20 @@ Status Engine::BeginStep(std::uint64_t step) {
   impl.policy_inputs.device_free_bytes = impl.device->free_bytes();
   bool open_epoch = impl.policy->ShouldCheckpoint(step, impl.policy_inputs);
   if (impl.agreement) {
+    Status local_error;
     Result<bool> agreed = impl.agreement->AtBoundary(
         step, {impl.committed_iteration, true}, open_epoch, impl.policy->wait_if_busy(), [&] {
           impl.WaitEpochIdleAtBoundary();
           impl.ReapIfDone();
-          return LocalEpochState{impl.committed_iteration, impl.TakeError().ok()};
+          local_error = impl.TakeError();
+          return LocalEpochState{impl.committed_iteration, local_error.ok()};
         });
     if (!agreed.ok()) {
       impl.RecordError(agreed.status());
       impl.AddBlocked(SecondsSince(start));
+      // Found while waiting for this rank's epoch: its cause, not the
+      // exchange's "rank r failed", is what this rank reports.
+      if (!local_error.ok()) return OwnFailure(local_error, *impl.agreement, impl.options.pool_path);
       return agreed.status();
     }
     open_epoch = *agreed;

@@ -8,12 +8,16 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <functional>
+#include <set>
+#include <thread>
 
 #include "detail/policy_rules.h"
 #include "pmsnap/diff/embedding_checkpointer.h"
 #include "testutil/embedding_toy.h"
 #include "testutil/manifest_rewrite.h"
 #include "testutil/temp_pool.h"
+#include "testutil/thread_coordinator.h"
 
 namespace pmsnap::diff {
 namespace {
@@ -170,6 +174,168 @@ TEST(DiffEngineTest, RestoreResumesTrainingAndLaterCheckpointsStayExact) {
   ASSERT_TRUE(checkpoints.ok());
   for (const CheckpointInfo& c : *checkpoints) ExpectTableAt((*engine)->pool(), c.epoch, 0);
 }
+
+// --- a multi-rank restore that rolls this rank's newest epoch back ---
+
+// Runs body(rank, coordinator) on one thread per rank of a fresh group.
+void OnRanks(int world,
+             const std::function<void(int, std::shared_ptr<runtime::Coordinator>)>& body) {
+  auto group = std::make_shared<testutil::ThreadGroup>(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { body(r, group->Rank(r)); });
+  for (auto& t : threads) t.join();
+}
+
+class RolledBackEpochTest : public ::testing::TestWithParam<PolicyCase> {
+ protected:
+  EmbeddingOptions Embedding() const {
+    EmbeddingOptions options;
+    options.policy = GetParam().policy;
+    options.retain = 3;
+    options.quantize.enabled = GetParam().quantize;
+    options.quantize.bits = 8;
+    options.incrcp.duplicate_ratio_threshold = 0.0;  // extract whenever duplicates exist
+    options.incrcp.reset_baseline = false;           // timing-driven
+    return options;
+  }
+  // Quantized, the errors add up: training resumes from quantized rows at
+  // each of the test's two restores, and the checkpoints after them
+  // quantize again. Three 8-bit quantizations, half a step each at the most.
+  double Tolerance() const { return GetParam().quantize ? 3 * 0.002 : 0.0; }
+
+  // Opens rank r's engine on `toy` with a fresh encoder (the rank's own
+  // process), restores if asked (checking the restored table), trains
+  // [first, last] and closes.
+  void RunRank(int r, std::shared_ptr<runtime::Coordinator> coordinator, EmbeddingToy& toy,
+               std::optional<std::uint64_t> restore_expect, std::uint64_t first,
+               std::uint64_t last) {
+    const std::string rank = "rank " + std::to_string(r);
+    auto checkpointer = std::make_shared<EmbeddingCheckpointer>(Embedding());
+    runtime::EngineOptions options = Options(paths_[r]->path(), checkpointer);
+    options.coordinator = std::move(coordinator);
+    options.workers = 1;
+    options.print_summary = false;
+    auto engine = runtime::Engine::Open(options, toy.Registrations());
+    ASSERT_TRUE(engine.ok()) << rank << ": " << engine.status().ToString();
+    if (restore_expect) {
+      auto restored = (*engine)->Restore();
+      ASSERT_TRUE(restored.ok()) << rank << ": " << restored.status().ToString();
+      EXPECT_EQ(restored->iteration, *restore_expect) << rank;
+      const std::string what = rank + " restored iteration " + std::to_string(*restore_expect);
+      ExpectNear(toy.weights(), EmbeddingToy::ReferenceWeights(kRows, kDim, *restore_expect),
+                 what);
+      EXPECT_EQ(toy.accumulator(),
+                EmbeddingToy::ReferenceAccumulator(kRows, kDim, *restore_expect))
+          << what;
+    }
+    RowTracker* tracker = checkpointer->tracker("emb.users");
+    ASSERT_NE(tracker, nullptr);
+    for (std::uint64_t k = first; k <= last; ++k) {
+      Status stepped = toy.Step(**engine, *tracker, k);
+      ASSERT_TRUE(stepped.ok()) << rank << " step " << k << ": " << stepped.ToString();
+    }
+    Status closed = (*engine)->Close();
+    ASSERT_TRUE(closed.ok()) << rank << ": " << closed.ToString();
+  }
+
+  // Every rank's pool retains `iterations`, each once, and each recovers
+  // its iteration's table.
+  void ExpectRetained(int world, const std::vector<std::uint64_t>& iterations) const {
+    for (int r = 0; r < world; ++r) {
+      const std::string rank = "rank " + std::to_string(r);
+      auto pool = layout::Pool::Open(paths_[r]->path());
+      ASSERT_TRUE(pool.ok()) << rank << ": " << pool.status().ToString();
+      auto checkpoints = ListCheckpoints(**pool, "emb.users");
+      ASSERT_TRUE(checkpoints.ok()) << rank << ": " << checkpoints.status().ToString();
+      std::vector<std::uint64_t> listed;
+      std::set<std::uint64_t> epochs;
+      for (const CheckpointInfo& c : *checkpoints) {
+        listed.push_back(c.iteration);
+        epochs.insert(c.epoch);
+      }
+      EXPECT_EQ(listed, iterations) << rank;
+      EXPECT_EQ(epochs.size(), checkpoints->size()) << rank << ": an epoch is listed twice";
+      for (const CheckpointInfo& c : *checkpoints) {
+        const std::string what = rank + " iteration " + std::to_string(c.iteration);
+        auto table = RecoverTable(**pool, "emb.users", c.epoch);
+        ASSERT_TRUE(table.ok()) << what << ": " << table.status().ToString();
+        ExpectNear(table->tensors[0], EmbeddingToy::ReferenceWeights(kRows, kDim, c.iteration),
+                   what);
+        EXPECT_EQ(table->tensors[1], EmbeddingToy::ReferenceAccumulator(kRows, kDim, c.iteration))
+            << what;
+      }
+    }
+  }
+
+  void ExpectNear(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::string& what) const {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(got[i]) - want[i]));
+    }
+    EXPECT_LE(worst, Tolerance()) << what;
+  }
+
+  std::vector<std::unique_ptr<TempPoolPath>> paths_;
+};
+
+// Rank 0 commits iteration 5 alone before the job dies; the ranks then
+// restore iteration 4, rolling rank 0's epoch of iteration 5 back. Its
+// table's next checkpoints must build on iteration 4's chunks, not on the
+// discarded epoch's (whose chunks the pool frees and whose number the next
+// epoch takes again).
+TEST_P(RolledBackEpochTest, LaterCheckpointsBuildOnTheRestoredEpoch) {
+  constexpr int kWorld = 2;
+  for (int r = 0; r < kWorld; ++r) {
+    paths_.push_back(std::make_unique<TempPoolPath>("diff-rollback-rank" + std::to_string(r)));
+  }
+  std::vector<std::unique_ptr<EmbeddingToy>> toys;
+  for (int r = 0; r < kWorld; ++r) toys.push_back(std::make_unique<EmbeddingToy>(kRows, kDim));
+  OnRanks(kWorld, [&](int r, std::shared_ptr<runtime::Coordinator> c) {
+    RunRank(r, std::move(c), *toys[r], std::nullopt, 1, 4);
+  });
+  ASSERT_FALSE(HasFailure());
+  RunRank(0, nullptr, *toys[0], std::nullopt, 5, 5);
+  ASSERT_FALSE(HasFailure());
+  {
+    auto pool = layout::Pool::Open(paths_[0]->path());
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_EQ((*pool)->Latest()->iteration(), 5u);
+  }
+
+  // The restarts: every value comes from the pools. The first rolls rank 0
+  // back and commits one checkpoint over the dropped epoch's number.
+  for (auto& toy : toys) toy->Zero();
+  OnRanks(kWorld, [&](int r, std::shared_ptr<runtime::Coordinator> c) {
+    RunRank(r, std::move(c), *toys[r], 4, 5, 5);
+  });
+  ASSERT_FALSE(HasFailure());
+  ExpectRetained(kWorld, {3, 4, 5});
+  for (auto& toy : toys) toy->Zero();
+  OnRanks(kWorld, [&](int r, std::shared_ptr<runtime::Coordinator> c) {
+    RunRank(r, std::move(c), *toys[r], 5, 6, 9);
+  });
+  ASSERT_FALSE(HasFailure());
+  ExpectRetained(kWorld, {7, 8, 9});
+  for (auto& toy : toys) toy->Zero();
+  OnRanks(kWorld, [&](int r, std::shared_ptr<runtime::Coordinator> c) {
+    RunRank(r, std::move(c), *toys[r], 9, 10, 9);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(EncodedPolicies, RolledBackEpochTest,
+                         ::testing::Values(PolicyCase{Policy::kIncrCP, false},
+                                           PolicyCase{Policy::kIntermittentDifferential, false},
+                                           PolicyCase{Policy::kIntermittentDifferential, true},
+                                           PolicyCase{Policy::kIncrCP, true}),
+                         [](const auto& info) {
+                           std::string name = PolicyName(info.param.policy);
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name + (info.param.quantize ? "_quantized8" : "");
+                         });
 
 TEST(DiffEngineTest, RetentionFreesChunksNoCheckpointNeeds) {
   TempPoolPath path("diff-retention");

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -219,6 +222,103 @@ TEST(EngineRanksTest, AFailingRankStopsEveryRankAtTheSameStep) {
   EXPECT_GT(failed_at[2], 0u);
   EXPECT_EQ(failed_at[0], failed_at[1]);
   EXPECT_LE(failed_at[0], failed_at[2] + 1);
+}
+
+// The copies of the epoch that captures step `failing_step` fail, and each
+// returns its failure only once the training thread has asked the policy
+// about the next step, which BeginStep does after its check for errors
+// recorded earlier. So the rank learns of its failure where every-k waits
+// for its epoch inside the ranks' exchange, on every run; a failure recorded
+// before that check would be reported by the check itself.
+class FailingEpochGate {
+ public:
+  explicit FailingEpochGate(std::uint64_t failing_step) : failing_step_(failing_step) {}
+  void Asked(std::uint64_t step) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      asked_ = step;
+    }
+    asked_changed_.notify_all();
+  }
+  void Opened(std::uint64_t step) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    opened_ = step;
+  }
+  // Whether a copy starting now fails; a failing one first waits for the
+  // next step's boundary.
+  bool FailCopy() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (opened_ < failing_step_) return false;
+    asked_changed_.wait(lock, [&] { return asked_ > failing_step_; });
+    return true;
+  }
+
+ private:
+  const std::uint64_t failing_step_;
+  std::mutex mutex_;
+  std::condition_variable asked_changed_;
+  std::uint64_t asked_ = 0;
+  std::uint64_t opened_ = 0;
+};
+
+class GatedEveryStepPolicy final : public IntervalPolicy {
+ public:
+  explicit GatedEveryStepPolicy(FailingEpochGate& gate) : gate_(gate) {}
+  std::string name() const override { return "every-1"; }
+  bool ShouldCheckpoint(std::uint64_t step, const PolicyInputs&) override {
+    gate_.Asked(step);
+    return true;
+  }
+  bool wait_if_busy() const override { return true; }
+  void OnEpochStarted(std::uint64_t step) override { gate_.Opened(step); }
+
+ private:
+  FailingEpochGate& gate_;
+};
+
+class GatedFailingDevice final : public pmsnap::testing::MemcpyDevice {
+ public:
+  explicit GatedFailingDevice(FailingEpochGate& gate) : MemcpyDevice(1 << 20), gate_(gate) {}
+  std::string name() const override { return "gated-failing"; }
+  Status CopyToHost(void* dst, const void* src, std::size_t bytes) override {
+    if (gate_.FailCopy()) return Status(StatusCode::kIOError, "injected copy failure");
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+
+ private:
+  FailingEpochGate& gate_;
+};
+
+TEST(EngineRanksTest, TheFailingRankReportsItsOwnErrorAndTheOthersNameIt) {
+  Ranks ranks(3, "ranks-own-error");
+  std::vector<Status> seen(3);
+  OnRanks(3, [&](int r, std::shared_ptr<Coordinator> c) {
+    FailingEpochGate gate(/*failing_step=*/4);
+    GatedFailingDevice failing(gate);
+    EngineOptions options = RankOptions(ranks.path(r), c, std::make_shared<EveryKPolicy>(1));
+    if (r == 2) {
+      options.device = &failing;
+      options.policy = std::make_shared<GatedEveryStepPolicy>(gate);
+    }
+    auto engine = Engine::Open(options, ranks.models[r]->Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    for (std::uint64_t k = 1; k <= 40 && seen[r].ok(); ++k) {
+      seen[r] = ranks.models[r]->Step(**engine, k);
+    }
+    (void)(*engine)->Close(CloseMode::kAbandon);
+  });
+  // The cause, with the rank and pool it happened in; not only "rank 2
+  // failed its checkpoint".
+  EXPECT_EQ(seen[2].code(), StatusCode::kIOError) << seen[2].ToString();
+  EXPECT_NE(seen[2].message().find("injected copy failure"), std::string::npos)
+      << seen[2].message();
+  EXPECT_NE(seen[2].message().find("rank 2, pool '" + ranks.path(2) + "'"), std::string::npos)
+      << seen[2].message();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(seen[r].code(), StatusCode::kAborted) << seen[r].ToString();
+    EXPECT_NE(seen[r].message().find("rank 2 failed"), std::string::npos) << seen[r].message();
+  }
 }
 
 TEST(EngineRanksTest, ALostPoolIsCorruptionOnEveryRankNotAFreshStart) {

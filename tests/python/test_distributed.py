@@ -231,6 +231,83 @@ def test_a_run_moves_to_another_world_size_from_the_old_pools(tmp_path):
         assert pmsnap.load_state_dict(old)["pmsnap"]["iteration"] == 4
 
 
+class _BagModel(torch.nn.Module):
+    ROWS = 4000
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.bag = torch.nn.EmbeddingBag(self.ROWS, 8, mode="sum")
+        self.fc = torch.nn.Linear(8, 1)
+
+    def forward(self, ids, offsets):
+        return self.fc(self.bag(ids, offsets))
+
+
+def _bag_table(model, optimizer):
+    """The table and its row-shaped Adagrad state."""
+    return {"param": model.bag.weight.detach().clone(),
+            "sum": optimizer.state[model.bag.weight]["sum"].clone()}
+
+
+def _embedding_ddp_run(rank, world, pool, policy, first, last, restore):
+    """One rank of a DDP job (plain training when alone) whose nn.EmbeddingBag
+    is checkpointed under embedding `policy` every step; returns the restored
+    iteration and table, and the table after each step first..last."""
+    from torch.nn.parallel import DistributedDataParallel
+    torch.set_num_threads(1)
+    model = _BagModel()
+    forward = DistributedDataParallel(model) if world > 1 else model
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    restored, tables = (None, None), {}
+    # Rows from the all-reduced gradient: DDP changes the rows every rank
+    # looked up, this rank's lookups name only its own.
+    with pmsnap.CheckpointedOptimizer(optimizer, pool, model=model, every=1, workers=1,
+                                      embedding_policy=policy, embedding_rows="gradients",
+                                      retain=3) as opt:
+        if restore:
+            iteration, _ = opt.restore()
+            restored = (iteration, _bag_table(model, optimizer))
+        for step in range(first, last + 1):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            ids = (torch.rand(64, generator=g) ** 3 * _BagModel.ROWS).long()
+            offsets = torch.arange(0, 64, 4)
+            forward(ids, offsets).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            tables[step] = _bag_table(model, optimizer)
+    return restored, tables
+
+
+@pytest.mark.parametrize("policy", ["incrcp", "intermittent"])
+def test_ddp_ranks_keep_checkpointing_a_table_whose_newest_epoch_a_restore_rolled_back(policy):
+    """Under DDP each rank checkpoints its own copy of the table. Rank 0
+    commits iteration 5 alone, the ranks restore iteration 4 (rank 0's 5 is
+    rolled back) and train on: rank 0's next checkpoints used to build on
+    the dropped epoch's table index (IncrCP read its freed chunks and
+    the step failed; the differentials listed the dropped checkpoint
+    beside the new one)."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        pool = os.path.join(d, "run.{rank}.pool")
+        first = run_ranks(2, lambda r, w: _embedding_ddp_run(r, w, pool, policy, 1, 4, False))
+        run_ranks(1, lambda r, w: _embedding_ddp_run(r, w, pool.format(rank=0), policy, 5, 5,
+                                                     True))
+        resumed = run_ranks(2, lambda r, w: _embedding_ddp_run(r, w, pool, policy, 5, 6, True))
+        for rank in range(2):
+            (iteration, table), tables = resumed[rank]
+            assert iteration == 4, rank
+            tables[4] = first[rank][1][4]
+            for role in table:
+                assert torch.equal(table[role], tables[4][role]), (rank, role)
+            path = pool.format(rank=rank)
+            checkpoints = pmsnap.list_checkpoints(path, "bag.weight")
+            assert [c["iteration"] for c in checkpoints] == [4, 5, 6], (rank, checkpoints)
+            for c in checkpoints:
+                state = pmsnap.recover_table(path, "bag.weight", c["epoch"], state=True)
+                for role, tensor in tables[c["iteration"]].items():
+                    assert torch.equal(state[role], tensor), (rank, c, role)
+
+
 def test_sharding_options_are_checked():
     model = torch.nn.Linear(4, 4)
     with pytest.raises(pmsnap.InvalidArgumentError, match="sharding"):

@@ -53,18 +53,20 @@ def assert_same(ref, got, what):
         assert torch.equal(value, got[name]), f"{what}: {name} differs"
 
 
-@pytest.mark.parametrize("plan", ["table_wise", "row_wise"])
+@pytest.mark.parametrize("plan,policy", [("table_wise", None), ("row_wise", None),
+                                         ("row_wise", "intermittent"), ("table_wise", "incrcp")])
 def test_killed_torchrec_ranks_resume_bit_exact_against_an_uninterrupted_run(tmp_path, pool_path,
-                                                                            plan, rng):
-    """Without an embedding policy. Under one (IncrCP, table-wise), a
-    restore whose ranks roll a rank's newest epoch back made that rank's
-    next checkpoint fail in 1 of 3 runs of flake-hunt seed 4081387956 (the
-    agreement reports only "rank 0 failed its checkpoint"): open in issue
-    [sharded]; the policies are tested here without kills."""
+                                                                            plan, policy, rng):
+    """Also with the fused tables' shards under an embedding policy
+    (intermittent differential, IncrCP): the rows the lookups touched. A
+    kill can leave one rank an epoch ahead, which the restore rolls back;
+    the flake hunt (seed 4081387956, 1 run in 3) found that rank's next
+    IncrCP checkpoint building on the dropped epoch's chunks, now reloaded
+    at the restore (diff_checkpoints_test RolledBackEpochTest)."""
     kills = conftest.random_kills(rng, 2, STEPS, 2)
     template = pool_path.replace(".pool", ".{rank}.pool")
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-    extra = ["--plan", plan]
+    extra = ["--plan", plan] + (["--policy", policy] if policy else [])
     torchrun(reference, ["--pool", "unused", "--plain"] + extra)
     try:
         for kill in kills:
@@ -72,7 +74,7 @@ def test_killed_torchrec_ranks_resume_bit_exact_against_an_uninterrupted_run(tmp
         torchrun(resumed, ["--pool", template] + extra)
     finally:
         conftest.remove_rank_pools(template, 2)
-    what = f"plan {plan}, kill plan {kills}"
+    what = f"plan {plan}, policy {policy}, kill plan {kills}"
     assert_same(whole_tables(reference, 2), whole_tables(resumed, 2), what)
     tables = whole_tables(resumed, 2)
     assert any(name.endswith(".momentum1") for name in tables)
