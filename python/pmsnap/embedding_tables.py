@@ -29,6 +29,7 @@ Thread-safety: the training thread that owns the CheckpointedOptimizer.
 """
 
 import torch
+import torch.distributed as dist
 
 from . import _pmsnap
 from .errors import make_error
@@ -154,7 +155,12 @@ def resolve_tables(embeddings, model, named, optimizer, rows):
                              "optimizer step that pmsnap checkpoints around")
         source = rows
         if source == "auto":
-            source = "lookups" if module_name is not None else "gradients"
+            # Beside other ranks (DDP) the gradient is averaged over them: the
+            # step changes the rows any rank looked up, and this rank's own
+            # lookups would miss the others' (its checkpoints silently kept
+            # stale rows). The averaged gradient names them all.
+            source = ("lookups" if module_name is not None and not _trains_beside_other_ranks()
+                      else "gradients")
         if source == "lookups" and module_name is None:
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"embedding table '{name}' has no nn.Embedding / nn.EmbeddingBag "
@@ -163,6 +169,10 @@ def resolve_tables(embeddings, model, named, optimizer, rows):
         tables[name] = Table(name, p, module_name if source == "lookups" else None, source,
                              moves_rows_without_gradient(optimizer, p))
     return tables
+
+
+def _trains_beside_other_ranks():
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def gradient_rows(grad):

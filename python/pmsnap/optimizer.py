@@ -107,7 +107,10 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
       embedding_options: a pmsnap.EmbeddingOptions for everything else (IncrCP
         thresholds...); the arguments above override its fields.
       embedding_rows: "auto" (lookups of the table's module if `model` has
-        one, else gradients), "lookups" or "gradients".
+        one and this process trains alone, else gradients), "lookups" or
+        "gradients". Beside other ranks (DDP) a step changes the rows every
+        rank looked up, which only the averaged gradient names: "lookups"
+        is right there only for a table no other rank's gradient reaches.
       workers: copy/persist worker threads (default: default_workers(device,
         os.cpu_count()): 2 on the host, 1 on a 2-core machine, up to 8 on a GPU).
       worker_cpus: CPUs the workers run on (e.g. [1] with the training thread
