@@ -130,6 +130,16 @@ TEST_P(PolicyTest, EveryRetainedCheckpointRecoversItsIteration) {
   }
 }
 
+// A test name for `c`: the policy's name with '_' for '-', and `quantized`
+// appended where the case quantizes.
+std::string CaseName(const PolicyCase& c, const std::string& quantized) {
+  std::string name = PolicyName(c.policy);
+  for (char& ch : name) {
+    if (ch == '-') ch = '_';
+  }
+  return name + (c.quantize ? quantized : "");
+}
+
 INSTANTIATE_TEST_SUITE_P(AllPolicies, PolicyTest,
                          ::testing::Values(PolicyCase{Policy::kFull, false},
                                            PolicyCase{Policy::kOneShotDifferential, false},
@@ -138,13 +148,7 @@ INSTANTIATE_TEST_SUITE_P(AllPolicies, PolicyTest,
                                            PolicyCase{Policy::kIncrCP, false},
                                            PolicyCase{Policy::kOneShotDifferential, true},
                                            PolicyCase{Policy::kIncrCP, true}),
-                         [](const auto& info) {
-                           std::string name = PolicyName(info.param.policy);
-                           for (char& c : name) {
-                             if (c == '-') c = '_';
-                           }
-                           return name + (info.param.quantize ? "_quantized" : "");
-                         });
+                         [](const auto& info) { return CaseName(info.param, "_quantized"); });
 
 TEST(DiffEngineTest, RestoreResumesTrainingAndLaterCheckpointsStayExact) {
   TempPoolPath path("diff-restore");
@@ -329,13 +333,7 @@ INSTANTIATE_TEST_SUITE_P(EncodedPolicies, RolledBackEpochTest,
                                            PolicyCase{Policy::kIntermittentDifferential, false},
                                            PolicyCase{Policy::kIntermittentDifferential, true},
                                            PolicyCase{Policy::kIncrCP, true}),
-                         [](const auto& info) {
-                           std::string name = PolicyName(info.param.policy);
-                           for (char& c : name) {
-                             if (c == '-') c = '_';
-                           }
-                           return name + (info.param.quantize ? "_quantized8" : "");
-                         });
+                         [](const auto& info) { return CaseName(info.param, "_quantized8"); });
 
 TEST(DiffEngineTest, RetentionFreesChunksNoCheckpointNeeds) {
   TempPoolPath path("diff-retention");
