@@ -341,10 +341,6 @@ Result<std::uint64_t> Pool::BeginEpoch(std::uint64_t iteration) {
     impl.unverified_slot.store(-1);
     if (!problems.empty()) PMSNAP_RETURN_IF_ERROR(RejectRecovered(problems.front(), kDamagedFallback));
   }
-  if (!impl.orphans_swept) {
-    PMSNAP_RETURN_IF_ERROR(impl.chunk_heap->FreeNewerThan(impl.last_committed.value_or(0)));
-    impl.orphans_swept = true;
-  }
   const std::uint64_t epoch = impl.last_committed ? *impl.last_committed + 1 : 1;
   const int slot = static_cast<int>(epoch % 2);
   SlotRecordHeader& record = impl.record(slot);
@@ -352,6 +348,14 @@ Result<std::uint64_t> Pool::BeginEpoch(std::uint64_t iteration) {
       detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kWriting)),
       std::memory_order_release);
   detail::seam::Persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
+  if (!impl.orphans_swept) {
+    // After the slot is marked: the slot may hold a complete epoch newer
+    // than last_committed (rolled back by RollBackLatest, or damaged), whose
+    // chunks this frees; a power cut in between must not leave it complete
+    // without them.
+    PMSNAP_RETURN_IF_ERROR(impl.chunk_heap->FreeNewerThan(impl.last_committed.value_or(0)));
+    impl.orphans_swept = true;
+  }
   record.iteration = iteration;
   for (std::size_t p = 0; p < layout_.parts.size(); ++p) {
     impl.written[p].store(0, std::memory_order_relaxed);

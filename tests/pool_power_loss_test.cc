@@ -94,6 +94,49 @@ PowerLossSimulator::Plan CapturePlan(const std::atomic<bool>* armed,
   };
 }
 
+// Begins epoch `epoch` at iteration epoch * 10, allocates and seals its
+// chunk (with_chunks) and writes every tensor: all but the commit.
+void BeginAndWriteEpoch(Pool& pool, std::uint64_t epoch, bool with_chunks) {
+  const Manifest& manifest = pool.manifest();
+  auto begun = pool.BeginEpoch(epoch * 10);
+  ASSERT_TRUE(begun.ok()) << begun.status().message();
+  ASSERT_EQ(*begun, epoch);
+  if (with_chunks) {
+    const std::vector<std::byte> content = ChunkContent(epoch);
+    auto chunk = pool.chunk_heap().Alloc(content.size(), epoch, kChunkTag);
+    ASSERT_TRUE(chunk.ok()) << chunk.status().message();
+    auto payload = pool.chunk_heap().Payload(chunk->id);
+    ASSERT_TRUE(payload.ok());
+    std::memcpy(payload->data(), content.data(), content.size());
+    ASSERT_TRUE(pool.chunk_heap().Seal(chunk->id).ok());
+  }
+  for (std::uint32_t u = 0; u < manifest.units.size(); ++u) {
+    for (std::uint32_t t = 0; t < manifest.units[u].tensors.size(); ++t) {
+      auto bytes = pmsnap::testing::SeededTensor(manifest, epoch, u, t);
+      ASSERT_TRUE(pool.WriteTensor(u, t, bytes.data()).ok());
+    }
+  }
+}
+
+void CommitEpoch(Pool& pool, std::uint64_t epoch) {
+  const std::string extra = ExtraState(epoch);
+  ASSERT_TRUE(pool.Commit({reinterpret_cast<const std::byte*>(extra.data()), extra.size()}).ok());
+}
+
+// Whether epoch `epoch`'s sealed chunk is in the pool with its content.
+bool ChunkOfEpochIntact(const Pool& pool, std::uint64_t epoch) {
+  const std::vector<std::byte> content = ChunkContent(epoch);
+  for (const ChunkInfo& chunk : pool.chunk_heap().List()) {
+    if (chunk.epoch != epoch || !chunk.sealed) continue;
+    auto payload = pool.chunk_heap().Read(chunk.id);
+    if (payload.ok() && payload->size() == content.size() &&
+        std::memcmp(payload->data(), content.data(), content.size()) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Runs the epochs: each frees chunks more than two epochs old (with chunks),
 // begins, allocates and seals one chunk, writes every tensor and commits;
 // epoch 3 is first begun, half written and abandoned. Updates `progress`
@@ -116,28 +159,10 @@ void RunEpochs(Pool& pool, bool with_chunks, std::atomic<std::uint64_t>* progres
         }
       }
     }
-    auto begun = pool.BeginEpoch(epoch * 10);
-    ASSERT_TRUE(begun.ok()) << begun.status().message();
-    ASSERT_EQ(*begun, epoch);
-    if (with_chunks) {
-      const std::vector<std::byte> content = ChunkContent(epoch);
-      auto chunk = pool.chunk_heap().Alloc(content.size(), epoch, kChunkTag);
-      ASSERT_TRUE(chunk.ok()) << chunk.status().message();
-      auto payload = pool.chunk_heap().Payload(chunk->id);
-      ASSERT_TRUE(payload.ok());
-      std::memcpy(payload->data(), content.data(), content.size());
-      ASSERT_TRUE(pool.chunk_heap().Seal(chunk->id).ok());
-    }
-    for (std::uint32_t u = 0; u < manifest.units.size(); ++u) {
-      for (std::uint32_t t = 0; t < manifest.units[u].tensors.size(); ++t) {
-        auto bytes = pmsnap::testing::SeededTensor(manifest, epoch, u, t);
-        ASSERT_TRUE(pool.WriteTensor(u, t, bytes.data()).ok());
-      }
-    }
-    const std::string extra = ExtraState(epoch);
+    BeginAndWriteEpoch(pool, epoch, with_chunks);
     state.committing = true;
     progress->store(state.Pack());
-    ASSERT_TRUE(pool.Commit({reinterpret_cast<const std::byte*>(extra.data()), extra.size()}).ok());
+    CommitEpoch(pool, epoch);
     state = {epoch, false};
     progress->store(state.Pack());
     // Commit returned: the epoch is durable now, not at the next drain (a
@@ -190,16 +215,8 @@ std::string CheckImage(const PowerLossSimulator& simulator, const PowerLossImage
       std::memcmp(stored.data(), extra.data(), extra.size()) != 0) {
     return where + "epoch " + std::to_string(recovered) + ": extra state differs";
   }
-  if (with_chunks) {
-    bool found = false;
-    for (const ChunkInfo& chunk : pool.chunk_heap().List()) {
-      if (chunk.epoch != recovered || !chunk.sealed) continue;
-      auto payload = pool.chunk_heap().Read(chunk.id);
-      const std::vector<std::byte> content = ChunkContent(recovered);
-      found = payload.ok() && payload->size() == content.size() &&
-              std::memcmp(payload->data(), content.data(), content.size()) == 0;
-    }
-    if (!found) return where + "epoch " + std::to_string(recovered) + "'s chunk is lost";
+  if (with_chunks && !ChunkOfEpochIntact(pool, recovered)) {
+    return where + "epoch " + std::to_string(recovered) + "'s chunk is lost";
   }
   return "";
 }
@@ -303,6 +320,59 @@ TEST(PoolPowerLossTest, ChunkAllocSealFreeAndSweepSurviveEveryImage) {
 // line, thread B stores newer bytes into it, flushes and drains, then A
 // drains. The line A flushed is older than the durable one; A's drain must
 // not make it durable again (it did before the flushes were ordered).
+// The ranks agreed on an older epoch (Pool::RollBackLatest): the next
+// BeginEpoch reuses the dropped epoch's slot and frees its chunks. A power
+// cut in between must not leave that epoch complete without its chunks: a
+// reader of this pool alone (export, recover_table) would pick it and miss
+// its tables. The slot is marked first, then the chunks go.
+TEST(PoolPowerLossTest, ARolledBackEpochNeverOutlivesItsChunksInAnyImage) {
+  TempPoolPath path("power-loss-rollback");
+  TempPoolPath image_path("power-loss-rollback-image");
+  const Manifest manifest = SmallManifest();
+  {
+    auto pool = Pool::Create(path.path(), manifest, SmallOptions(4 << 20));
+    ASSERT_TRUE(pool.ok()) << pool.status().message();
+    for (std::uint64_t epoch = 1; epoch <= 2; ++epoch) {
+      BeginAndWriteEpoch(**pool, epoch, /*with_chunks=*/true);
+      CommitEpoch(**pool, epoch);
+    }
+  }
+  PowerLossSimulator simulator(pmsnap::testing::TestSeed(13));
+  {
+    OpenOptions options;
+    options.prefault_mapping = false;
+    auto pool = Pool::Open(path.path(), manifest, options);
+    ASSERT_TRUE(pool.ok()) << pool.status().message();
+    ASSERT_TRUE((*pool)->RollBackLatest("the ranks agreed on iteration 10").ok());
+    simulator.SetPlan([](const SeamEvent&) -> std::optional<CaptureRequest> {
+      return CaptureRequest{2, 0};
+    });
+    ASSERT_TRUE((*pool)->BeginEpoch(20).ok());
+    simulator.SetPlan(nullptr);
+    (*pool)->Abandon();
+  }
+  simulator.Stop();
+  ASSERT_FALSE(simulator.images().empty());
+  int dropped_seen = 0;
+  for (const PowerLossImage& image : simulator.images()) {
+    ASSERT_EQ(simulator.WriteImage(image, image_path.path()), "");
+    OpenOptions options;
+    options.prefault_mapping = false;
+    auto opened = Pool::Open(image_path.path(), manifest, options);
+    ASSERT_TRUE(opened.ok()) << image.Describe() << ": " << opened.status().message();
+    auto latest = (*opened)->Latest();
+    ASSERT_TRUE(latest.ok()) << image.Describe();
+    if (latest->epoch() == 2) {
+      ++dropped_seen;
+      EXPECT_TRUE(ChunkOfEpochIntact(**opened, 2))
+          << image.Describe() << ": epoch 2 is complete but its chunk is gone";
+    } else {
+      EXPECT_EQ(latest->epoch(), 1u) << image.Describe();
+    }
+  }
+  EXPECT_GT(dropped_seen, 0);  // images from before the slot was marked
+}
+
 TEST(PoolPowerLossTest, ADrainNeverMakesALineOlderThanAnotherThreadMadeDurable) {
   TempPoolPath path("power-loss-threads");
   PowerLossSimulator simulator(pmsnap::testing::TestSeed(5));
