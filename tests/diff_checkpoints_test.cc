@@ -74,17 +74,25 @@ struct PolicyCase {
   bool quantize;
 };
 
+// The case's policy, 8-bit quantized where it says, keeping `retain`
+// checkpoints; IncrCP extracts whenever rows repeat and never resets its
+// baseline on its own (timing-driven: tested on its own below).
+EmbeddingOptions OptionsFor(const PolicyCase& c, std::uint32_t retain) {
+  EmbeddingOptions options;
+  options.policy = c.policy;
+  options.retain = retain;
+  options.quantize.enabled = c.quantize;
+  options.quantize.bits = 8;
+  options.incrcp.duplicate_ratio_threshold = 0.0;
+  options.incrcp.reset_baseline = false;
+  return options;
+}
+
 class PolicyTest : public ::testing::TestWithParam<PolicyCase> {};
 
 TEST_P(PolicyTest, EveryRetainedCheckpointRecoversItsIteration) {
   TempPoolPath path("diff");
-  EmbeddingOptions options;
-  options.policy = GetParam().policy;
-  options.retain = 4;
-  options.quantize.enabled = GetParam().quantize;
-  options.quantize.bits = 8;
-  options.incrcp.duplicate_ratio_threshold = 0.0;  // extract whenever duplicates exist
-  options.incrcp.reset_baseline = false;           // timing-driven: tested on its own below
+  const EmbeddingOptions options = OptionsFor(GetParam(), 4);
   auto checkpointer = std::make_shared<EmbeddingCheckpointer>(options);
   EmbeddingToy toy(kRows, kDim);
   {
@@ -193,14 +201,7 @@ void OnRanks(int world,
 class RolledBackEpochTest : public ::testing::TestWithParam<PolicyCase> {
  protected:
   EmbeddingOptions Embedding() const {
-    EmbeddingOptions options;
-    options.policy = GetParam().policy;
-    options.retain = 3;
-    options.quantize.enabled = GetParam().quantize;
-    options.quantize.bits = 8;
-    options.incrcp.duplicate_ratio_threshold = 0.0;  // extract whenever duplicates exist
-    options.incrcp.reset_baseline = false;           // timing-driven
-    return options;
+    return OptionsFor(GetParam(), 3);
   }
   // Quantized, the errors add up: training resumes from quantized rows at
   // each of the test's two restores, and the checkpoints after them
