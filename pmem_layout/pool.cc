@@ -529,7 +529,7 @@ std::vector<std::span<std::byte>> Pool::slot_extents(int slot) const {
   const Impl& impl = *impl_;
   std::vector<std::span<std::byte>> extents;
   for (std::size_t i = 0; i < impl.extent_data[slot].size(); ++i) {
-    extents.emplace_back(impl.extent_data[slot][i], impl.extent_stored_bytes[slot][i]);
+    extents.emplace_back(impl.extent_data[slot][i], layout_.extent_used[i]);
   }
   return extents;
 }
@@ -552,9 +552,8 @@ FileRegions Pool::regions() const {
   regions.manifest = {header.manifest_offset, header.manifest_bytes};
   for (int s = 0; s < 2; ++s) {
     regions.record[s] = {header.slot_record_offset[s], header.record_bytes};
-    for (std::size_t i = 0; i < impl.extent_data[s].size(); ++i) {
-      regions.slot_extents[s].push_back(
-          {offset_of(impl.extent_data[s][i]), impl.extent_stored_bytes[s][i]});
+    for (const std::span<std::byte> extent : slot_extents(s)) {
+      regions.slot_extents[s].push_back({offset_of(extent.data()), extent.size()});
     }
     regions.slot_data[s] = regions.slot_extents[s].front();
   }

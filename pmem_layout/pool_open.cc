@@ -452,7 +452,6 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   impl.extent_bytes = header.slot_extent_bytes;
   for (int s = 0; s < 2; ++s) {
     impl.extent_data[s].clear();
-    impl.extent_stored_bytes[s].clear();
     for (std::uint64_t i = 0; i < extent_count; ++i) {
       const std::uint64_t offset = extent_offsets[s * extent_count + i];
       const std::uint64_t bytes = layout_.extent_used[i];
@@ -463,7 +462,6 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
                           std::to_string(detail::kSlotDataAlignment) + "-byte aligned");
       }
       impl.extent_data[s].push_back(impl.At(offset));
-      impl.extent_stored_bytes[s].push_back(bytes);
     }
   }
   for (std::uint32_t u = 0; u < manifest_.units.size(); ++u) {

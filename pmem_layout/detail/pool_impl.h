@@ -89,9 +89,9 @@ struct Pool::Impl {
   std::byte* extra_state(int slot) const {
     return reinterpret_cast<std::byte*>(part_checksums(slot) + header().part_count);
   }
-  // Each slot's extents (one for a version-1 pool), set at open.
+  // Where each slot's extents start (one for a version-1 pool; their sizes
+  // are the layout's extent_used), set at open.
   std::vector<std::byte*> extent_data[2];
-  std::vector<std::uint64_t> extent_stored_bytes[2];
   std::uint64_t extent_bytes = 0;  // SlotLayout::extent_bytes
   SlotAddressing slot_addressing(int slot) const {
     return {extent_data[slot].data(), extent_data[slot].size(), extent_bytes};
