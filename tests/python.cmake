@@ -10,6 +10,8 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr_ranks.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_training_state.py
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_lightning.py
+                   --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_hf.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_examples.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_sharded.py
                    --ignore=${CMAKE_CURRENT_SOURCE_DIR}/python/test_one_step.py
@@ -74,9 +76,10 @@ if(TARGET pmsnap_python AND PMSNAP_PYTHON_BUILD_DIR)
                    ${CMAKE_CURRENT_SOURCE_DIR}/python/test_cpr.py)
   set_tests_properties(python_cpr_test PROPERTIES ENVIRONMENT "${_pmsnap_python_env}"
                        TIMEOUT ${_pmsnap_python_timeout})
-  # Whole training processes: TrainingState SIGKILLed and resumed, and the
-  # runnable examples as a user runs them; on their own beside the rest.
-  foreach(_pmsnap_file training_state examples)
+  # Whole training processes: TrainingState, Lightning and the HF Trainer
+  # SIGKILLed and resumed, and the runnable examples as a user runs them; on
+  # their own beside the rest.
+  foreach(_pmsnap_file training_state lightning hf examples)
     add_test(NAME python_${_pmsnap_file}_test
              COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider
                      ${CMAKE_CURRENT_SOURCE_DIR}/python/test_${_pmsnap_file}.py)

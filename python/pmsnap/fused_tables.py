@@ -271,6 +271,7 @@ class FusedTableUpdates:
             return
         if not self._backward_step_begun and self._backward_error is None:
             try:
+                self._finish_open_step()
                 self._check_unchanged()
                 engine.begin_step(self.iteration + 1)
             except _pmsnap.Error as e:

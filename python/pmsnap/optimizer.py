@@ -180,6 +180,14 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
       check_free_space, reserve_bytes, checkfreq_overhead, print_summary,
       chunk_heap_bytes (the chunk heap's budget for a new pool; LowDiff's
       differentials live there: pmsnap.lowdiff).
+      finish_step_later: step() updates the parameters but leaves the
+        step open; finish_step() ends it, and its checkpoint takes the extra
+        state, RNG states and learning rates as they are then. For trainers
+        that step the LR scheduler and their own counters after
+        optimizer.step() (Lightning, Hugging Face Trainer:
+        pmsnap.lightning, pmsnap.hf): the checkpoint then holds the state a
+        resumed run continues from. The next step(), flush() or close()
+        finishes a step left open. Default False (step() ends the step).
       tuning, pool_settings, ranks: option objects grouping keywords above
         (pmsnap.Tuning: strategy, workers, worker_cpus, part_bytes,
         copy_start, dram_staging_buffers, reserve_bytes, step_groups;
@@ -201,7 +209,7 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
                  copy_start=UNSET, process_group=UNSET, sharding=UNSET, replicas=UNSET,
                  init_from=None, worker_cpus=UNSET, step_groups=UNSET, chunk_heap_bytes=UNSET,
                  dram_staging_buffers=UNSET, buffers=True, tuning=None, pool_settings=None,
-                 ranks=None):
+                 ranks=None, finish_step_later=False):
         (strategy, workers, worker_cpus, part_bytes, copy_start, dram_staging_buffers,
          reserve_bytes, step_groups) = resolve_options(
             Tuning, tuning, "tuning", strategy=strategy, workers=workers,
@@ -274,6 +282,9 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         self._final_stats = None
         # The last step's state when no epoch captured it (see close()).
         self._skipped_step_state = None
+        self._finish_later = bool(finish_step_later)
+        # Under finish_step_later: whether the open step is captured (None: none open).
+        self._open_step_captured = None
         self._pool_latest = None
         self.embedding_tracker = None
         self._tables = {}
@@ -350,6 +361,7 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         if self._closed:
             raise make_error(_pmsnap.FailedPreconditionError,
                              f"CheckpointedOptimizer for {self.pool} is closed")
+        self._finish_open_step()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -440,9 +452,29 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
             return None
         return {u["name"] for u in self._stats_of(self._engine).get("units", [])}
 
+    def finish_step(self, extra_state=None):
+        """Ends the step that step() left open under finish_step_later=True:
+        its checkpoint (if this step is captured) takes `extra_state` (a
+        picklable dict, replacing self.extra_state), the RNG states and the
+        learning rates as they are now. No-op when no step is open. Errors
+        as those step() raises from ending a step: after the parameters
+        were updated, the engine left open. Training thread."""
+        if extra_state is not None:
+            if not isinstance(extra_state, dict):
+                raise make_error(_pmsnap.InvalidArgumentError, "extra_state must be a dict")
+            self.extra_state = extra_state
+        self._finish_open_step()
+
+    @property
+    def step_open(self):
+        """Whether a step() left its step open (finish_step_later=True)."""
+        return self._open_step_captured is not None
+
     def flush(self):
-        """Waits until the checkpoint in flight has committed (or failed)."""
+        """Finishes an open step, then waits until the checkpoint in flight
+        has committed (or failed)."""
         if self._engine is not None:
+            self._finish_open_step()
             self._engine.flush()
 
     def close(self, abandon=False):
@@ -466,13 +498,17 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
             self.embedding_tracker.remove()
         if self._table_tracker is not None:
             self._table_tracker.remove()
-        engine, self._engine = self._engine, None
+        engine = self._engine
         if engine is not None:
             try:
-                if not abandon and self._skipped_step_state is not None:
-                    rng, hyperparameters = self._skipped_step_state
-                    engine.checkpoint_last_step(self._pack_extra(rng, hyperparameters))
+                if not abandon:
+                    self._finish_open_step()
+                    if self._skipped_step_state is not None:
+                        rng, hyperparameters = self._skipped_step_state
+                        engine.checkpoint_last_step(self._pack_extra(rng, hyperparameters))
             finally:
+                self._engine = None
+                self._open_step_captured = None
                 try:
                     engine.close(abandon=abandon)
                 finally:
@@ -760,6 +796,16 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
             self._fail()
             raise
         self.iteration = step
+        self._open_step_captured = captured
+        if not self._finish_later:
+            self._finish_open_step()
+
+    def _finish_open_step(self):
+        """Ends the engine's step that step() left open, with the extra
+        state, RNG and hyperparameters of now. No-op when none is open."""
+        captured, self._open_step_captured = self._open_step_captured, None
+        if captured is None:
+            return
         self._engine.end_step(self._pack_extra() if captured else b"")
         # What a skipped step's checkpoint at close() needs that may change
         # after it (RNG draws, a scheduler's lr): taken now, about 40 us.
@@ -778,7 +824,9 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         if self._table_tracker is not None:
             self._table_tracker.clear()
         self._engine.begin_step(step)
-        self._engine.end_step(self._pack_extra())
+        self._open_step_captured = True
+        if not self._finish_later:
+            self._finish_open_step()
 
     def _capture_buffers(self, engine):
         """The module's buffers into their shadows, between the buffer units'

@@ -66,6 +66,7 @@ class UpdateInBackward:
         engine = self._engine
         if engine is not None and not self._backward_step_begun and self._backward_error is None:
             try:
+                self._finish_open_step()
                 self._check_unchanged()
                 engine.begin_step(self.iteration + 1)
             except _pmsnap.Error as e:

@@ -168,6 +168,29 @@ class MLP(torch.nn.Module):
         return x
 
 
+def run_to_kill(args, kill_at=0, env=None, timeout=300):
+    """Runs a trainer script (`args` after the interpreter) that prints
+    "start N" (the first step it takes) and "step k" after each step, and
+    waits at step KILL_AT once it committed; with kill_at, SIGKILLs it
+    when it printed that step. Returns (N, exit code); without kill_at the
+    run must succeed (the assertion shows its stderr)."""
+    child = subprocess.Popen([sys.executable] + list(args), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, **(env or {})))
+    start = None
+    for line in child.stdout:
+        if line.startswith("start "):
+            start = int(line.split()[1])
+        if kill_at and line.strip() == f"step {kill_at}":
+            child.kill()
+            break
+    child.wait(timeout=timeout)
+    stderr = child.stderr.read()
+    if not kill_at:
+        assert child.returncode == 0, stderr
+    return start, child.returncode
+
+
 def make_model(seed=0, **kwargs):
     torch.manual_seed(seed)
     return MLP(**kwargs)

@@ -5,7 +5,8 @@ resumes from its last committed iteration; with --measure-overhead it
 measures in interleaved rounds (a plain and a checkpointed run each, the
 order alternating) and prints medians with their spread, leaving no pool
 behind. examples/train_loop.py (pmsnap.TrainingState in a torchtitan-style
-loop) continues from its pool at the step after the last committed one.
+loop) continues from its pool at the step after the last committed one, and
+so does examples/train_lightning.py (pmsnap.lightning's callback).
 examples/train_fsdp2.py (FSDP2 under torchrun) resumes after a killed rank
 with the losses of the uninterrupted steps, then continues on 3 ranks;
 examples/train_torchrec.py (torchrec's DLRM, table-wise) the same, then
@@ -74,6 +75,13 @@ def test_measure_overhead_reports_medians_and_spreads_of_interleaved_rounds(pool
 def test_train_loop_continues_at_the_step_after_the_last_committed_one(pool_path):
     small = ("--dim", "16", "--layers", "1", "--seq", "8", "--batch", "2", "--vocab", "64")
     assert_resumes("train_loop.py", pool_path, "--steps", "step",
+                   f"resumed from {pool_path}: continuing at step 7", small)
+
+
+def test_train_lightning_continues_at_the_step_after_the_last_committed_one(pool_path):
+    small = ("--dim", "16", "--layers", "1", "--seq", "8", "--batch", "2", "--vocab", "64",
+             "--batches-per-epoch", "4")
+    assert_resumes("train_lightning.py", pool_path, "--steps", "step",
                    f"resumed from {pool_path}: continuing at step 7", small)
 
 

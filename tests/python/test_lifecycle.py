@@ -194,6 +194,42 @@ def test_lr_scheduler_state_travels_with_the_checkpoint(pool_path):
     assert extra["scheduler"]["last_epoch"] == 4
 
 
+def test_finish_step_later_checkpoints_the_state_after_the_scheduler_step(pool_path):
+    """finish_step_later=True: each checkpoint holds the lr and extra state
+    of finish_step(), after the scheduler stepped; the next step(), flush()
+    and close() end a step left open."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1,
+                                      finish_step_later=True) as copt:
+        for step in range(3):
+            train_step(model, copt, step)
+            assert copt.step_open
+            sched.step()
+            copt.finish_step(extra_state={"scheduler": sched.state_dict()})
+            assert not copt.step_open
+    model2 = make_model(seed=9)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1)
+    with pmsnap.CheckpointedOptimizer(opt2, pool=pool_path, model=model2, every=1,
+                                      finish_step_later=True) as copt2:
+        iteration, extra = copt2.restore()
+        assert iteration == 3 and extra["scheduler"]["last_epoch"] == 3
+        assert opt2.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5)
+        assert_same_training_state(model, opt, model2, opt2)
+        train_step(model2, copt2, 3)  # left open: the next step() ends it
+        train_step(model2, copt2, 4)
+        assert copt2.step_open
+        copt2.flush()
+        assert not copt2.step_open
+        train_step(model2, copt2, 5)  # left open: close() ends and commits it
+    assert pmsnap.read_pool(pool_path)["latest"]["iteration"] == 6
+    model3 = make_model(seed=5)
+    opt3 = torch.optim.SGD(model3.parameters(), lr=0.1)
+    assert pmsnap.restore(pool_path, model3, opt3)[0] == 6
+    assert_same_training_state(model2, opt2, model3, opt3)
+
+
 @pytest.mark.skipif(pmsnap.cuda_support_compiled() and torch.cuda.is_available(),
                     reason="a usable GPU: no fallback to test")
 def test_cuda_spec_falls_back_to_host_with_a_note(pool_path):

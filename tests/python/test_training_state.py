@@ -9,14 +9,12 @@ Thread-safety: the training runs in child processes (loop_trainer.py).
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import pmsnap
-from conftest import assert_equal_nested
+from conftest import assert_equal_nested, run_to_kill
 
 TRAINER = os.path.join(os.path.dirname(__file__), "loop_trainer.py")
 STEPS = 14
@@ -25,24 +23,8 @@ STEPS = 14
 def run(mode, pool, out, kill_at=0, scheduler="sequential"):
     """Runs the trainer; with kill_at, SIGKILLs it once it reported that
     step (committed). Returns (first step it took, exit code)."""
-    env = dict(os.environ, LOOP_SCHEDULER=scheduler)
-    args = [sys.executable, TRAINER, mode, pool, str(STEPS), out]
-    if kill_at:
-        args.append(str(kill_at))
-    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=env)
-    start = None
-    for line in child.stdout:
-        if line.startswith("start "):
-            start = int(line.split()[1])
-        if kill_at and line.strip() == f"step {kill_at}":
-            child.kill()
-            break
-    child.wait(timeout=300)
-    stderr = child.stderr.read()
-    if not kill_at:
-        assert child.returncode == 0, stderr
-    return start, child.returncode
+    args = [TRAINER, mode, pool, str(STEPS), out] + ([str(kill_at)] if kill_at else [])
+    return run_to_kill(args, kill_at, env={"LOOP_SCHEDULER": scheduler})
 
 
 @pytest.mark.parametrize("scheduler", ["sequential", "plateau"])
