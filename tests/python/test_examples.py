@@ -6,7 +6,8 @@ measures in interleaved rounds (a plain and a checkpointed run each, the
 order alternating) and prints medians with their spread, leaving no pool
 behind. examples/train_loop.py (pmsnap.TrainingState in a torchtitan-style
 loop) continues from its pool at the step after the last committed one, and
-so does examples/train_lightning.py (pmsnap.lightning's callback).
+so do examples/train_lightning.py and examples/train_hf.py (the Lightning
+and Hugging Face Trainer callbacks).
 examples/train_fsdp2.py (FSDP2 under torchrun) resumes after a killed rank
 with the losses of the uninterrupted steps, then continues on 3 ranks;
 examples/train_torchrec.py (torchrec's DLRM, table-wise) the same, then
@@ -17,6 +18,7 @@ Thread-safety: each test runs the example in a child process of its own.
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -83,6 +85,16 @@ def test_train_lightning_continues_at_the_step_after_the_last_committed_one(pool
              "--batches-per-epoch", "4")
     assert_resumes("train_lightning.py", pool_path, "--steps", "step",
                    f"resumed from {pool_path}: continuing at step 7", small)
+
+
+def test_train_hf_continues_at_the_step_after_the_last_committed_one(pool_path):
+    small = ("--dim", "16", "--layers", "1", "--seq", "8", "--batch", "2", "--vocab", "64",
+             "--sequences", "8")
+    try:
+        assert_resumes("train_hf.py", pool_path, "--steps", "step",
+                       f"resumed from {pool_path}: continuing at step 7", small)
+    finally:
+        shutil.rmtree(pool_path + ".resume", ignore_errors=True)
 
 
 def assert_killed_rank_resumes(script, pool_path, new_world, moved_line):
