@@ -9,6 +9,8 @@
 #   scripts/pmsnap.sh build   build only
 #
 #   scripts/pmsnap.sh env     install and print the environment's python path
+#   scripts/pmsnap.sh wheel [DIR]  a wheel carrying its native libraries, into DIR
+#                             (default dist/; scripts/build_wheel.sh)
 #
 # Environment: PMSNAP_BUILD_DIR (default build), PMSNAP_VENV (the Python
 # environment; default ~/.cache/pmsnap/venv-torch-<version>), PMSNAP_POOL_DIR
@@ -84,6 +86,10 @@ if [[ "$mode" == env ]]; then
   echo "$venv/bin/python"
   exit 0
 fi
+if [[ "$mode" == wheel ]]; then
+  # A wheel that carries its native libraries, into dist/ (or $1).
+  exec "$root/scripts/build_wheel.sh" "$venv/bin/python" "${1:-$root/dist}"
+fi
 build
 
 case "$mode" in
@@ -100,7 +106,7 @@ case "$mode" in
     ctest --output-on-failure -j "$(nproc)" --timeout 900 "$@"
     ;;
   *)
-    echo "usage: scripts/pmsnap.sh demo|test|build|env" >&2
+    echo "usage: scripts/pmsnap.sh demo|test|build|env|wheel" >&2
     exit 2
     ;;
 esac
