@@ -76,6 +76,8 @@ class PmsnapCallback(TrainerCallback):
                        lr_scheduler=None, **kwargs):
         # `optimizer` is Accelerate's AcceleratedOptimizer around the torch one.
         inner = getattr(optimizer, "optimizer", None)
+        if isinstance(inner, CheckpointedOptimizer):  # wrapped by an earlier train()
+            inner = inner.optimizer
         if inner is None:
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"PmsnapCallback({self.pool}): the Trainer's optimizer "

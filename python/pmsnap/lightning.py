@@ -81,6 +81,7 @@ class PmsnapCheckpoint(pl.Callback):
 
     def setup(self, trainer, pl_module, stage):
         # Before the Trainer reads ckpt_path (Trainer._run): a pool path reaches us.
+        self._resuming = False
         io = trainer.strategy.checkpoint_io
         if not isinstance(io, _PoolCheckpointIO):
             trainer.strategy.checkpoint_io = _PoolCheckpointIO(io, self)
@@ -125,7 +126,13 @@ class PmsnapCheckpoint(pl.Callback):
     def load_checkpoint_dict(self, path):
         """The Lightning checkpoint dict of pool `path`'s newest checkpoint:
         its model tensors and the training state taken with them. Marks this
-        fit as resuming when `path` is this callback's pool."""
+        fit as resuming. InvalidArgumentError for a pool other than this
+        callback's (its optimizer state would be lost)."""
+        if os.path.realpath(path) != os.path.realpath(self.pool):
+            raise make_error(_pmsnap.InvalidArgumentError,
+                             f"ckpt_path {path} is a pmsnap pool, but this PmsnapCheckpoint "
+                             f"writes {self.pool}: resume from that pool, or start a new pool "
+                             f"from {path} with PmsnapCheckpoint(new_pool, init_from='{path}')")
         loaded = load_state_dict(path, model_only=True)
         saved = loaded["extra"].get(_STATE_KEY)
         if saved is None:
@@ -133,8 +140,7 @@ class PmsnapCheckpoint(pl.Callback):
                              f"pool {path} was not written by pmsnap.lightning.PmsnapCheckpoint "
                              "(its checkpoints hold no Lightning loop state): load it with "
                              "pmsnap.load_state_dict()")
-        if os.path.realpath(path) == os.path.realpath(self.pool):
-            self._resuming = True
+        self._resuming = True
         checkpoint = dict(saved)
         checkpoint["state_dict"] = loaded["model"]
         checkpoint["pytorch-lightning_version"] = pl.__version__

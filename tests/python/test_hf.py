@@ -66,9 +66,13 @@ def train(pool_path, output_dir, steps, resume=None):
 
 
 def test_a_pool_is_never_overwritten_by_a_fresh_or_an_older_start(pool_path, tmp_path):
-    train(pool_path, tmp_path, 2)
+    trainer = train(pool_path, tmp_path, 2)
     old = resume_dir(pool_path, str(tmp_path / "at2"))
     try:
+        # The same Trainer again: its optimizer is wrapped once, not twice.
+        trainer.args.max_steps = 3
+        trainer.train(resume_from_checkpoint=resume_dir(pool_path))
+        assert pmsnap.read_pool(pool_path)["latest"]["iteration"] == 3
         train(pool_path, tmp_path, 4, resume=resume_dir(pool_path))
         assert pmsnap.read_pool(pool_path)["latest"]["iteration"] == 4
         with pytest.raises(pmsnap.FailedPreconditionError,

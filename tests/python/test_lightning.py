@@ -90,3 +90,15 @@ def test_more_than_one_optimizer_and_reserved_keywords_are_refused(pool_path):
     with pytest.raises(pmsnap.InvalidArgumentError, match="2 optimizers"):
         trainer_with(PmsnapCheckpoint(pool_path), 2).fit(model, ShuffledBatches(seed=1))
     assert not os.path.exists(pool_path)
+
+
+def test_another_pool_as_ckpt_path_is_refused_instead_of_losing_its_optimizer_state(pool_path,
+                                                                                   tmp_path):
+    other = str(tmp_path / "other.pool")
+    trainer_with(PmsnapCheckpoint(other), 2).fit(Regressor(), ShuffledBatches(seed=1))
+    with pytest.raises(pmsnap.InvalidArgumentError,
+                       match=f"ckpt_path {other} is a pmsnap pool, but this PmsnapCheckpoint "
+                             f"writes {pool_path}.*init_from"):
+        trainer_with(PmsnapCheckpoint(pool_path), 4).fit(Regressor(), ShuffledBatches(seed=1),
+                                                         ckpt_path=other)
+    assert not os.path.exists(pool_path)
