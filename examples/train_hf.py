@@ -17,7 +17,6 @@ with the same batches, learning rates and dropout masks.
 Thread-safety: a single-threaded script.
 """
 
-import argparse
 import os
 import shutil
 import tempfile
@@ -29,6 +28,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 
 import pmsnap
 from pmsnap.hf import PmsnapCallback, resume_dir
+
+from train_loop import small_gpt_arguments
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -58,17 +59,7 @@ class Progress(TrainerCallback):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pool", default=os.path.join(os.environ.get("PMSNAP_POOL_DIR",
-                                                                      "/dev/shm"),
-                                                       "pmsnap-hf.pool"))
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--fresh", action="store_true", help="delete the pool first")
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=8)
+    parser = small_gpt_arguments(__doc__, "pmsnap-hf.pool")
     parser.add_argument("--sequences", type=int, default=400)
     args = parser.parse_args()
     torch.set_num_threads(1)

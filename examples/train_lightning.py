@@ -16,7 +16,6 @@ committed step with the same batches, learning rates and dropout masks.
 Thread-safety: a single-threaded script.
 """
 
-import argparse
 import os
 import time
 import warnings
@@ -28,7 +27,7 @@ from torch import nn
 import pmsnap
 from pmsnap.lightning import PmsnapCheckpoint
 
-from train_loop import TinyGPT, TokenLoader, warmup_cosine
+from train_loop import TinyGPT, TokenLoader, small_gpt_arguments, warmup_cosine
 
 
 class Batches:
@@ -99,17 +98,7 @@ class Progress(pl.Callback):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pool", default=os.path.join(os.environ.get("PMSNAP_POOL_DIR",
-                                                                      "/dev/shm"),
-                                                       "pmsnap-lightning.pool"))
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--fresh", action="store_true", help="delete the pool first")
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=8)
+    parser = small_gpt_arguments(__doc__, "pmsnap-lightning.pool")
     parser.add_argument("--batches-per-epoch", type=int, default=50)
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -87,11 +87,12 @@ def warmup_cosine(warmup, total):
     return factor
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def small_gpt_arguments(doc, pool_name):
+    """The command line of the small-GPT examples (this one, train_lightning.py,
+    train_hf.py): the pool, the steps, --fresh and the model's size."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--pool", default=os.path.join(os.environ.get("PMSNAP_POOL_DIR",
-                                                                      "/dev/shm"),
-                                                       "pmsnap-loop.pool"))
+                                                                      "/dev/shm"), pool_name))
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--fresh", action="store_true", help="delete the pool first")
     parser.add_argument("--vocab", type=int, default=512)
@@ -99,7 +100,11 @@ def main():
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--batch", type=int, default=8)
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = small_gpt_arguments(__doc__, "pmsnap-loop.pool").parse_args()
     torch.set_num_threads(1)
     if args.fresh and os.path.exists(args.pool):
         os.remove(args.pool)

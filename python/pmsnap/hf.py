@@ -44,6 +44,7 @@ from .checkpoints import has_checkpoint
 from .errors import make_error
 from .export import export
 from .optimizer import CheckpointedOptimizer
+from .options import check_not_given
 from .state_dict import PoolCheckpoint
 
 _STATE_KEY = "pmsnap.hf"  # the entry of the pool's extra state
@@ -64,10 +65,7 @@ class PmsnapCallback(TrainerCallback):
     whose step is not the pool's newest checkpoint."""
 
     def __init__(self, pool, **checkpoint_kwargs):
-        reserved = {"model", "finish_step_later"} & set(checkpoint_kwargs)
-        if reserved:
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"PmsnapCallback sets {sorted(reserved)} itself")
+        check_not_given(checkpoint_kwargs, "PmsnapCallback")
         self.pool = os.fspath(pool)
         self.optimizer = None
         self._checkpoint_kwargs = checkpoint_kwargs

@@ -48,6 +48,7 @@ from .checkpoints import has_checkpoint
 from .errors import make_error
 from .export import _is_pool_file
 from .optimizer import CheckpointedOptimizer
+from .options import check_not_given
 from .state_dict import load_state_dict
 
 _STATE_KEY = "pmsnap.lightning"  # the entry of the pool's extra state
@@ -68,10 +69,7 @@ class PmsnapCheckpoint(pl.Callback):
     LightningModule with more than one optimizer."""
 
     def __init__(self, pool, **checkpoint_kwargs):
-        reserved = {"model", "finish_step_later"} & set(checkpoint_kwargs)
-        if reserved:
-            raise make_error(_pmsnap.InvalidArgumentError,
-                             f"PmsnapCheckpoint sets {sorted(reserved)} itself")
+        check_not_given(checkpoint_kwargs, "PmsnapCheckpoint")
         self.pool = os.fspath(pool)
         self.optimizer = None
         self._checkpoint_kwargs = checkpoint_kwargs

@@ -96,6 +96,14 @@ def resolve(group_class, group, keyword, **given):
     return tuple(values)
 
 
+def check_not_given(kwargs, owner, names=("model", "finish_step_later")):
+    """InvalidArgumentError if `kwargs` (meant for CheckpointedOptimizer)
+    sets one of `names`, which `owner` (a trainer integration) sets itself."""
+    given = sorted(set(names) & set(kwargs))
+    if given:
+        raise make_error(_pmsnap.InvalidArgumentError, f"{owner} sets {given} itself")
+
+
 def default_workers(device, cpu_count):
     """Copy/persist worker threads when workers= is not given, for `device`
     ("host", "simulated:...", "cuda[:N]") on a machine of `cpu_count` CPUs

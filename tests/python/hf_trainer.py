@@ -12,7 +12,6 @@ checkpoint committed before printing, then waits to be killed. At the end
 it saves the final state (model, optimizer, scheduler, RNG draws) to OUT.
 """
 
-import os
 import sys
 import tempfile
 import time

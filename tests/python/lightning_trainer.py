@@ -12,7 +12,6 @@ committed before printing, then waits to be killed. At the end it saves the
 final state (model, optimizer, scheduler, loader, RNG draws) to OUT.
 """
 
-import os
 import sys
 import time
 import warnings
