@@ -41,9 +41,15 @@ last checkpoint is restored into a fresh model and optimizer and timed
 safetensors load_file + load_state_dict; checkfreq's flat file is not).
 Prints a table and writes CSV (one row per model, interval and method).
 
+Each run also reports its peak resident set (peak_rss_mb: VmHWM, reset per
+run; a pool on /dev/shm counts where the process mapped it) and what its
+checkpoint files hold after the run (files_mb: the pool, the kept file).
+
 --device cpu runs the same code on the CPU (no GPU-side figures): --tiny is a
 smoke test of the script, --models small a GPT-like model of 36M parameters
-for the CPU half of bench/RESULTS.md's headline table.
+for the CPU half of bench/RESULTS.md's headline table, --models 6gb a 483M
+one (5.8 GB of weights and AdamW state; with --torch-load-mmap torch_save's
+restore is torch.load(mmap=True)).
 """
 import argparse
 import csv
@@ -75,6 +81,8 @@ def parse_args():
                    default="none,pmsnap,pmsnap-continuous,pmsnap-staged,dcp_async,checkfreq,"
                            "torch_save,safetensors")
     p.add_argument("--strategy", default="adaptive", help="pmsnap conflict strategy")
+    p.add_argument("--torch-load-mmap", action="store_true",
+                   help="torch_save's restore loads with torch.load(mmap=True)")
     p.add_argument("--pool-dir", default=os.environ.get("PMSNAP_POOL_DIR", "/dev/shm"))
     p.add_argument("--csv", default="bench/results/gpu_stall.csv")
     p.add_argument("--time-budget", type=float, default=0.0,
@@ -89,6 +97,9 @@ MODELS = {  # vocab, d_model, heads, layers
     "1.3b": (50257, 2048, 16, 24),
     "tiny": (1000, 64, 4, 2),
     "small": (16000, 512, 8, 6),
+    # 483M parameters: 5.8 GB of weights and AdamW state, [perf2] item 4's
+    # "about 6 GB" model for a 24 GiB CPU machine (--device cpu).
+    "6gb": (50257, 1280, 20, 18),
 }
 
 
@@ -139,6 +150,10 @@ class Method:
 
     def cleanup(self):
         """Removes the method's files."""
+
+    def footprint_bytes(self):
+        """Bytes the method's checkpoint files hold (pool, files) after close()."""
+        return 0
 
     def extra(self):
         return {}
@@ -193,12 +208,25 @@ class FileMethod(Method):
     def cleanup(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def footprint_bytes(self):
+        return folder_bytes(self.dir)
+
     def extra(self):
         return {"checkpoints": self.saves}
 
 
+def folder_bytes(folder):
+    """Bytes the files under `folder` occupy (allocated blocks)."""
+    return sum(os.stat(os.path.join(d, f)).st_blocks * 512
+               for d, _, files in os.walk(folder) for f in files)
+
+
 class TorchSaveMethod(FileMethod):
     suffix = ".pt"
+
+    def __init__(self, model, optimizer, args, every):
+        super().__init__(model, optimizer, args, every)
+        self.mmap = args.torch_load_mmap
 
     def save(self, path):
         torch.save({"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}, path)
@@ -206,7 +234,8 @@ class TorchSaveMethod(FileMethod):
     def restore(self, model, optimizer):
         if self.path is None:
             return False
-        state = torch.load(self.path, map_location=next(model.parameters()).device)
+        state = torch.load(self.path, map_location=next(model.parameters()).device,
+                           mmap=self.mmap)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
         return True
@@ -272,6 +301,9 @@ class PmsnapMethod(Method):
     def cleanup(self):
         if os.path.exists(self.pool):
             os.remove(self.pool)
+
+    def footprint_bytes(self):
+        return os.stat(self.pool).st_blocks * 512 if os.path.exists(self.pool) else 0
 
     def extra(self):
         s = self.stats
@@ -452,6 +484,9 @@ class CheckFreqMethod(Method):
     def cleanup(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def footprint_bytes(self):
+        return folder_bytes(self.dir)
+
     def extra(self):
         return {"checkpoints": self.saves}
 
@@ -490,6 +525,7 @@ def run(method_name, model_name, every, args, device):
         model = Gpt2Small(vocab, d, heads, layers, seq).to(device)
         return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
+    reset_peak_rss()
     model, optimizer = fresh()
     params = sum(p.numel() for p in model.parameters())
     method = make_method(method_name, model, optimizer, args, device, every)
@@ -524,6 +560,11 @@ def run(method_name, model_name, every, args, device):
     wall = (time.perf_counter() - start) / args.steps
     method.settle(train_step, args.warmup + args.steps)
     method.close()
+    train_peak_rss = peak_rss_bytes()
+    footprint = method.footprint_bytes()
+    # The trained weights stay for check_restored; their optimizer state is
+    # not needed any more (a 6 GB model's restore would not fit beside it).
+    optimizer.state.clear()
     restore_ms = float("nan")
     if method_name != "none":
         restored_model, restored_optimizer = fresh()
@@ -538,12 +579,31 @@ def run(method_name, model_name, every, args, device):
     gpu_ms = (sum(b.elapsed_time(e) for b, e in events) / len(events)) if events else float("nan")
     row = {"model": model_name, "every": every, "method": method_name, "params_m": params / 1e6,
            "steps": args.steps, "step_ms": wall * 1e3, "gpu_step_ms": gpu_ms,
-           "restore_ms": restore_ms}
+           "restore_ms": restore_ms, "peak_rss_mb": train_peak_rss / 2**20,
+           "files_mb": footprint / 2**20}
     row.update(method.extra())
     del model, optimizer, method
     if cuda:
         torch.cuda.empty_cache()
     return row
+
+
+def reset_peak_rss():
+    """Starts a new peak resident set for this process (Linux: clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # then peak_rss_mb is the process's peak so far
+
+
+def peak_rss_bytes():
+    """The process's peak resident set since reset_peak_rss() (VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return float("nan")
 
 
 def check_restored(model, restored, method_name):
@@ -572,7 +632,7 @@ def pinned_d2h_gbps():
 
 
 # Printed for each run as it ends (where the method has them).
-RUN_DETAILS = ("restore_ms", "gpu_step_ms", "blocked_ms_per_step", "boundary_wait_ms_per_step",
+RUN_DETAILS = ("restore_ms", "peak_rss_mb", "files_mb", "gpu_step_ms", "blocked_ms_per_step", "boundary_wait_ms_per_step",
                "epoch_ms", "copy_ms", "persist_ms", "ckpt_gbps", "device_stall_ms")
 
 
@@ -685,7 +745,7 @@ def main():
     header = ["model", "every", "method", "rounds", "step_ms", "overhead_pct", "stall_ms",
               "gpu_stall_ms",
               "checkpoints", "conflicts", "device_stall_ms", "host_blocked_ms", "ckpt_gbps",
-              "ckpt_pct_of_d2h", "restore_ms"]
+              "ckpt_pct_of_d2h", "restore_ms", "peak_rss_mb", "files_mb"]
     print(" | ".join(f"{h:>14}" for h in header))
     for r in summary:
         cells = []
