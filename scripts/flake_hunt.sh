@@ -8,8 +8,9 @@
 #
 # Needs a build (scripts/pmsnap.sh build). Defaults: 20 rounds; the tests
 # below (crash and SIGKILL trials, power-loss images, fork and rank tests,
-# the torchrun suites: DDP, FSDP2, torchrec). Seeds are drawn from
-# /dev/urandom here, on purpose; a failing seed reproduces with
+# the torchrun suites: DDP, FSDP2, torchrec; the Lightning and HF Trainer
+# kill tests). Seeds are drawn from /dev/urandom here, on purpose; a failing
+# seed reproduces with
 #   PMSNAP_TEST_SEED=<seed> ctest --test-dir build -R '<test>'
 #
 # Environment: PMSNAP_BUILD_DIR (default build), PMSNAP_FLAKE_HOGS (busy
@@ -20,7 +21,7 @@
 set -euo pipefail
 
 rounds="${1:-20}"
-default_regex='crash|power_loss|resume|ranks|agreement|fork|c10d|lowdiff|cpr|ddp|staging|registration|training_state|sharded|torchrec'
+default_regex='crash|power_loss|resume|ranks|agreement|fork|c10d|lowdiff|cpr|ddp|staging|registration|training_state|lightning|python_hf|sharded|torchrec'
 regex="${2:-$default_regex}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${PMSNAP_BUILD_DIR:-$root/build}"
