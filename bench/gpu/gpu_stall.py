@@ -84,6 +84,9 @@ def parse_args():
     p.add_argument("--torch-load-mmap", action="store_true",
                    help="torch_save's restore loads with torch.load(mmap=True)")
     p.add_argument("--pool-dir", default=os.environ.get("PMSNAP_POOL_DIR", "/dev/shm"))
+    p.add_argument("--file-dir", default=None,
+                   help="where the other methods' checkpoint files go (default: --pool-dir); "
+                        "a disk when two copies of the state do not fit in /dev/shm")
     p.add_argument("--csv", default="bench/results/gpu_stall.csv")
     p.add_argument("--time-budget", type=float, default=0.0,
                    help="seconds: no round starts that would end after them, as far as the "
@@ -189,7 +192,7 @@ class FileMethod(Method):
     def __init__(self, model, optimizer, args, every):
         super().__init__(model, optimizer)
         self.every = every
-        self.dir = tempfile.mkdtemp(prefix=type(self).__name__ + "-", dir=args.pool_dir)
+        self.dir = tempfile.mkdtemp(prefix=type(self).__name__ + "-", dir=args.file_dir)
         self.path = None
         self.saves = 0
 
@@ -334,7 +337,7 @@ class DcpAsyncMethod(Method):
         import torch.distributed.checkpoint as dcp
         super().__init__(model, optimizer)
         self.dcp, self.every = dcp, every
-        self.dir = tempfile.mkdtemp(prefix="dcp-", dir=args.pool_dir)
+        self.dir = tempfile.mkdtemp(prefix="dcp-", dir=args.file_dir)
         if not dist.is_initialized():
             store = dist.FileStore(os.path.join(self.dir, "store"), 1)
             dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -420,7 +423,7 @@ class CheckFreqMethod(Method):
     def __init__(self, model, optimizer, args, device, every):
         super().__init__(model, optimizer)
         self.every, self.device = every, device
-        self.dir = tempfile.mkdtemp(prefix="checkfreq-", dir=args.pool_dir)
+        self.dir = tempfile.mkdtemp(prefix="checkfreq-", dir=args.file_dir)
         self.side = torch.cuda.Stream() if device == "cuda" else None
         self.snapshot_done = None
         self.host = None
@@ -653,6 +656,7 @@ def median(values):
 
 def main():
     args = parse_args()
+    args.file_dir = args.file_dir or args.pool_dir
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
         print("gpu_stall: no CUDA device visible to torch; use --device cpu --tiny for a smoke test",
