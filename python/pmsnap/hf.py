@@ -34,7 +34,6 @@ Thread-safety: the Trainer's training thread.
 import dataclasses
 import json
 import os
-import random
 
 import torch
 from transformers import TrainerCallback
@@ -96,6 +95,8 @@ class PmsnapCallback(TrainerCallback):
             _, extra = self.optimizer.restore(restore_rng=False)
             saved = extra.get(_STATE_KEY)
             if saved is None:
+                self.optimizer.close(abandon=True)
+                self.optimizer = None
                 raise _not_ours(self.pool)
             if lr_scheduler is not None:
                 lr_scheduler.load_state_dict(saved["lr_scheduler"])
@@ -138,7 +139,8 @@ def resume_dir(pool, directory=None):
     _prepare_folder(directory)
     with open(os.path.join(directory, "trainer_state.json"), "w", encoding="utf-8") as f:
         f.write(saved["trainer_state"])
-    torch.save(_trainer_rng(extra["rng"]), os.path.join(directory, "rng_state.pth"))
+    if extra["rng"]:  # none with capture_rng=False: the Trainer then says so
+        torch.save(_trainer_rng(extra["rng"]), os.path.join(directory, "rng_state.pth"))
     export(pool, os.path.join(directory, "model.safetensors"), format="safetensors",
            epoch=epoch, model_only=True)
     with open(os.path.join(directory, _NOTE), "w", encoding="utf-8") as f:
@@ -148,7 +150,7 @@ def resume_dir(pool, directory=None):
 
 def _trainer_rng(rng):
     """pmsnap's RNG states under the names of the Trainer's rng_state.pth."""
-    states = {"python": rng.get("python", random.getstate()), "cpu": rng["torch"]}
+    states = {"python": rng["python"], "cpu": rng["torch"]}
     if "numpy" in rng:
         states["numpy"] = rng["numpy"]
     if "cuda" in rng and torch.cuda.is_available():

@@ -23,11 +23,11 @@ loader with state_dict()/load_state_dict() (torchdata's StatefulDataLoader,
 or any sized iterable with the two methods; Lightning restores its position)
 and, for step-based schedules, max_steps.
 
-Limits: one optimizer, automatic or manual optimization; one process (the
-keyword arguments reach CheckpointedOptimizer, whose process_group= serves
-DDP, but this module is tested with one process). The LightningModule's
-on_save_checkpoint additions and hyperparameters are not part of a pool
-checkpoint (ModelCheckpoint beside it still writes them).
+Limits: one optimizer, automatic optimization (what the tests cover); one
+process (the keyword arguments reach CheckpointedOptimizer, whose
+process_group= serves DDP, but this module is tested with one process). The
+LightningModule's on_save_checkpoint additions and hyperparameters are not
+part of a pool checkpoint (ModelCheckpoint beside it still writes them).
 
 Thread-safety: Lightning's training thread.
 """
