@@ -635,8 +635,9 @@ def pinned_d2h_gbps():
 
 
 # Printed for each run as it ends (where the method has them).
-RUN_DETAILS = ("restore_ms", "peak_rss_mb", "files_mb", "gpu_step_ms", "blocked_ms_per_step", "boundary_wait_ms_per_step",
-               "epoch_ms", "copy_ms", "persist_ms", "ckpt_gbps", "device_stall_ms")
+RUN_DETAILS = ("restore_ms", "peak_rss_mb", "files_mb", "gpu_step_ms", "blocked_ms_per_step",
+               "boundary_wait_ms_per_step", "epoch_ms", "copy_ms", "persist_ms", "ckpt_gbps",
+               "device_stall_ms")
 
 
 def approx_params(model_name):

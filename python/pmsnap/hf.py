@@ -39,7 +39,6 @@ import torch
 from transformers import TrainerCallback
 
 from . import _pmsnap
-from .checkpoints import has_checkpoint
 from .errors import make_error
 from .export import export
 from .optimizer import CheckpointedOptimizer
@@ -79,8 +78,9 @@ class PmsnapCallback(TrainerCallback):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"PmsnapCallback({self.pool}): the Trainer's optimizer "
                              f"{type(optimizer).__name__} wraps no torch optimizer (DeepSpeed?)")
-        pool_step = (_pmsnap.read_pool(self.pool)["latest"]["iteration"]
-                     if has_checkpoint(self.pool) else None)
+        # has_checkpoint() reads the pool too: one read for both questions.
+        latest = _pmsnap.read_pool(self.pool)["latest"] if os.path.exists(self.pool) else None
+        pool_step = latest["iteration"] if latest is not None else None
         if pool_step is not None and state.global_step != pool_step:
             raise make_error(_pmsnap.FailedPreconditionError,
                              f"pool {self.pool} holds step {pool_step} but the Trainer starts "

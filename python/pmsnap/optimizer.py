@@ -366,10 +366,7 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if extra_state is not None:
-            if not isinstance(extra_state, dict):
-                raise make_error(_pmsnap.InvalidArgumentError, "extra_state must be a dict")
-            self.extra_state = extra_state
+        self._take_extra_state(extra_state)
         step = self.iteration + 1
         if self._backward_hooks or self._backward_step_begun or self._backward_error is not None:
             # update_in_backward, or a fused table's lookup began the step
@@ -459,10 +456,7 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         learning rates as they are now. No-op when no step is open. Errors
         as those step() raises from ending a step: after the parameters
         were updated, the engine left open. Training thread."""
-        if extra_state is not None:
-            if not isinstance(extra_state, dict):
-                raise make_error(_pmsnap.InvalidArgumentError, "extra_state must be a dict")
-            self.extra_state = extra_state
+        self._take_extra_state(extra_state)
         self._finish_open_step()
 
     @property
@@ -796,6 +790,19 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
             self._fail()
             raise
         self.iteration = step
+        self._end_step(captured)
+
+    def _take_extra_state(self, extra_state):
+        """`extra_state` (a dict, or None: keep the current one) becomes
+        self.extra_state; InvalidArgumentError for anything else."""
+        if extra_state is not None:
+            if not isinstance(extra_state, dict):
+                raise make_error(_pmsnap.InvalidArgumentError, "extra_state must be a dict")
+            self.extra_state = extra_state
+
+    def _end_step(self, captured):
+        """Ends the engine's step now, or leaves it open for finish_step()
+        under finish_step_later. `captured`: whether an epoch captures it."""
         self._open_step_captured = captured
         if not self._finish_later:
             self._finish_open_step()
@@ -824,9 +831,7 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         if self._table_tracker is not None:
             self._table_tracker.clear()
         self._engine.begin_step(step)
-        self._open_step_captured = True
-        if not self._finish_later:
-            self._finish_open_step()
+        self._end_step(True)
 
     def _capture_buffers(self, engine):
         """The module's buffers into their shadows, between the buffer units'
