@@ -166,7 +166,9 @@ def measure_overhead(args, checkpoint_kwargs):
     print(f"  blocked in hooks per iteration        {median_and_spread(blocked, 1e3, '.3f')} ms")
 
 
-def main():
+def make_parser():
+    """The command line; its defaults are the model and run this example trains
+    (bench/python_overhead.py --workload dlrm reuses them)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pool", default=os.path.join(os.environ.get("PMSNAP_POOL_DIR",
                                                                       "/dev/shm"),
@@ -198,13 +200,26 @@ def main():
                         help="quantize table checkpoints: 2, 3, 4, 8 or auto")
     parser.add_argument("--retain", type=int, default=None,
                         help="table checkpoints kept recoverable (default 2)")
-    args = parser.parse_args()
+    return parser
+
+
+def checkpoint_kwargs_of(args, worker_cpus):
+    """The CheckpointedOptimizer keywords (besides optimizer and model) that
+    the command line `args` choose, with checkpoint workers on `worker_cpus`
+    (None: the OS scheduler's choice)."""
     embedding_kwargs = {}
     if args.embedding_policy != "dense":
         embedding_kwargs = dict(embedding_policy=args.embedding_policy, retain=args.retain)
         if args.quantize_bits is not None:
             bits = args.quantize_bits
             embedding_kwargs["quantize_bits"] = bits if bits == "auto" else int(bits)
+    return dict(pool=args.pool, every=args.every, device=args.device, strategy=args.strategy,
+                track_embeddings=True, worker_cpus=worker_cpus, **embedding_kwargs)
+
+
+def main():
+    parser = make_parser()
+    args = parser.parse_args()
     torch.set_num_threads(args.threads)
     allowed = sorted(os.sched_getaffinity(0))
     worker_cpus = None
@@ -229,9 +244,7 @@ def main():
 
     if args.fresh and os.path.exists(args.pool):
         os.remove(args.pool)
-    checkpoint_kwargs = dict(pool=args.pool, every=args.every, device=args.device,
-                             strategy=args.strategy, track_embeddings=True,
-                             worker_cpus=worker_cpus, **embedding_kwargs)
+    checkpoint_kwargs = checkpoint_kwargs_of(args, worker_cpus)
     if args.measure_overhead:
         if args.rounds < 1:
             parser.error("--rounds must be at least 1")

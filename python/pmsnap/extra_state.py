@@ -20,6 +20,7 @@ Thread-safety: the functions read and set process-global RNG state; call them
 from the training thread.
 """
 
+import io
 import pickle
 import random
 
@@ -78,10 +79,41 @@ def pack(user, rng, param_groups, nontensor_state, param_names=None, peers=None,
         blob["peers"] = peers
     if shards:
         blob["shards"] = shards
+    out = io.BytesIO()
     try:
-        return pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL)
+        _TensorsAsBytesPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(blob)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise TypeError(f"pmsnap: the extra state cannot be pickled: {e}") from e
+    return out.getvalue()
+
+
+class _TensorsAsBytesPickler(pickle.Pickler):
+    """Pickles plain CPU tensors (the RNG states, a data loader's generator
+    state) as their bytes, dtype and shape. torch's own pickling of a tensor
+    serializes its storage through torch.save, about 0.1 ms per tensor on
+    every step (bench/RESULTS.md, "The DLRM example's overhead"). Unpickled
+    they are contiguous tensors of their own: two tensors that shared
+    storage no longer do. Anything else pickles as usual."""
+
+    def reducer_override(self, obj):
+        if (type(obj) is torch.Tensor and obj.device.type == "cpu"
+                and obj.layout == torch.strided and not obj.requires_grad
+                and not obj.is_quantized and not obj.is_conj() and not obj.is_neg()):
+            if obj.dtype == torch.uint8 and obj.is_contiguous():  # an RNG state
+                data = obj.numpy().tobytes()
+            else:
+                data = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            return _tensor_from_bytes, (data, str(obj.dtype).removeprefix("torch."),
+                                        tuple(obj.shape))
+        return NotImplemented
+
+
+def _tensor_from_bytes(data, dtype_name, shape):
+    """The tensor _TensorsAsBytesPickler pickled (a writable copy of `data`)."""
+    dtype = getattr(torch, dtype_name)
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 def unpack(data):

@@ -337,7 +337,10 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
     def state(self):
         return self.optimizer.state
 
-    def zero_grad(self, set_to_none=False):
+    def zero_grad(self, set_to_none=True):
+        """The wrapped optimizer's zero_grad, with torch.optim's default:
+        gradients set to None, not zeroed in place (a memset of every
+        gradient per step, bench/RESULTS.md "The DLRM example's overhead")."""
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):

@@ -23,6 +23,8 @@ registered tensor back.
 Thread-safety: the training thread that owns the CheckpointedOptimizer.
 """
 
+import functools
+
 import torch
 
 from . import _pmsnap
@@ -47,13 +49,21 @@ def torch_dtype(name):
     return dtype
 
 
+@functools.cache
+def _dtensor_class():
+    """torch's DTensor class, or None without torch.distributed (imported
+    once: is_dtensor runs for every registered tensor on every step)."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.tensor import DTensor
+    return DTensor
+
+
 def is_dtensor(t):
     """Whether `t` is a torch.distributed DTensor (FSDP2's sharded parameters
     and their optimizer state, distribute_tensor's)."""
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed.tensor import DTensor
-    return isinstance(t, DTensor)
+    dtensor = _dtensor_class()
+    return dtensor is not None and isinstance(t, dtensor)
 
 
 def local_tensor(t):

@@ -11,11 +11,13 @@ and Hugging Face Trainer callbacks).
 examples/train_fsdp2.py (FSDP2 under torchrun) resumes after a killed rank
 with the losses of the uninterrupted steps, then continues on 3 ranks;
 examples/train_torchrec.py (torchrec's DLRM, table-wise) the same, then
-continues row-wise on 4 ranks.
+continues row-wise on 4 ranks. bench/python_overhead.py, the Python front
+end's overhead benchmark, runs at a tiny size on both of its workloads.
 
 Thread-safety: each test runs the example in a child process of its own.
 """
 
+import csv
 import os
 import re
 import shutil
@@ -129,3 +131,52 @@ def test_train_fsdp2_resumes_after_a_killed_rank_with_the_same_losses(pool_path)
 def test_train_torchrec_resumes_after_a_killed_rank_then_moves_to_row_wise_on_4_ranks(pool_path):
     assert_killed_rank_resumes("train_torchrec.py", pool_path, 4,
                                "on 4 ranks, row_wise: continuing at step 21")
+
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "python_overhead.py")
+
+
+def run_bench(*args):
+    return subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_python_overhead_bench_breaks_the_dlrm_overhead_into_its_parts(tmp_path):
+    """bench/python_overhead.py --workload dlrm runs the example's model and
+    configuration: a table row and a CSV row per method and round, commits
+    where the method checkpoints and none where it only hooks or tracks."""
+    csv_path = tmp_path / "dlrm.csv"
+    pool_dir = os.environ.get("PMSNAP_POOL_DIR", "/dev/shm")
+    pools_before = set(os.listdir(pool_dir))
+    methods = ["plain", "pmsnap", "tracking-only", "pmsnap-notrack", "pmsnap-norng",
+               "pmsnap-dense", "hooks-only"]
+    done = run_bench("--workload", "dlrm", "--rounds", "2", "--iterations", "4", "--warmup", "1",
+                     "--out", str(csv_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "dlrm (examples/train_dlrm.py defaults): 4 EmbeddingBag tables" in done.stdout
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    assert [(int(r["round"]), r["method"]) for r in rows] == [
+        (rnd, m) for rnd in range(2) for m in methods]
+    commits = {}
+    for r in rows:
+        commits.setdefault(r["method"], set()).add(int(r["commits"]))
+        assert float(r["mean_ms"]) > 0 and float(r["step_cpu_ms"]) >= 0
+    for method in methods:
+        assert re.search(rf"^{re.escape(method)} +{NUMBER} +{NUMBER} \(", done.stdout,
+                         re.MULTILINE), f"no table row for {method}:\n{done.stdout}"
+        checkpoints = method not in ("plain", "tracking-only", "hooks-only")
+        # every=1: the 4 iterations commit 4 epochs; close() commits no more.
+        assert commits[method] == ({4} if checkpoints else {0}), (method, commits)
+    assert all(float(r["overhead_pct"]) == 0 for r in rows if r["method"] == "plain")
+    left = [p for p in set(os.listdir(pool_dir)) - pools_before
+            if p.startswith("pmsnap-bench-python-")]
+    assert not left, f"pools left behind: {left}"
+
+
+def test_python_overhead_bench_refuses_a_table_method_on_the_transformer(tmp_path):
+    done = run_bench("--methods", "plain,pmsnap-dense", "--out", str(tmp_path / "t.csv"))
+    assert done.returncode == 2
+    assert "pmsnap-dense needs --workload dlrm" in done.stderr
+    done = run_bench("--methods", "pmsnap,plain", "--out", str(tmp_path / "t.csv"))
+    assert done.returncode == 2 and "the first method must be plain" in done.stderr
