@@ -256,27 +256,41 @@ TEST_P(PagePrefaulterTest, StopReturnsWithoutWaitingForTheWholeWork) {
 }
 
 TEST_P(PagePrefaulterTest, PauseHoldsTheThreadBackUntilResume) {
-  SeededFileMapping memory("pause", 64u << 20);
-  ASSERT_NE(memory.data(), nullptr);
   constexpr std::uint64_t kPiece = 1u << 20;
-  PagePrefaulter prefaulter({{memory.data(), memory.bytes()}}, GetParam(), kPiece);
-  prefaulter.Pause();
-  prefaulter.Pause();  // counted
-  // The one piece in progress when Pause came may still finish, on a fast
-  // machine or a slow one; no other piece may start. Bounded by what was
-  // done at Pause, not by how long the piece takes here.
-  const std::uint64_t paused_at = prefaulter.progress().bytes_done;
+  // The check needs work left beyond the one piece that may be in flight
+  // when Pause comes. A test thread descheduled right after the
+  // constructor (a loaded machine; CI once found the prefault done) comes
+  // too late: then it tries again, on fresh pages.
+  std::optional<SeededFileMapping> memory;
+  std::optional<PagePrefaulter> prefaulter;
+  std::uint64_t paused_at = 0;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    prefaulter.reset();
+    memory.emplace("pause-" + std::to_string(attempt), 64u << 20);
+    ASSERT_NE(memory->data(), nullptr);
+    prefaulter.emplace(std::vector<PrefaultRange>{{memory->data(), memory->bytes()}},
+                       GetParam(), kPiece);
+    prefaulter->Pause();
+    prefaulter->Pause();  // counted
+    // The one piece in progress when Pause came may still finish, on a fast
+    // machine or a slow one; no other piece may start. Bounded by what was
+    // done at Pause, not by how long the piece takes here.
+    paused_at = prefaulter->progress().bytes_done;
+    if (paused_at + kPiece < memory->bytes()) break;
+  }
+  ASSERT_LT(paused_at + kPiece, memory->bytes()) << "the prefault always finished before Pause";
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  EXPECT_LE(prefaulter.progress().bytes_done, paused_at + kPiece);
-  prefaulter.Resume();
+  EXPECT_LE(prefaulter->progress().bytes_done, paused_at + kPiece);
+  prefaulter->Resume();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_LE(prefaulter.progress().bytes_done, paused_at + kPiece);
-  EXPECT_EQ(prefaulter.progress().state, State::kRunning);
-  prefaulter.Resume();
-  ASSERT_TRUE(prefaulter.WaitUntilSettled(kSettleTimeout));
-  EXPECT_EQ(prefaulter.progress().state, State::kDone);
-  EXPECT_EQ(prefaulter.progress().bytes_done, memory.bytes());
-  EXPECT_TRUE(memory.unchanged());
+  EXPECT_LE(prefaulter->progress().bytes_done, paused_at + kPiece);
+  EXPECT_EQ(prefaulter->progress().state, State::kRunning);
+  prefaulter->Resume();
+  ASSERT_TRUE(prefaulter->WaitUntilSettled(kSettleTimeout));
+  EXPECT_EQ(prefaulter->progress().state, State::kDone);
+  EXPECT_EQ(prefaulter->progress().bytes_done, memory->bytes());
+  prefaulter.reset();
+  EXPECT_TRUE(memory->unchanged());
 }
 
 TEST_P(PagePrefaulterTest, FinishHelpsAndEmptyWorkIsDoneAtOnce) {
