@@ -47,9 +47,16 @@ def has_checkpoint(pool):
     Raises (e.g. NotAPoolError, CorruptionError) for a file that exists but
     cannot be read, so a damaged pool is never silently replaced.
     """
+    return latest_checkpoint(pool) is not None
+
+
+def latest_checkpoint(pool):
+    """read_pool(pool)["latest"] (the newest committed checkpoint's record),
+    or None when `pool` does not exist or holds none; raises as
+    has_checkpoint does for a file that cannot be read."""
     if not os.path.exists(pool):
-        return False
-    return _pmsnap.read_pool(os.fspath(pool))["latest"] is not None
+        return None
+    return _pmsnap.read_pool(os.fspath(pool))["latest"]
 
 
 def _table_source(pool, table):

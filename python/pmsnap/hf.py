@@ -39,6 +39,7 @@ import torch
 from transformers import TrainerCallback
 
 from . import _pmsnap
+from .checkpoints import latest_checkpoint
 from .errors import make_error
 from .export import export
 from .optimizer import CheckpointedOptimizer
@@ -78,8 +79,7 @@ class PmsnapCallback(TrainerCallback):
             raise make_error(_pmsnap.InvalidArgumentError,
                              f"PmsnapCallback({self.pool}): the Trainer's optimizer "
                              f"{type(optimizer).__name__} wraps no torch optimizer (DeepSpeed?)")
-        # has_checkpoint() reads the pool too: one read for both questions.
-        latest = _pmsnap.read_pool(self.pool)["latest"] if os.path.exists(self.pool) else None
+        latest = latest_checkpoint(self.pool)
         pool_step = latest["iteration"] if latest is not None else None
         if pool_step is not None and state.global_step != pool_step:
             raise make_error(_pmsnap.FailedPreconditionError,
