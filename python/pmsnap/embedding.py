@@ -29,20 +29,37 @@ from . import _pmsnap
 class EmbeddingTracker:
     """Touched-row bit vectors for every nn.Embedding / nn.EmbeddingBag in a model."""
 
-    def __init__(self, model, modules=None):
-        """Tracks `modules` ({name: module}) or every embedding module of `model`."""
+    def __init__(self, model, modules=None, *, ride_on=None):
+        """Tracks `modules` ({name: module}) or every embedding module of `model`.
+
+        ride_on: another EmbeddingTracker; the tables it hooks on the same
+        modules are marked by its hooks instead of hooks of this one's (one
+        hook per lookup, not two), until this one's remove()."""
         if modules is None:
             modules = {name: m for name, m in model.named_modules()
                        if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
         self._trackers = {}
         self._handles = []
+        # Per hooked table: its module and the RowTrackers its hook marks
+        # (this tracker's, then those of trackers riding on it).
+        self._hooked = {}
+        self._riding = []
         for name, module in modules.items():
             tracker = _pmsnap.RowTracker(module.num_embeddings)
             self._trackers[name] = tracker
-            self._handles.append(module.register_forward_hook(self._hook(name, module, tracker)))
+            host = ride_on._hooked.get(name) if ride_on is not None else None
+            if host is not None and host[0] is module:
+                host[1].append(tracker)
+                self._riding.append((host[1], tracker))
+                continue
+            marked = [tracker]
+            self._hooked[name] = (module, marked)
+            self._handles.append(module.register_forward_hook(self._hook(name, module, marked)))
 
     @staticmethod
-    def _hook(name, module, tracker):
+    def _hook(name, module, marked):
+        """The forward hook of table `name`: marks its looked-up rows in each
+        RowTracker of `marked` (a list that riders join and leave)."""
         padding_idx = getattr(module, "padding_idx", None)
 
         def hook(mod, inputs, output):
@@ -60,7 +77,9 @@ class EmbeddingTracker:
             if ids.dtype not in (torch.int64, torch.int32):
                 ids = ids.long()
             ids = ids.contiguous()
-            tracker.mark(ids.data_ptr(), ids.numel(), str(ids.dtype).replace("torch.", ""))
+            pointer, count, dtype = ids.data_ptr(), ids.numel(), str(ids.dtype).replace("torch.", "")
+            for tracker in marked:
+                tracker.mark(pointer, count, dtype)
 
         return hook
 
@@ -96,10 +115,14 @@ class EmbeddingTracker:
                 tracker.clear()
 
     def remove(self):
-        """Removes the forward hooks (the bit vectors stay readable)."""
+        """Removes the forward hooks, and stops riding on another tracker's
+        (the bit vectors stay readable)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for marked, tracker in self._riding:
+            marked.remove(tracker)
+        self._riding = []
 
     def __enter__(self):
         return self

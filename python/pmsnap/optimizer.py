@@ -168,13 +168,16 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         naming the file for one that cannot be imported, ModelMismatchError
         naming the parameter for one made for another model; the pool is
         left untouched either way.
-      step_groups: step() calls the wrapped optimizer's step() at most this
-        many times (default 4), each time on a group of parameters of about
-        equal bytes in backward order, and hooks each parameter of the group
-        around it. Each call costs 0.1-0.5 ms of Python whatever its size:
-        one call per parameter (None or 0, the finest capture) made a
-        72-tensor transformer's AdamW step 60% slower, 4 groups 18%
-        (bench/RESULTS.md). Results are bitwise the same.
+      step_groups: while an earlier checkpoint is still copying, step()
+        calls the wrapped optimizer's step() at most this many times
+        (default 4), each time on a group of parameters of about equal
+        bytes in backward order, hooking each parameter of the group around
+        it, so that an update waits for its own parameters' copies alone.
+        A step begun with no copy in flight is one call. Each call costs
+        0.1-0.5 ms of Python whatever its size: one call per parameter
+        (None or 0, the finest capture) made a 72-tensor transformer's
+        AdamW step 60% slower, 4 groups 18% (bench/RESULTS.md). Results are
+        bitwise the same.
       Other keyword arguments tune the engine and a newly created pool:
       part_bytes, extra_state_capacity, verify_on_open,
       check_free_space, reserve_bytes, checkfreq_overhead, print_summary,
@@ -323,7 +326,9 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         if track_embeddings:
             if model is None:
                 raise make_error(_pmsnap.InvalidArgumentError, "track_embeddings needs model=")
-            self.embedding_tracker = EmbeddingTracker(model)
+            # The tables' own tracker (above) marks the tables both track.
+            self.embedding_tracker = EmbeddingTracker(
+                model, ride_on=self._table_tracker if tracked else None)
         if init_from is not None:
             self._init_from(init_from)
 
@@ -381,8 +386,10 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
         self._check_unchanged()
         # Before any table's update: its capture takes the rows marked so far.
         self._mark_tables()
+        # Read before begin_step, which opens this step's own epoch.
+        earlier_in_flight = self._engine.epoch_in_flight
         self._engine.begin_step(step)
-        self._update_and_end_step(step, self._engine)
+        self._update_and_end_step(step, self._engine, earlier_in_flight=earlier_in_flight)
         return loss
 
     # --- checkpoint control -------------------------------------------------------
@@ -770,17 +777,23 @@ class CheckpointedOptimizer(UpdateInBackward, _fused.FusedTableUpdates):
                 pass
             self._final_stats = self._stats_of(engine)
 
-    def _update_and_end_step(self, step, engine, indices=None, error=None):
+    def _update_and_end_step(self, step, engine, indices=None, error=None, earlier_in_flight=True):
         """Updates the parameters (all, or `indices`) between their hooks on
         `engine` (None: unobserved), then ends step `step`. If a hook failed
         (or `error`, an earlier one), or the optimizer itself or Ctrl-C
         interrupted the update, the epoch in flight cannot be trusted: it is
         abandoned, the pool keeps its last commit, the engine is closed and
-        the error raised."""
-        # A step no epoch captures, with no copy in flight, gains nothing from
-        # groups; its extra state would be dropped (about 1 ms of packing).
+        the error raised. `earlier_in_flight`: whether an epoch was in
+        flight before the engine's step began (default: assume so)."""
+        # Groups pay only while an earlier epoch still copies: each update
+        # then waits for its own parameters' copies alone. Otherwise no
+        # update can wait, and one optimizer call saves 0.1-0.5 ms per
+        # group; on the host a captured step's copies mostly start after it
+        # anyway (copy_start "auto"). A step no epoch captures also drops
+        # its extra state (about 1 ms of packing).
         captured = engine is None or engine.captures_this_step
-        one_call = not captured and not engine.epoch_in_flight
+        one_call = engine is None or not (engine.epoch_in_flight
+                                          and (earlier_in_flight or not captured))
         try:
             self._stepper.step(self._observer_of(engine), indices, one_call=one_call)
             self._end_fused_updates(engine if error is None else None)

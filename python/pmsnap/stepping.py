@@ -52,8 +52,8 @@ class ParameterStepper:
         """Updates every parameter with a gradient (all, or `indices`; default
         last first) between the observer's hooks (observer None: unobserved).
         one_call: in a single optimizer.step(), every before_update first
-        (for a step nothing captures and no copy is in flight, where groups
-        would only add calls). After a hook error the remaining parameters
+        (for a step no copy in flight can make wait, where groups would only
+        add calls; always when unobserved). After a hook error the remaining parameters
         are still updated, without hooks, and the first error is raised at
         the end. Any other exception (from the optimizer, Ctrl-C) leaves the
         update half done and propagates. Every gradient is left as it was."""
@@ -61,6 +61,7 @@ class ParameterStepper:
             indices = range(len(self._params) - 1, -1, -1)
         error = None
         with self._only_gradient_shown() as shown:
+            one_call = one_call or observer is None
             groups = [list(indices)] if one_call else self._groups_of(indices)
             for group in groups:
                 error = self._update(observer, group, shown, error)
@@ -90,24 +91,7 @@ class ParameterStepper:
         """Context: every gradient hidden from the optimizer; shown(index)
         gives the one the optimizer may see while it steps (torch.optim skips
         parameters whose .grad is None). Everything is put back at exit."""
-        params = self._params
-        grads = [p.grad for p in params]
-
-        class _Shown:
-            def __enter__(inner):
-                for p in params:
-                    p.grad = None
-                return inner
-
-            def __call__(inner, index):
-                return grads[index]
-
-            def __exit__(inner, *exc):
-                for p, grad in zip(params, grads):
-                    p.grad = grad
-                return False
-
-        return _Shown()
+        return _HiddenGradients(self._params)
 
     def _update(self, observer, group, shown, error):
         """Updates the parameters `group` in one optimizer step, each between
@@ -143,6 +127,33 @@ class ParameterStepper:
             except _pmsnap.Error as e:
                 error = error or e
         return error
+
+
+class _HiddenGradients:
+    """ParameterStepper._only_gradient_shown's context. A module-level class
+    with no reference cycle: a class made per call is cyclic garbage, which
+    kept each step's gradients alive until the cycle collector ran (7-10
+    steps' gradients, 133 MB of heap on a 4.7M-parameter transformer)."""
+
+    __slots__ = ("_params", "_grads")
+
+    def __init__(self, params):
+        self._params = params
+        self._grads = [p.grad for p in params]
+
+    def __enter__(self):
+        for p in self._params:
+            p.grad = None
+        return self
+
+    def __call__(self, index):
+        return self._grads[index]
+
+    def __exit__(self, *exc):
+        for p, grad in zip(self._params, self._grads):
+            p.grad = grad
+        self._grads = None
+        return False
 
 
 class EngineObserver:

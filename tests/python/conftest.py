@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 import uuid
 import zlib
@@ -206,6 +207,22 @@ def train_step(model, optimizer, step, batch=8):
     loss.backward()
     optimizer.step()
     return loss.item()
+
+
+def device_slower_than_the_steps(steps=20, **model_kwargs):
+    """A simulated device spec whose link takes about `steps` of this
+    machine's steps (measured here, plain) for one checkpoint of
+    make_model(**model_kwargs) with Adam, so that the next steps find it in
+    flight at any speed of the machine."""
+    model = make_model(**model_kwargs)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    train_step(model, opt, 0)
+    began = time.perf_counter()
+    for step in range(1, 6):
+        train_step(model, opt, step)
+    step_seconds = (time.perf_counter() - began) / 5
+    checkpoint_bytes = 3 * 4 * sum(p.numel() for p in model.parameters())
+    return f"simulated:{checkpoint_bytes / (steps * step_seconds) / 1e9:.9f}:64"
 
 
 def assert_equal_nested(a, b, where="state"):

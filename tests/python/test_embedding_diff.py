@@ -129,6 +129,38 @@ def test_differential_checkpoints_recover_and_restore_bitwise(pool_path, policy,
     assert torch.equal(pmsnap.recover_table(pool_path, TABLE), model.bag.weight.detach())
 
 
+def test_the_users_tracker_shares_the_tables_hook_and_its_removal_loses_no_row(pool_path):
+    """track_embeddings with an embedding policy: one forward hook marks the
+    user's tracker and the policy's rows. The user's remove() stops only the
+    user's tracking: the incremental checkpoints after it still write every
+    row the lookups touched, and recover the table exactly."""
+    model = Dlrm(seed=1)
+    optimizer = OPTIMIZERS["sgd"](model.parameters())
+    with pmsnap.CheckpointedOptimizer(optimizer, pool=pool_path, model=model, every=1,
+                                      embedding_policy="incrcp", track_embeddings=True) as opt:
+        assert len(model.bag._forward_hooks) == 1
+        looked_up = []
+        for step in range(1, 5):
+            train_step(model, opt, step)
+            looked_up.append(batch(step)[1])
+        assert torch.equal(opt.embedding_tracker.touched("bag"), torch.unique(torch.cat(looked_up)))
+        opt.embedding_tracker.remove()
+        assert len(model.bag._forward_hooks) == 1  # the policy's, still marking
+        incremental = 0
+        for step in range(5, 9):
+            train_step(model, opt, step)
+            opt.flush()
+            last = opt.last_checkpoint(TABLE)
+            if not last["full"]:
+                incremental += 1
+                assert last["rows_written"] == torch.unique(batch(step)[1]).numel()
+            assert torch.equal(pmsnap.recover_table(opt, TABLE), model.bag.weight.detach())
+        assert incremental >= 2
+        # Stopped with its removal.
+        assert torch.equal(opt.embedding_tracker.touched("bag"), torch.unique(torch.cat(looked_up)))
+    assert not model.bag._forward_hooks
+
+
 def test_gradient_rows_and_dense_update_optimizers_stay_exact(pool_path):
     # A table without a tracked module: rows from its gradient.
     model = Dlrm(seed=2)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import pmsnap
-from conftest import assert_same_training_state, make_model, train_step
+from conftest import (assert_same_training_state, device_slower_than_the_steps, make_model,
+                      train_step)
 
 STEPS = 30
 
@@ -115,10 +116,12 @@ def test_param_without_grad_is_skipped_like_plain(pool_path):
 
 
 @pytest.mark.parametrize("step_groups", [None, 1, 2, 3, 100])
-def test_step_groups_bound_the_optimizer_calls_and_change_no_bit(step_groups, pool_path):
-    """step_groups=G steps the wrapped optimizer at most G times per step (a
-    group ends once it holds 1/G of the parameter bytes), None once per
-    parameter, and neither changes a bit of the training."""
+def test_step_groups_bound_the_optimizer_calls_while_a_copy_is_in_flight(step_groups, pool_path):
+    """While an earlier checkpoint still copies, step_groups=G steps the
+    wrapped optimizer at most G times per step (a group ends once it holds
+    1/G of the parameter bytes), None once per parameter; a step begun with
+    no copy in flight steps it once, captured or not. Neither changes a bit
+    of the training."""
     widths = (12, 32, 32, 16, 4)  # 8 tensors of unequal sizes
     plain_model, plain_opt = run(OPTIMIZERS["adamw"], widths=widths)
     model = make_model(widths=widths)
@@ -126,15 +129,34 @@ def test_step_groups_bound_the_optimizer_calls_and_change_no_bit(step_groups, po
     calls = []
     opt.register_step_post_hook(lambda *_: calls.append(1))
     params = len(list(model.parameters()))
-    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1,
+    in_flight_steps = 0
+    # Continuous mode on a link slower than the steps: a boundary that
+    # finds the checkpoint in flight skips it, and the step's updates may
+    # wait for its copies.
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, mode="continuous",
+                                      device=device_slower_than_the_steps(50, widths=widths),
                                       step_groups=step_groups) as copt:
         for step in range(STEPS):
+            flushed = step % 4 == 1
+            if flushed:
+                copt.flush()
+            started = copt.stats()["epochs_started"] if step else 0
             calls.clear()
             train_step(model, copt, step)
-            if step_groups is None:
-                assert len(calls) == params
-            else:
-                assert 1 <= len(calls) <= min(step_groups, params)
+            # In flight after a step that opened no epoch: in flight all
+            # through it (it only ever goes from true to false).
+            in_flight_all_through = (copt.stats()["epochs_started"] == started
+                                     and copt._engine.epoch_in_flight)
+            if step == 0 or flushed:
+                assert len(calls) == 1, f"step {step}"
+            elif in_flight_all_through:
+                in_flight_steps += 1
+                if step_groups is None:
+                    assert len(calls) == params, f"step {step}"
+                else:
+                    assert 1 <= len(calls) <= min(step_groups, params), f"step {step}"
+                    assert len(calls) > 1 or step_groups == 1, f"step {step}"
+    assert in_flight_steps > 0
     assert_same_training_state(plain_model, plain_opt, model, opt)
 
 
