@@ -19,7 +19,9 @@ check, a pass over the whole param group), so stepping the 72 tensors of a
 small transformer one by one added 8 ms of CPU to a 13 ms AdamW step
 (bench/RESULTS.md, "The Python transformer loop"). Groups of about equal
 bytes keep at most `groups` calls per step whatever the number of tensors,
-while the first group's copies still start before the step ends.
+while the first group's updates need not wait for the other groups' copies.
+The optimizer steps groups only while an earlier checkpoint still copies;
+a step no copy can make wait is one call (`one_call`).
 
 Thread-safety: not thread-safe; the training thread that owns the
 CheckpointedOptimizer.
