@@ -189,6 +189,11 @@ SlotInfo Pool::slot_info(int slot) const {
   return info;
 }
 
+int Pool::committed_slots() const {
+  return (slot_info(0).state == SlotState::kComplete ? 1 : 0) +
+         (slot_info(1).state == SlotState::kComplete ? 1 : 0);
+}
+
 bool Pool::data_verification_pending() const { return impl_->unverified_slot.load() >= 0; }
 
 void Pool::NotePartVerified(int slot, std::uint32_t part) const {
@@ -520,6 +525,35 @@ Result<std::optional<std::uint64_t>> Pool::DiscardOlderEpoch() {
                            std::memory_order_release);
   detail::seam::Persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
   return std::optional<std::uint64_t>(info.epoch);
+}
+
+Result<int> Pool::ForgetEpochs(const std::string& reason) {
+  PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("forget its epochs"));
+  Impl& impl = *impl_;
+  if (impl.open_epoch) {
+    return Status(StatusCode::kBusy, "pool '" + path_ + "': epoch " +
+                                         std::to_string(*impl.open_epoch) +
+                                         " is open; commit or abandon it first");
+  }
+  const int forgotten = committed_slots();
+  for (int s = 0; s < 2; ++s) {
+    if (slot_info(s).state == SlotState::kEmpty) continue;
+    SlotRecordHeader& record = impl.record(s);
+    record.commit_word.store(
+        detail::MakeCommitWord(0, static_cast<std::uint8_t>(SlotState::kEmpty)),
+        std::memory_order_release);
+    detail::seam::Persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
+  }
+  impl.unverified_slot.store(-1);
+  recovered_slot_.reset();
+  impl.last_committed.reset();
+  impl.orphans_swept = false;  // the next BeginEpoch frees every older chunk
+  if (forgotten > 0) {
+    detail::Warn(&warnings_, "pool '" + path_ + "': " + reason + ": forgot " +
+                                 std::to_string(forgotten) + " committed epoch" +
+                                 (forgotten > 1 ? "s" : ""));
+  }
+  return forgotten;
 }
 
 ChunkHeap& Pool::chunk_heap() { return *impl_->chunk_heap; }

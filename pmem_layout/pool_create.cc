@@ -327,6 +327,8 @@ Result<std::unique_ptr<Pool>> Pool::Create(const std::string& path, const Manife
   header.group_rank = options.group.rank;
   header.group_world_size = options.group.world_size;
   header.group_model_fingerprint = options.group.model_fingerprint;
+  header.group_flags =
+      options.group.created_beside_checkpoints ? detail::kGroupCreatedBesideCheckpoints : 0;
   header.unit_count = manifest.units.size();
   header.part_count = layout.parts.size();
   header.slot_bytes = layout.slot_bytes;

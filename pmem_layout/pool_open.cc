@@ -407,7 +407,9 @@ Status Pool::LoadAndRecover(const OpenOptions& options) {
   options_.group = {.run_id = header.group_run_id,
                     .rank = header.group_rank,
                     .world_size = header.group_world_size,
-                    .model_fingerprint = header.group_model_fingerprint};
+                    .model_fingerprint = header.group_model_fingerprint,
+                    .created_beside_checkpoints =
+                        (header.group_flags & detail::kGroupCreatedBesideCheckpoints) != 0};
   if (options_.part_bytes < 4096 || options_.part_bytes % kTensorAlignment != 0) {
     return corruption("part size " + std::to_string(options_.part_bytes) + " is invalid");
   }

@@ -309,8 +309,11 @@ Result<RestoreResult> Engine::Restore() {
     impl.committed_iteration = restored.iteration;
     return restored;
   }
-  PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t agreed,
-                          impl.agreement->AgreeOnRestore(IntactIterations(*impl.pool)));
+  Result<std::uint64_t> agreement = impl.agreement->AgreeOnRestore(HoldingsOf(*impl.pool));
+  if (agreement.status().code() == StatusCode::kNotFound) {
+    return StartAfresh(*impl.pool, *impl.agreement, agreement.status());
+  }
+  PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t agreed, std::move(agreement));
   Result<RestoreResult> restored =
       RestoreAgreedEpoch(*impl.pool, *impl.devices, impl.units, impl.encoder.get(),
                          impl.options.workers, agreed);

@@ -124,15 +124,20 @@ Result<std::unique_ptr<layout::Pool>> OpenOrCreatePool(const EngineOptions& opti
   Result<std::unique_ptr<layout::Pool>> pool =
       Status(StatusCode::kInternal, "pool '" + options.pool_path + "' not opened");
   std::optional<layout::RankGroup> existing;
+  bool holds_checkpoint = false;
   if (exists) {
     pool = layout::Pool::Open(options.pool_path, manifest, open_options);
-    if (pool.ok()) existing = (*pool)->group();
+    if (pool.ok()) {
+      existing = (*pool)->group();
+      holds_checkpoint = (*pool)->committed_slots() > 0;
+    }
   }
   PMSNAP_RETURN_IF_ERROR(agreement->AgreeOnStatus(exists ? pool.status() : Status::Ok()));
   const std::uint64_t fingerprint =
       options.model_fingerprint != 0 ? options.model_fingerprint : manifest.Signature();
   PMSNAP_ASSIGN_OR_RETURN(const layout::RankGroup group,
-                          agreement->AgreeOnGroup(existing, fingerprint, options.pool_path));
+                          agreement->AgreeOnGroup(existing, holds_checkpoint, fingerprint,
+                                                  options.pool_path));
   if (!exists) {
     layout::PoolOptions pool_options = options.pool_options;
     pool_options.group = group;

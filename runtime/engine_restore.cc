@@ -95,17 +95,25 @@ Result<RestoreResult> RestoreNewestIntactEpoch(layout::Pool& pool, const UnitDev
   return result;
 }
 
-std::vector<std::uint64_t> IntactIterations(const layout::Pool& pool) {
-  std::vector<std::uint64_t> intact;
+RankHoldings HoldingsOf(const layout::Pool& pool) {
+  RankHoldings mine;
+  const int committed = pool.committed_slots();
+  mine.never_committed = committed == 0 && !pool.group().created_beside_checkpoints;
+  mine.committed_twice = committed == 2;
   Result<layout::SnapshotView> latest = pool.Latest();
-  if (!latest.ok()) return intact;
-  intact.push_back(latest->iteration());
+  if (!latest.ok()) return mine;
+  mine.intact.push_back(latest->iteration());
   const layout::SlotInfo other = pool.slot_info(1 - latest->slot());
   if (other.state == layout::SlotState::kComplete && other.record_valid &&
       other.epoch < latest->epoch()) {
-    intact.push_back(other.iteration);
+    mine.intact.push_back(other.iteration);
   }
-  return intact;
+  return mine;
+}
+
+Status StartAfresh(layout::Pool& pool, EpochAgreement& agreement, const Status& fresh) {
+  PMSNAP_RETURN_IF_ERROR(agreement.AgreeOnStatus(pool.ForgetEpochs(fresh.message()).status()));
+  return fresh;
 }
 
 namespace {
@@ -200,13 +208,15 @@ Result<RestoreResult> RestoreShardedEpoch(layout::Pool& pool, const UnitDevices&
                                           const std::vector<UnitRegistration>& held_units,
                                           const ShardedUnits& shards, Encoder* encoder,
                                           int workers, EpochAgreement& agreement) {
-  RankHoldings mine;
-  mine.intact = IntactIterations(pool);
+  RankHoldings mine = HoldingsOf(pool);
   for (const UnitRegistration& unit : held_units) mine.has_unreplicated_state |= unit.encoded;
   std::vector<std::string> names;
   for (const std::uint32_t r : shards.replicated) names.push_back(shards.registered[r].name);
-  PMSNAP_ASSIGN_OR_RETURN(const ShardedRestoreChoice choice,
-                          agreement.AgreeOnShardedRestore(mine, shards.plan, names));
+  Result<ShardedRestoreChoice> agreed = agreement.AgreeOnShardedRestore(mine, shards.plan, names);
+  if (agreed.status().code() == StatusCode::kNotFound) {
+    return StartAfresh(pool, agreement, agreed.status());
+  }
+  PMSNAP_ASSIGN_OR_RETURN(const ShardedRestoreChoice choice, std::move(agreed));
   const int rank = agreement.rank();
   auto restore_local = [&]() -> Result<RestoreResult> {
     if (choice.holds_iteration[rank]) {

@@ -114,55 +114,20 @@ Result<bool> EpochAgreement::AtBoundary(
 
 void EpochAgreement::OnEpochOpened(std::uint64_t step) { last_opened_ = step; }
 
-Result<std::uint64_t> EpochAgreement::AgreeOnRestore(const std::vector<std::uint64_t>& intact) {
+Status EpochAgreement::RefuseRestoreAfterBoundary() const {
   if (exchange_in_flight_ || last_opened_) {
     return Status(StatusCode::kFailedPrecondition,
                   "rank " + std::to_string(rank_) +
                       ": restore must be agreed before the first step boundary");
   }
-  // A rank without a checkpoint is a fresh start only if no rank has one;
-  // beside ranks that do, its pool was lost, and training must not start
-  // over silently.
-  const std::vector<std::int64_t> lacks{intact.empty() ? 1 : 0, 0};
-  PMSNAP_ASSIGN_OR_RETURN(const auto every_lacks, coordinator_->MinAllReduce(lacks));
-  if (every_lacks.empty()) return Absorb(every_lacks);
-  Status holds_any = Status::Ok();
-  if (intact.empty() && every_lacks[0] == 1) {
-    holds_any = Status(StatusCode::kNotFound, "no rank's pool holds an intact checkpoint");
-  } else if (intact.empty()) {
-    holds_any = Status(StatusCode::kCorruption,
-                       "its pool holds no intact checkpoint while other ranks' pools do (a lost "
-                       "or replaced pool); without replicas (sharded state with replicas >= 2) "
-                       "no iteration is held by every rank");
-  }
-  PMSNAP_RETURN_IF_ERROR(AgreeOnStatus(holds_any));
-  const std::optional<std::uint64_t> newest = *std::max_element(intact.begin(), intact.end());
-  PMSNAP_ASSIGN_OR_RETURN(const auto reduced, coordinator_->MinAllReduce(Payload({newest, true})));
-  if (reduced.size() != 2) return Absorb(reduced);
-  const std::uint64_t agreed = *Decode(reduced[kCommittedSlot]);
-  Status holds_agreed = Status::Ok();
-  if (std::find(intact.begin(), intact.end(), agreed) == intact.end()) {
-    holds_agreed = Status(StatusCode::kCorruption,
-                          "does not hold iteration " + std::to_string(agreed) +
-                              " intact, the newest iteration every other rank can restore");
-  }
-  PMSNAP_RETURN_IF_ERROR(AgreeOnStatus(holds_agreed));
-  global_committed_ = agreed;
-  last_opened_ = agreed;
-  return agreed;
+  return Status::Ok();
 }
 
-Result<ShardedRestoreChoice> EpochAgreement::AgreeOnShardedRestore(
-    const RankHoldings& mine, const ShardPlan& plan, std::span<const std::string> unit_names) {
-  if (exchange_in_flight_ || last_opened_) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "rank " + std::to_string(rank_) +
-                      ": restore must be agreed before the first step boundary");
-  }
+Result<std::vector<RankHoldings>> EpochAgreement::GatherHoldings(const RankHoldings& mine) {
   // An all-gather through the MIN all-reduce: each rank fills its own words
   // and leaves the others' at the maximum. Words: two intact iterations
-  // (encoded, 0: none) and the unreplicated-state flag.
-  constexpr std::size_t kWordsPerRank = 3;
+  // (encoded, 0: none), then the flags.
+  constexpr std::size_t kWordsPerRank = 5;
   Status fits = Status::Ok();
   if (mine.intact.size() > 2) {
     fits = Status(StatusCode::kInternal, "reports " + std::to_string(mine.intact.size()) +
@@ -176,6 +141,8 @@ Result<ShardedRestoreChoice> EpochAgreement::AgreeOnShardedRestore(
     own[i] = i < mine.intact.size() ? Encode(mine.intact[i]) : 0;
   }
   own[2] = mine.has_unreplicated_state ? 1 : 0;
+  own[3] = mine.never_committed ? 1 : 0;
+  own[4] = mine.committed_twice ? 1 : 0;
   PMSNAP_ASSIGN_OR_RETURN(const auto gathered, coordinator_->MinAllReduce(words));
   if (gathered.size() != words.size()) {
     return Status(StatusCode::kInternal,
@@ -190,7 +157,26 @@ Result<ShardedRestoreChoice> EpochAgreement::AgreeOnShardedRestore(
       if (const auto iteration = Decode(theirs[i])) holdings[r].intact.push_back(*iteration);
     }
     holdings[r].has_unreplicated_state = theirs[2] != 0;
+    holdings[r].never_committed = theirs[3] != 0;
+    holdings[r].committed_twice = theirs[4] != 0;
   }
+  return holdings;
+}
+
+Result<std::uint64_t> EpochAgreement::AgreeOnRestore(const RankHoldings& mine) {
+  PMSNAP_RETURN_IF_ERROR(RefuseRestoreAfterBoundary());
+  PMSNAP_ASSIGN_OR_RETURN(const std::vector<RankHoldings> holdings, GatherHoldings(mine));
+  // Every rank computes the same answer from the same holdings.
+  PMSNAP_ASSIGN_OR_RETURN(const std::uint64_t agreed, ChooseRestore(holdings));
+  global_committed_ = agreed;
+  last_opened_ = agreed;
+  return agreed;
+}
+
+Result<ShardedRestoreChoice> EpochAgreement::AgreeOnShardedRestore(
+    const RankHoldings& mine, const ShardPlan& plan, std::span<const std::string> unit_names) {
+  PMSNAP_RETURN_IF_ERROR(RefuseRestoreAfterBoundary());
+  PMSNAP_ASSIGN_OR_RETURN(const std::vector<RankHoldings> holdings, GatherHoldings(mine));
   PMSNAP_ASSIGN_OR_RETURN(ShardedRestoreChoice choice,
                           ChooseShardedRestore(plan, holdings, unit_names));
   global_committed_ = choice.iteration;
@@ -228,13 +214,15 @@ Status EpochAgreement::AgreeOnStatus(const Status& local) {
 }
 
 Result<layout::RankGroup> EpochAgreement::AgreeOnGroup(
-    const std::optional<layout::RankGroup>& existing, std::uint64_t model_fingerprint,
-    const std::string& pool_path) {
-  // The identity comes from the lowest rank with an existing pool.
+    const std::optional<layout::RankGroup>& existing, bool holds_checkpoint,
+    std::uint64_t model_fingerprint, const std::string& pool_path) {
+  // The identity comes from the lowest rank with an existing pool; the
+  // second word is 0 when some rank's pool holds a committed epoch.
   const bool has_group = existing && existing->in_group();
-  const std::vector<std::int64_t> mine{has_group ? rank_ : world_size_, 0};
+  const std::vector<std::int64_t> mine{has_group ? rank_ : world_size_,
+                                       existing && holds_checkpoint ? 0 : 1};
   PMSNAP_ASSIGN_OR_RETURN(const auto reduced, coordinator_->MinAllReduce(mine));
-  if (reduced.empty()) return Absorb(reduced);
+  if (reduced.size() != 2) return Absorb(reduced);
   const int source = reduced[0] < world_size_ ? static_cast<int>(reduced[0]) : 0;
   std::uint64_t identity[2] = {0, model_fingerprint};
   if (rank_ == source) {
@@ -253,7 +241,8 @@ Result<layout::RankGroup> EpochAgreement::AgreeOnGroup(
   const layout::RankGroup group{.run_id = identity[0],
                                 .rank = static_cast<std::uint32_t>(rank_),
                                 .world_size = static_cast<std::uint32_t>(world_size_),
-                                .model_fingerprint = identity[1]};
+                                .model_fingerprint = identity[1],
+                                .created_beside_checkpoints = !existing && reduced[1] == 0};
   auto hex = [](std::uint64_t v) {
     char text[19];
     std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(v));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -62,6 +63,56 @@ std::string RankList(const std::vector<int>& ranks) {
 
 }  // namespace
 
+Result<std::optional<std::string>> WhyNoRunWideCommit(const std::vector<RankHoldings>& holdings) {
+  const auto never = std::find_if(holdings.begin(), holdings.end(),
+                                  [](const RankHoldings& r) { return r.never_committed; });
+  if (never == holdings.end()) return std::optional<std::string>();
+  const std::string never_rank = std::to_string(never - holdings.begin());
+  const auto twice = std::find_if(holdings.begin(), holdings.end(),
+                                  [](const RankHoldings& r) { return r.committed_twice; });
+  if (twice != holdings.end()) {
+    return Status(StatusCode::kCorruption,
+                  "rank " + std::to_string(twice - holdings.begin()) +
+                      "'s pool holds two committed epochs while rank " + never_rank +
+                      "'s pool never committed one, which the ranks' epoch agreement never "
+                      "allows (a pool of another run, or a damaged commit word)");
+  }
+  return std::optional<std::string>(
+      "no epoch was committed by every rank: rank " + never_rank +
+      "'s pool never committed one; the ranks start afresh and forget the epochs that some "
+      "committed alone");
+}
+
+Result<std::uint64_t> ChooseRestore(const std::vector<RankHoldings>& holdings) {
+  const auto lacks = [](const RankHoldings& r) { return r.intact.empty(); };
+  if (std::all_of(holdings.begin(), holdings.end(), lacks)) {
+    return Status(StatusCode::kNotFound, "no rank's pool holds an intact checkpoint");
+  }
+  PMSNAP_ASSIGN_OR_RETURN(const std::optional<std::string> fresh, WhyNoRunWideCommit(holdings));
+  if (fresh) return Status(StatusCode::kNotFound, *fresh);
+  const auto lacking = std::find_if(holdings.begin(), holdings.end(), lacks);
+  if (lacking != holdings.end()) {
+    return Status(StatusCode::kCorruption,
+                  "rank " + std::to_string(lacking - holdings.begin()) +
+                      ": its pool holds no intact checkpoint while other ranks' pools do (a lost "
+                      "or replaced pool); without replicas (sharded state with replicas >= 2) "
+                      "no iteration is held by every rank");
+  }
+  std::uint64_t agreed = std::numeric_limits<std::uint64_t>::max();
+  for (const RankHoldings& rank : holdings) {
+    agreed = std::min(agreed, *std::max_element(rank.intact.begin(), rank.intact.end()));
+  }
+  for (std::size_t r = 0; r < holdings.size(); ++r) {
+    if (!Holds(holdings[r], agreed)) {
+      return Status(StatusCode::kCorruption,
+                    "rank " + std::to_string(r) + ": does not hold iteration " +
+                        std::to_string(agreed) +
+                        " intact, the newest iteration every other rank can restore");
+    }
+  }
+  return agreed;
+}
+
 Result<ShardedRestoreChoice> ChooseShardedRestore(const ShardPlan& plan,
                                                   const std::vector<RankHoldings>& holdings,
                                                   std::span<const std::string> unit_names) {
@@ -104,6 +155,8 @@ Result<ShardedRestoreChoice> ChooseShardedRestore(const ShardPlan& plan,
     }
     if (gap.empty()) return choice;
   }
+  PMSNAP_ASSIGN_OR_RETURN(const std::optional<std::string> fresh, WhyNoRunWideCommit(holdings));
+  if (fresh) return Status(StatusCode::kNotFound, *fresh);
   return Status(StatusCode::kCorruption,
                 "no checkpoint can be restored from the ranks' pools: for iteration " +
                     std::to_string(candidates.back()) + ", the oldest any rank holds, " + gap +

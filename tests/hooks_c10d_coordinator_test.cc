@@ -62,8 +62,8 @@ TEST(C10dCoordinatorTest, EpochAgreementOverGlooOpensTheSameStepsOnEveryRank) {
     std::shared_ptr<runtime::Coordinator> shared(&c, [](runtime::Coordinator*) {});
     auto agreement = runtime::EpochAgreement::Create(shared).value();
     // Rank 1 lost its newest epoch (iteration 9): both restore 7.
-    auto agreed = agreement->AgreeOnRestore(c.rank() == 0 ? std::vector<std::uint64_t>{7, 9}
-                                                          : std::vector<std::uint64_t>{7});
+    auto agreed = agreement->AgreeOnRestore(
+        {.intact = c.rank() == 0 ? std::vector<std::uint64_t>{7, 9} : std::vector<std::uint64_t>{7}});
     ASSERT_TRUE(agreed.ok()) << agreed.status().ToString();
     restored[c.rank()] = *agreed;
     // Epochs commit one step after they open, on rank 1 three steps after.

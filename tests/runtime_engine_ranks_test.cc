@@ -340,6 +340,71 @@ TEST(EngineRanksTest, ALostPoolIsCorruptionOnEveryRankNotAFreshStart) {
   }
 }
 
+// Every rank's Restore() status, each on an engine opened on its pool.
+std::vector<Status> RestoreOnEveryRank(Ranks& ranks) {
+  std::vector<Status> seen(ranks.world());
+  OnRanks(ranks.world(), [&](int r, std::shared_ptr<Coordinator> c) {
+    auto engine = Engine::Open(RankOptions(ranks.path(r), c, nullptr),
+                               ranks.models[r]->Registrations());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    seen[r] = (*engine)->Restore().status();
+    ASSERT_TRUE((*engine)->Close().ok());
+  });
+  return seen;
+}
+
+TEST(EngineRanksTest, AKillBeforeOneRanksFirstCommitIsAFreshStartThatForgetsTheLoneEpoch) {
+  Ranks ranks(2, "ranks-first");
+  // The job creates every rank's pool, then dies after rank 0 committed
+  // iteration 1 and before rank 1 did: no epoch was committed by both.
+  for (const Status& s : RestoreOnEveryRank(ranks)) EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  CommitOneMoreAlone(ranks, 0, 1);
+  ASSERT_EQ(SlotIterations(ranks.path(0)), (std::vector<std::uint64_t>{1}));
+  Ranks restarted(2, "unused");
+  for (int r = 0; r < 2; ++r) restarted.paths[r] = std::move(ranks.paths[r]);
+  for (const Status& s : RestoreOnEveryRank(restarted)) {
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+    EXPECT_NE(s.message().find("rank 1's pool never committed one"), std::string::npos)
+        << s.message();
+  }
+  // Forgotten, so that it cannot pose as an iteration of the new start.
+  EXPECT_EQ(SlotIterations(restarted.path(0)), (std::vector<std::uint64_t>{}));
+  // The new start checkpoints and restores as any run does.
+  Train(restarted, 1, 3, [] { return std::make_shared<EveryKPolicy>(1); });
+  Ranks resumed(2, "unused");
+  for (int r = 0; r < 2; ++r) resumed.paths[r] = std::move(restarted.paths[r]);
+  Train(resumed, 4, 2, [] { return std::make_shared<EveryKPolicy>(1); }, -1, /*restore=*/true);
+  ToyModel reference(3, 4000);
+  for (std::uint64_t k = 1; k <= 5; ++k) reference.StepPlain(k);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(SlotIterations(resumed.path(r)), (std::vector<std::uint64_t>{5, 4})) << r;
+    auto pool = layout::Pool::Open(resumed.path(r));
+    ASSERT_TRUE(pool.ok());
+    EXPECT_EQ(reference.CompareWithHistory(*(*pool)->Latest()), "") << "rank " << r;
+  }
+}
+
+TEST(EngineRanksTest, APoolReplacedBesideFirstEpochsStaysCorruptionOnEveryRetry) {
+  Ranks ranks(2, "ranks-replaced");
+  Train(ranks, 1, 1, [] { return std::make_shared<EveryKPolicy>(1); });
+  ASSERT_EQ(SlotIterations(ranks.path(1)), (std::vector<std::uint64_t>{1}));
+  std::filesystem::remove(ranks.path(1));
+  // The first restart creates rank 1's pool beside rank 0's checkpoint; the
+  // next finds it without one, and must not take it for a rank that never
+  // committed.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    for (const Status& s : RestoreOnEveryRank(ranks)) {
+      EXPECT_EQ(s.code(), StatusCode::kCorruption) << "attempt " << attempt << ": " << s.ToString();
+      EXPECT_NE(s.message().find("rank 1: its pool holds no intact checkpoint"), std::string::npos)
+          << s.message();
+    }
+  }
+  auto replaced = layout::Pool::Open(ranks.path(1));
+  ASSERT_TRUE(replaced.ok());
+  EXPECT_TRUE((*replaced)->group().created_beside_checkpoints);
+  EXPECT_EQ(SlotIterations(ranks.path(0)), (std::vector<std::uint64_t>{1}));
+}
+
 TEST(EngineRanksTest, CheckFreqIsRefusedWithSeveralRanks) {
   Ranks ranks(2, "ranks-checkfreq");
   std::vector<Status> seen(2);

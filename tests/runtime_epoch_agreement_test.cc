@@ -193,17 +193,16 @@ TEST(EpochAgreementTest, FailedRankStopsEveryRankNamingIt) {
   }
 }
 
-// Runs AgreeOnRestore on one thread per rank with each rank's intact epochs.
-std::vector<Result<std::uint64_t>> AgreeOnRestore(
-    const std::vector<std::vector<std::uint64_t>>& intact) {
-  const int world = static_cast<int>(intact.size());
+// Runs AgreeOnRestore on one thread per rank with each rank's holdings.
+std::vector<Result<std::uint64_t>> AgreeOnRestore(const std::vector<RankHoldings>& holdings) {
+  const int world = static_cast<int>(holdings.size());
   auto group = std::make_shared<testutil::ThreadGroup>(world);
   std::vector<Result<std::uint64_t>> results(world, Status(StatusCode::kInternal, "not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       auto agreement = EpochAgreement::Create(group->Rank(r)).value();
-      results[r] = agreement->AgreeOnRestore(intact[r]);
+      results[r] = agreement->AgreeOnRestore(holdings[r]);
       if (results[r].ok()) {
         EXPECT_EQ(agreement->global_committed(), std::optional<std::uint64_t>(*results[r]));
       }
@@ -211,6 +210,14 @@ std::vector<Result<std::uint64_t>> AgreeOnRestore(
   }
   for (auto& t : threads) t.join();
   return results;
+}
+
+// The same with each rank's intact iterations only.
+std::vector<Result<std::uint64_t>> AgreeOnRestore(
+    const std::vector<std::vector<std::uint64_t>>& intact) {
+  std::vector<RankHoldings> holdings;
+  for (const auto& iterations : intact) holdings.push_back({.intact = iterations});
+  return AgreeOnRestore(holdings);
 }
 
 TEST(EpochAgreementTest, RestoreTakesNewestIterationEveryRankHolds) {
@@ -255,8 +262,35 @@ TEST(EpochAgreementTest, ALostPoolBesideCheckpointedRanksIsCorruptionNamingItsRa
   }
 }
 
+TEST(EpochAgreementTest, ARankThatNeverCommittedMakesTheOthersLoneFirstEpochsAFreshStart) {
+  // The job died after ranks 0 and 2 committed their first epoch, before
+  // rank 1 did: no epoch was committed by every rank, so none is lost.
+  const auto results = AgreeOnRestore(std::vector<RankHoldings>{
+      {.intact = {3}}, {.intact = {}, .never_committed = true}, {.intact = {3}}});
+  for (const auto& r : results) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("rank 1's pool never committed one"), std::string::npos)
+        << r.status().message();
+  }
+}
+
+TEST(EpochAgreementTest, ARankThatCommittedTwiceBesideOneThatNeverCommittedIsCorruption) {
+  // A second epoch opens only after every rank committed the first.
+  const auto results = AgreeOnRestore(std::vector<RankHoldings>{
+      {.intact = {}, .never_committed = true}, {.intact = {5, 3}, .committed_twice = true}});
+  for (const auto& r : results) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("rank 1's pool holds two committed epochs while rank 0's "
+                                        "pool never committed one"),
+              std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(EpochAgreementTest, NoCheckpointOnAnyRankIsAFreshStartOnEveryRank) {
-  const auto results = AgreeOnRestore({{}, {}, {}});
+  const auto results = AgreeOnRestore(std::vector<std::vector<std::uint64_t>>{{}, {}, {}});
   for (const auto& r : results) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
@@ -284,7 +318,7 @@ std::string PoolOf(int rank) { return "/pm/run." + std::to_string(rank) + ".pool
 
 TEST(EpochAgreementTest, NewPoolsShareOneFreshRunIdAndKeepTheirRanks) {
   const auto groups = OnRanks<layout::RankGroup>(3, [](int r, EpochAgreement& a) {
-    return a.AgreeOnGroup(std::nullopt, 77, PoolOf(r));
+    return a.AgreeOnGroup(std::nullopt, false, 77, PoolOf(r));
   });
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(groups[r].ok()) << groups[r].status().ToString();
@@ -298,14 +332,19 @@ TEST(EpochAgreementTest, NewPoolsShareOneFreshRunIdAndKeepTheirRanks) {
 
 TEST(EpochAgreementTest, ExistingPoolsKeepTheirRunAndARecreatedPoolJoinsIt) {
   // Rank 0's pool was lost and is created again.
-  const auto groups = OnRanks<layout::RankGroup>(3, [](int r, EpochAgreement& a) {
-    std::optional<layout::RankGroup> existing;
-    if (r != 0) existing = layout::RankGroup{42, static_cast<std::uint32_t>(r), 3, 77};
-    return a.AgreeOnGroup(existing, 77, PoolOf(r));
-  });
-  for (const auto& g : groups) {
-    ASSERT_TRUE(g.ok()) << g.status().ToString();
-    EXPECT_EQ(g->run_id, 42u);
+  for (const bool others_hold_checkpoints : {false, true}) {
+    const auto groups = OnRanks<layout::RankGroup>(3, [&](int r, EpochAgreement& a) {
+      std::optional<layout::RankGroup> existing;
+      if (r != 0) existing = layout::RankGroup{42, static_cast<std::uint32_t>(r), 3, 77};
+      return a.AgreeOnGroup(existing, others_hold_checkpoints && r == 2, 77, PoolOf(r));
+    });
+    for (const auto& g : groups) {
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      EXPECT_EQ(g->run_id, 42u);
+    }
+    // Beside a checkpoint the new pool is a lost pool's replacement, and
+    // will not pass for a rank that never committed.
+    EXPECT_EQ(groups[0]->created_beside_checkpoints, others_hold_checkpoints);
   }
 }
 
@@ -323,7 +362,7 @@ void ExpectAllFailWith(const std::vector<Result<T>>& results, StatusCode code,
 TEST(EpochAgreementTest, ForeignPoolIsNamedOnEveryRank) {
   const auto groups = OnRanks<layout::RankGroup>(3, [](int r, EpochAgreement& a) {
     const std::uint64_t run = r == 2 ? 99 : 42;
-    return a.AgreeOnGroup(layout::RankGroup{run, static_cast<std::uint32_t>(r), 3, 77}, 77,
+    return a.AgreeOnGroup(layout::RankGroup{run, static_cast<std::uint32_t>(r), 3, 77}, false, 77,
                           PoolOf(r));
   });
   ExpectAllFailWith(groups, StatusCode::kFailedPrecondition,
@@ -332,7 +371,7 @@ TEST(EpochAgreementTest, ForeignPoolIsNamedOnEveryRank) {
 
 TEST(EpochAgreementTest, OtherWorldSizeIsAClearError) {
   const auto groups = OnRanks<layout::RankGroup>(2, [](int r, EpochAgreement& a) {
-    return a.AgreeOnGroup(layout::RankGroup{42, static_cast<std::uint32_t>(r), 4, 77}, 77,
+    return a.AgreeOnGroup(layout::RankGroup{42, static_cast<std::uint32_t>(r), 4, 77}, false, 77,
                           PoolOf(r));
   });
   ExpectAllFailWith(groups, StatusCode::kFailedPrecondition,
@@ -341,7 +380,7 @@ TEST(EpochAgreementTest, OtherWorldSizeIsAClearError) {
 
 TEST(EpochAgreementTest, SwappedPoolsAreNamed) {
   const auto groups = OnRanks<layout::RankGroup>(2, [](int r, EpochAgreement& a) {
-    return a.AgreeOnGroup(layout::RankGroup{42, static_cast<std::uint32_t>(1 - r), 2, 77}, 77,
+    return a.AgreeOnGroup(layout::RankGroup{42, static_cast<std::uint32_t>(1 - r), 2, 77}, false, 77,
                           PoolOf(r));
   });
   ExpectAllFailWith(groups, StatusCode::kFailedPrecondition,
@@ -350,14 +389,14 @@ TEST(EpochAgreementTest, SwappedPoolsAreNamed) {
 
 TEST(EpochAgreementTest, ARankWithAnotherModelIsAModelMismatch) {
   const auto groups = OnRanks<layout::RankGroup>(3, [](int r, EpochAgreement& a) {
-    return a.AgreeOnGroup(std::nullopt, r == 1 ? 5 : 77, PoolOf(r));
+    return a.AgreeOnGroup(std::nullopt, false, r == 1 ? 5 : 77, PoolOf(r));
   });
   ExpectAllFailWith(groups, StatusCode::kModelMismatch, "rank 1: pool '/pm/run.1.pool'");
 }
 
 TEST(EpochAgreementTest, ASingleProcessPoolCannotJoinAGroup) {
   const auto groups = OnRanks<layout::RankGroup>(2, [](int r, EpochAgreement& a) {
-    return a.AgreeOnGroup(layout::RankGroup{}, 77, PoolOf(r));
+    return a.AgreeOnGroup(layout::RankGroup{}, false, 77, PoolOf(r));
   });
   ExpectAllFailWith(groups, StatusCode::kFailedPrecondition, "made by a single process");
 }

@@ -131,6 +131,27 @@ TEST(ShardedRestoreTest, ARankWithItsOwnTablesMustHoldTheIterationItself) {
       << choice.status().message();
 }
 
+TEST(ShardedRestoreTest, NoCoveringIterationBesideARankThatNeverCommittedIsAFreshStart) {
+  ThreeRanks three(1);
+  const std::vector<RankHoldings> holdings{
+      {.intact = {3}}, {.intact = {}, .never_committed = true}, {.intact = {3}}};
+  const auto choice = ChooseShardedRestore(three.plan, holdings, three.names);
+  EXPECT_EQ(choice.status().code(), StatusCode::kNotFound) << choice.status().ToString();
+  EXPECT_NE(choice.status().message().find("rank 1's pool never committed one"),
+            std::string::npos)
+      << choice.status().message();
+}
+
+TEST(ShardedRestoreTest, ACoveringIterationIsRestoredEvenBesideARankThatNeverCommitted) {
+  ThreeRanks three(2);
+  const std::vector<RankHoldings> holdings{
+      {.intact = {3}}, {.intact = {}, .never_committed = true}, {.intact = {3}}};
+  const auto choice = ChooseShardedRestore(three.plan, holdings, three.names);
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  EXPECT_EQ(choice->iteration, 3u);
+  EXPECT_EQ(choice->holds_iteration, (std::vector<bool>{true, false, true}));
+}
+
 TEST(ShardedRestoreTest, NoCheckpointAnywhereIsNotFound) {
   ThreeRanks three(2);
   const auto choice = ChooseShardedRestore(three.plan, {{}, {}, {}}, three.names);

@@ -58,7 +58,11 @@ struct PoolHeader {
   std::uint64_t slot_extent_bytes;
   std::uint64_t slot_extent_table_offset;
   std::uint64_t slot_extent_table_checksum;
-  std::uint64_t reserved[4];
+  // kGroupCreatedBesideCheckpoints: this rank's pool was created while other
+  // ranks' pools already held committed epochs, so it replaces a lost pool
+  // (RankGroup::created_beside_checkpoints). 0 in older pools.
+  std::uint64_t group_flags;
+  std::uint64_t reserved[3];
 };
 static_assert(std::is_standard_layout_v<PoolHeader>);
 static_assert(std::has_unique_object_representations_v<PoolHeader>);  // hashed whole
@@ -90,7 +94,9 @@ static_assert(offsetof(PoolHeader, file_bytes) == 192);
 static_assert(offsetof(PoolHeader, slot_extent_bytes) == 200);
 static_assert(offsetof(PoolHeader, slot_extent_table_offset) == 208);
 static_assert(offsetof(PoolHeader, slot_extent_table_checksum) == 216);
-static_assert(offsetof(PoolHeader, reserved) == 224);
+static_assert(offsetof(PoolHeader, group_flags) == 224);
+static_assert(offsetof(PoolHeader, reserved) == 232);
+inline constexpr std::uint64_t kGroupCreatedBesideCheckpoints = 1;
 
 // Mutable list head of the chunk heap; changed only inside transactions.
 struct ChunkHeapRoot {

@@ -117,11 +117,16 @@ void RegisterDistributed(py::module_& m) {
       .def("on_epoch_opened", &runtime::EpochAgreement::OnEpochOpened, py::arg("step"))
       .def(
           "agree_on_restore",
-          [](runtime::EpochAgreement& self, const std::vector<std::uint64_t>& intact) {
+          [](runtime::EpochAgreement& self, const std::vector<std::uint64_t>& intact,
+             bool never_committed, bool committed_twice) {
+            const runtime::RankHoldings mine{.intact = intact,
+                                             .never_committed = never_committed,
+                                             .committed_twice = committed_twice};
             py::gil_scoped_release release;
-            return ValueOrThrow(self.AgreeOnRestore(intact));
+            return ValueOrThrow(self.AgreeOnRestore(mine));
           },
-          py::arg("intact"))
+          py::arg("intact"), py::arg("never_committed") = false,
+          py::arg("committed_twice") = false)
       .def("finish",
            [](runtime::EpochAgreement& self) {
              py::gil_scoped_release release;

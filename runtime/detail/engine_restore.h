@@ -35,10 +35,19 @@ Result<RestoreResult> RestoreNewestIntactEpoch(layout::Pool& pool, const UnitDev
                                                const std::vector<UnitRegistration>& units,
                                                Encoder* encoder, int workers);
 
-// The iterations this pool can restore: the recovered (newest verified)
-// slot, and the other slot if it holds an older complete epoch whose record
-// verifies. A newer slot that failed verification at open is not among them.
-std::vector<std::uint64_t> IntactIterations(const layout::Pool& pool);
+// What this rank's pool holds, for the ranks' recovery (RankHoldings): the
+// iterations it can restore (the recovered, newest verified slot, and the
+// other slot if it holds an older complete epoch whose record verifies; a
+// newer slot that failed verification at open is not among them), and
+// whether it never committed an epoch or committed two.
+// has_unreplicated_state is left to the caller.
+RankHoldings HoldingsOf(const layout::Pool& pool);
+
+// Many ranks, after the ranks agreed on a fresh start (`fresh`, kNotFound):
+// forgets the epochs this rank's pool committed alone (Pool::ForgetEpochs),
+// so that none can pose as one of the new run's, and returns `fresh` on
+// every rank, or the lowest failing rank's error.
+Status StartAfresh(layout::Pool& pool, EpochAgreement& agreement, const Status& fresh);
 
 // Many ranks: restores `agreed`, the iteration every rank agreed on. A rank
 // one epoch ahead first drops its newest slot (Pool::RollBackLatest), so that

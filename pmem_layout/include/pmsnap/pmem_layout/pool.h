@@ -84,6 +84,10 @@ struct RankGroup {
   std::uint32_t rank = 0;
   std::uint32_t world_size = 0;
   std::uint64_t model_fingerprint = 0;
+  // Created while other ranks' pools already held committed epochs: the
+  // pool replaces a lost one, so its lack of a checkpoint is a loss, not a
+  // sign that the run never committed one (EpochAgreement::AgreeOnRestore).
+  bool created_beside_checkpoints = false;
   bool in_group() const { return world_size != 0; }
   bool operator==(const RankGroup&) const = default;
 };
@@ -348,6 +352,9 @@ class Pool {
   bool WaitForPrefault(std::chrono::nanoseconds timeout) const;
 
   SlotInfo slot_info(int slot) const;
+  // How many of the two slots hold a committed epoch, verified or not: 0 for
+  // a pool that never committed one. Any thread.
+  int committed_slots() const;
   // Newest recoverable committed epoch; kNotFound when none was committed.
   Result<SnapshotView> Latest() const;
   // A specific slot if it is COMPLETE and its record verifies (data is
@@ -392,6 +399,16 @@ class Pool {
   // kFailedPrecondition without a recovered checkpoint, kBusy while an epoch
   // is open. The slot's bytes stay allocated (slots are preallocated).
   Result<std::optional<std::uint64_t>> DiscardOlderEpoch();
+  // Multi-rank recovery, when the ranks start afresh because no epoch was
+  // ever committed by every rank (EpochAgreement::AgreeOnRestore): marks
+  // both slots EMPTY (one persisted 8-byte store each; after a crash in
+  // between, the next recovery starts afresh and forgets the rest), so that
+  // no later recovery or reader takes an epoch of the abandoned start for
+  // one of the new run. Epochs then number from 1 again, and the first new
+  // epoch frees the forgotten epochs' chunks. `reason` goes to warnings()
+  // when a committed epoch is forgotten. Returns how many were. kBusy while
+  // an epoch is open; kFailedPrecondition on a read-only pool.
+  Result<int> ForgetEpochs(const std::string& reason);
   // Whether the recovered slot's data still awaits its deferred check.
   bool data_verification_pending() const;
 

@@ -259,7 +259,9 @@ class Engine {
   // With several ranks, every rank calls it together: they restore the
   // newest iteration every rank holds intact (a rank one epoch ahead rolls
   // its pool back to it; EpochAgreement::AgreeOnRestore), and if any rank
-  // fails, all return that rank's error.
+  // fails, all return that rank's error. kNotFound on every rank when no
+  // epoch was committed by every rank: the pools then forget the epochs
+  // some ranks committed alone (Pool::ForgetEpochs).
   Result<RestoreResult> Restore();
 
   std::optional<std::uint32_t> FindUnit(const std::string& name) const;

@@ -29,7 +29,9 @@
 // Recovery: AgreeOnRestore picks the newest iteration that every rank holds
 // intact (the MIN over ranks of their newest verified epoch) and checks that
 // each rank still holds it; a rank whose newest slot is damaged thus pulls
-// every rank back to the previous epoch together.
+// every rank back to the previous epoch together. A rank that never
+// committed an epoch proves that none was committed by every rank: the
+// ranks then start afresh, even if some committed their first epoch alone.
 //
 // Thread-safety: the training thread only (the Coordinator's contract).
 #pragma once
@@ -80,19 +82,16 @@ class EpochAgreement {
   // Records that an epoch for `step` opened (after AtBoundary said so).
   void OnEpochOpened(std::uint64_t step);
 
-  // Recovery, on every rank together before the first boundary. `intact` are
-  // the iterations of this rank's verified committed epochs (any order; empty
-  // for a pool without one). Returns the newest iteration every rank holds,
-  // which every rank then restores. kNotFound when some rank holds none
-  // (naming it), kCorruption when some rank lacks the agreed iteration
-  // (naming it and the iteration).
-  Result<std::uint64_t> AgreeOnRestore(const std::vector<std::uint64_t>& intact);
+  // Recovery, on every rank together before the first boundary. `mine` is
+  // what this rank's pool holds (HoldingsOf); the ranks gather every rank's
+  // holdings in one all-reduce and each computes the same ChooseRestore:
+  // the newest iteration every rank holds, which every rank then restores,
+  // or the same error on every rank (kNotFound: a fresh start).
+  Result<std::uint64_t> AgreeOnRestore(const RankHoldings& mine);
 
   // Recovery of state sharded across ranks (sharding.h), instead of
-  // AgreeOnRestore: every rank passes what its own pool holds (at most two
-  // intact iterations), the ranks gather all holdings in one all-reduce, and
-  // each computes the same ChooseShardedRestore: the same choice, or the
-  // same error, on every rank. A rank without the chosen iteration (a lost
+  // AgreeOnRestore: as it, but each rank computes the same
+  // ChooseShardedRestore: the same choice, or the same error, on every rank. A rank without the chosen iteration (a lost
   // pool) then receives its units from their serving ranks.
   Result<ShardedRestoreChoice> AgreeOnShardedRestore(const RankHoldings& mine,
                                                      const ShardPlan& plan,
@@ -102,14 +101,17 @@ class EpochAgreement {
   // agrees on the run's identity and checks every existing pool against it.
   // `existing` is the group stored in this rank's pool (nullopt: the pool is
   // created now; a pool with world size 0 was made by a single process);
+  // `holds_checkpoint` says whether that pool holds a committed epoch;
   // `model_fingerprint` identifies the whole model. Returns the group a new
   // pool is created with: the run id of the lowest rank with an existing
-  // pool, else a fresh one from rank 0. Fails on every rank with the lowest
+  // pool, else a fresh one from rank 0, and created_beside_checkpoints when
+  // some existing pool holds a committed epoch (the new pool replaces a lost
+  // one). Fails on every rank with the lowest
   // failing rank's error, naming its pool: kFailedPrecondition for a pool of
   // another run, rank or world size (restoring with a different world size
   // is not supported), kModelMismatch for another model.
   Result<layout::RankGroup> AgreeOnGroup(const std::optional<layout::RankGroup>& existing,
-                                         std::uint64_t model_fingerprint,
+                                         bool holds_checkpoint, std::uint64_t model_fingerprint,
                                          const std::string& pool_path);
 
   // Every rank passes its own result; if any failed, every rank returns the
@@ -139,6 +141,10 @@ class EpochAgreement {
   // Reads a finished payload into global_committed_; kAborted if a rank failed.
   Status Absorb(const std::vector<std::int64_t>& reduced);
   bool EveryRankCommittedLastOpened() const;
+  // kFailedPrecondition once a boundary ran: recovery comes first.
+  Status RefuseRestoreAfterBoundary() const;
+  // Every rank's holdings, in rank order, on every rank (one all-reduce).
+  Result<std::vector<RankHoldings>> GatherHoldings(const RankHoldings& mine);
 
   std::shared_ptr<Coordinator> coordinator_;
   int rank_ = 0;

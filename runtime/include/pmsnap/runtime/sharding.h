@@ -1,4 +1,5 @@
-// Which ranks write which units when every rank holds the same state.
+// Which ranks write which units when every rank holds the same state, and
+// which checkpoint the ranks restore together.
 //
 // Under data parallelism (DDP) every rank holds the same parameters and
 // optimizer state. Writing all of it on every rank multiplies the bytes by
@@ -52,7 +53,31 @@ struct RankHoldings {
   // This rank also checkpoints state no other rank holds (its embedding
   // tables): without one of `intact` that state is lost.
   bool has_unreplicated_state = false;
+  // The pool never committed an epoch and was created with the run's other
+  // pools, not as a lost pool's replacement (RankGroup::
+  // created_beside_checkpoints): proof that no epoch was ever committed by
+  // every rank, since each rank commits every epoch.
+  bool never_committed = false;
+  // Both slots hold committed epochs, verified or not: the rank committed a
+  // second epoch, which opens only after every rank committed the first.
+  bool committed_twice = false;
 };
+
+// When `holdings` (one per rank) prove that no epoch was ever committed by
+// every rank, why, for the kNotFound of a fresh start; nullopt when they do
+// not. kCorruption, naming both ranks, when one rank never committed while
+// another committed twice, which the epoch agreement never allows (a pool
+// of another run, or a damaged commit word).
+Result<std::optional<std::string>> WhyNoRunWideCommit(const std::vector<RankHoldings>& holdings);
+
+// The unsharded recovery every rank computes alike from every rank's
+// holdings: the newest iteration every rank holds intact (the MIN over
+// ranks of each one's newest). kNotFound (a fresh start) when no rank
+// holds a checkpoint or WhyNoRunWideCommit says none was committed by every
+// rank; kCorruption naming the first rank without a checkpoint beside ranks
+// that hold one (a lost pool: the run must not start over silently), or
+// the first rank that lacks the chosen iteration.
+Result<std::uint64_t> ChooseRestore(const std::vector<RankHoldings>& holdings);
 
 // The sharded recovery every rank computes alike from every rank's holdings.
 struct ShardedRestoreChoice {
@@ -67,8 +92,9 @@ struct ShardedRestoreChoice {
 
 // The newest iteration from which every unit can be restored: some holder
 // of each unit holds it intact, and every rank with unreplicated state holds
-// it itself. kNotFound when no rank holds any checkpoint (a fresh start);
-// kCorruption otherwise, naming the first unit (from `unit_names`) or rank
+// it itself. kNotFound when no rank holds any checkpoint, or when none
+// covers every unit and WhyNoRunWideCommit says no epoch was committed by
+// every rank (a fresh start); kCorruption otherwise, naming the first unit (from `unit_names`) or rank
 // that no candidate iteration covers. `holdings` has one entry per rank.
 Result<ShardedRestoreChoice> ChooseShardedRestore(const ShardPlan& plan,
                                                   const std::vector<RankHoldings>& holdings,
