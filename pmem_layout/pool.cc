@@ -41,6 +41,13 @@ WarningSink& WarningSinkRef() PMSNAP_REQUIRES(g_warning_mutex) {
   return sink;
 }
 
+// kBusy naming pool `path`'s open epoch, if one is open.
+Status RefuseWhileEpochOpen(const std::string& path, const std::optional<std::uint64_t>& open) {
+  if (!open) return Status::Ok();
+  return Status(StatusCode::kBusy, "pool '" + path + "': epoch " + std::to_string(*open) +
+                                       " is open; commit or abandon it first");
+}
+
 }  // namespace
 
 namespace detail {
@@ -508,11 +515,7 @@ Result<std::optional<std::uint64_t>> Pool::DiscardOlderEpoch() {
     return Status(StatusCode::kFailedPrecondition,
                   "pool '" + path_ + "': no recovered checkpoint, nothing to keep");
   }
-  if (impl.open_epoch) {
-    return Status(StatusCode::kBusy, "pool '" + path_ + "': epoch " +
-                                         std::to_string(*impl.open_epoch) +
-                                         " is open; commit or abandon it first");
-  }
+  PMSNAP_RETURN_IF_ERROR(RefuseWhileEpochOpen(path_, impl.open_epoch));
   const int older = 1 - *recovered_slot_;
   const SlotInfo info = slot_info(older);
   if (info.state != SlotState::kComplete || info.epoch >= slot_info(*recovered_slot_).epoch) {
@@ -530,11 +533,7 @@ Result<std::optional<std::uint64_t>> Pool::DiscardOlderEpoch() {
 Result<int> Pool::ForgetEpochs(const std::string& reason) {
   PMSNAP_RETURN_IF_ERROR(RefuseReadOnly("forget its epochs"));
   Impl& impl = *impl_;
-  if (impl.open_epoch) {
-    return Status(StatusCode::kBusy, "pool '" + path_ + "': epoch " +
-                                         std::to_string(*impl.open_epoch) +
-                                         " is open; commit or abandon it first");
-  }
+  PMSNAP_RETURN_IF_ERROR(RefuseWhileEpochOpen(path_, impl.open_epoch));
   const int forgotten = committed_slots();
   for (int s = 0; s < 2; ++s) {
     if (slot_info(s).state == SlotState::kEmpty) continue;

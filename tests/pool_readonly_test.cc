@@ -146,6 +146,7 @@ TEST(PoolReadOnlyTest, RefusesEveryWrite) {
   ASSERT_TRUE(pool.ok());
   EXPECT_EQ((*pool)->BeginEpoch(30).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ((*pool)->DiscardOlderEpoch().status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*pool)->ForgetEpochs("test").status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ((*pool)->chunk_heap().Alloc(64, 3, 0).status().code(),
             StatusCode::kFailedPrecondition);
 }

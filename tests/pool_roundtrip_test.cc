@@ -511,5 +511,49 @@ TEST(PoolTest, DiscardOlderEpochRefusesAnOpenEpochAndAPoolWithoutCheckpoint) {
   EXPECT_EQ((*pool)->Latest()->epoch(), 1u);
 }
 
+// Multi-rank recovery after a kill inside the first epoch
+// (EpochAgreement): the epochs some ranks committed alone are dropped for
+// every later open, epochs number from 1 again, and the next epoch frees
+// the forgotten epochs' chunks.
+TEST(PoolTest, ForgetEpochsDropsEveryEpochForLaterOpensAndTheNextEpochFreesTheirChunks) {
+  TempPoolPath path("forget");
+  const Manifest manifest = MakeManifest(2, 300);
+  PoolOptions options;
+  options.chunk_heap_bytes = 1 << 20;
+  {
+    auto pool = Pool::Create(path.path(), manifest, options);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 1, 10).ok());
+    auto chunk = (*pool)->chunk_heap().Alloc(1024, 1, 7);
+    ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+    ASSERT_TRUE((*pool)->chunk_heap().Seal(chunk->id).ok());
+    ASSERT_TRUE(WriteSeededEpoch(**pool, 2, 20).ok());
+    EXPECT_EQ((*pool)->committed_slots(), 2);
+    auto forgot = (*pool)->ForgetEpochs("the ranks start afresh");
+    ASSERT_TRUE(forgot.ok()) << forgot.status().ToString();
+    EXPECT_EQ(*forgot, 2);
+    EXPECT_EQ((*pool)->Latest().status().code(), StatusCode::kNotFound);
+    EXPECT_THAT((*pool)->warnings(), ::testing::Contains(::testing::HasSubstr(
+                                         "the ranks start afresh: forgot 2 committed epochs")));
+  }
+  auto pool = Pool::Open(path.path(), manifest);
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ((*pool)->committed_slots(), 0);
+  EXPECT_EQ((*pool)->Latest().status().code(), StatusCode::kNotFound);
+  EXPECT_EQ((*pool)->chunk_heap().List().size(), 1u);
+  auto epoch = (*pool)->BeginEpoch(1);
+  ASSERT_TRUE(epoch.ok()) << epoch.status().ToString();
+  EXPECT_EQ(*epoch, 1u);
+  EXPECT_TRUE((*pool)->chunk_heap().List().empty());
+  EXPECT_EQ((*pool)->ForgetEpochs("test").status().code(), StatusCode::kBusy);
+  (*pool)->Abandon();
+  ASSERT_TRUE(WriteSeededEpoch(**pool, 3, 1).ok());
+  auto latest = (*pool)->Latest();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->epoch(), 1u);
+  EXPECT_EQ(CheckSeededView(manifest, *latest, 3), "");
+  EXPECT_EQ((*pool)->committed_slots(), 1);
+}
+
 }  // namespace
 }  // namespace pmsnap::layout

@@ -1,6 +1,7 @@
 """pmsnap's coordination over real torch.distributed process groups: gloo
 ranks in separate processes on this machine (torch.multiprocessing)."""
 
+import functools
 import os
 import tempfile
 
@@ -72,18 +73,30 @@ def test_a_failed_rank_stops_every_rank_at_the_same_step_naming_it():
         assert "rank 2 failed its checkpoint" in message
 
 
-def _restore_without_checkpoint(rank, world):
+def _restore_beside_a_rank_without_checkpoint(rank, world, never_committed):
+    """Rank 1's pool holds no checkpoint: lost (never_committed False) or
+    never committed one; rank 0 holds iteration 3. Returns the error."""
     agreement = pmdist.EpochAgreement(pmdist.TorchDistributedCoordinator())
     try:
-        agreement.agree_on_restore([] if rank == 1 else [3, 5])
-    except pmsnap.CorruptionError as e:
-        return str(e)
-    return ""
+        agreement.agree_on_restore([] if rank == 1 else [3],
+                                   never_committed=never_committed and rank == 1)
+    except (pmsnap.CorruptionError, pmsnap.NotFoundError) as e:
+        return type(e).__name__, str(e)
+    return None, ""
 
 
 def test_restore_names_the_rank_whose_pool_was_lost_beside_checkpointed_ranks():
-    for message in run_ranks(2, _restore_without_checkpoint):
+    for kind, message in run_ranks(2, functools.partial(_restore_beside_a_rank_without_checkpoint,
+                                                        never_committed=False)):
+        assert kind == "CorruptionError"
         assert "rank 1: its pool holds no intact checkpoint while other ranks' pools do" in message
+
+
+def test_a_rank_that_never_committed_makes_the_others_lone_first_epochs_a_fresh_start():
+    for kind, message in run_ranks(2, functools.partial(_restore_beside_a_rank_without_checkpoint,
+                                                        never_committed=True)):
+        assert kind == "NotFoundError"
+        assert "no epoch was committed by every rank: rank 1's pool never committed one" in message
 
 
 def _sharded_run(rank, world, pool, steps, restore, init_from=None):
