@@ -91,8 +91,9 @@ class EpochAgreement {
 
   // Recovery of state sharded across ranks (sharding.h), instead of
   // AgreeOnRestore: as it, but each rank computes the same
-  // ChooseShardedRestore: the same choice, or the same error, on every rank. A rank without the chosen iteration (a lost
-  // pool) then receives its units from their serving ranks.
+  // ChooseShardedRestore: the same choice, or the same error, on every
+  // rank. A rank without the chosen iteration (a lost pool) then receives
+  // its units from their serving ranks.
   Result<ShardedRestoreChoice> AgreeOnShardedRestore(const RankHoldings& mine,
                                                      const ShardPlan& plan,
                                                      std::span<const std::string> unit_names);

@@ -94,8 +94,9 @@ struct ShardedRestoreChoice {
 // of each unit holds it intact, and every rank with unreplicated state holds
 // it itself. kNotFound when no rank holds any checkpoint, or when none
 // covers every unit and WhyNoRunWideCommit says no epoch was committed by
-// every rank (a fresh start); kCorruption otherwise, naming the first unit (from `unit_names`) or rank
-// that no candidate iteration covers. `holdings` has one entry per rank.
+// every rank (a fresh start); kCorruption otherwise, naming the first unit
+// (from `unit_names`) or rank that no candidate iteration covers.
+// `holdings` has one entry per rank.
 Result<ShardedRestoreChoice> ChooseShardedRestore(const ShardPlan& plan,
                                                   const std::vector<RankHoldings>& holdings,
                                                   std::span<const std::string> unit_names);
