@@ -355,11 +355,8 @@ Result<std::uint64_t> Pool::BeginEpoch(std::uint64_t iteration) {
   }
   const std::uint64_t epoch = impl.last_committed ? *impl.last_committed + 1 : 1;
   const int slot = static_cast<int>(epoch % 2);
+  impl.PersistCommitWord(slot, epoch, SlotState::kWriting);
   SlotRecordHeader& record = impl.record(slot);
-  record.commit_word.store(
-      detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kWriting)),
-      std::memory_order_release);
-  detail::seam::Persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
   if (!impl.orphans_swept) {
     // After the slot is marked: the slot may hold a complete epoch newer
     // than last_committed (rolled back by RollBackLatest, or damaged), whose
@@ -496,10 +493,7 @@ Status Pool::Commit(std::span<const std::byte> extra_state) {
   // power-loss tests can drop this drain on purpose to show they catch it.)
   if (!detail::CommitRecordDrainDropped()) [[likely]] detail::seam::Drain(impl.pop);
   // The commit point: one 8-byte atomic store, then persist.
-  record.commit_word.store(
-      detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(SlotState::kComplete)),
-      std::memory_order_release);
-  detail::seam::Persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
+  impl.PersistCommitWord(slot, epoch, SlotState::kComplete);
   impl.last_committed = epoch;
   impl.open_epoch.reset();
   recovered_slot_ = slot;
@@ -523,10 +517,7 @@ Result<std::optional<std::uint64_t>> Pool::DiscardOlderEpoch() {
   }
   // The state a slot has before its first epoch: readers and recovery skip
   // it, and the next epoch (recovered + 1) is written there as usual.
-  SlotRecordHeader& record = impl.record(older);
-  record.commit_word.store(detail::MakeCommitWord(0, static_cast<std::uint8_t>(SlotState::kEmpty)),
-                           std::memory_order_release);
-  detail::seam::Persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
+  impl.PersistCommitWord(older, 0, SlotState::kEmpty);
   return std::optional<std::uint64_t>(info.epoch);
 }
 
@@ -536,12 +527,7 @@ Result<int> Pool::ForgetEpochs(const std::string& reason) {
   PMSNAP_RETURN_IF_ERROR(RefuseWhileEpochOpen(path_, impl.open_epoch));
   const int forgotten = committed_slots();
   for (int s = 0; s < 2; ++s) {
-    if (slot_info(s).state == SlotState::kEmpty) continue;
-    SlotRecordHeader& record = impl.record(s);
-    record.commit_word.store(
-        detail::MakeCommitWord(0, static_cast<std::uint8_t>(SlotState::kEmpty)),
-        std::memory_order_release);
-    detail::seam::Persist(impl.pop, &record.commit_word, sizeof(record.commit_word));
+    if (slot_info(s).state != SlotState::kEmpty) impl.PersistCommitWord(s, 0, SlotState::kEmpty);
   }
   impl.unverified_slot.store(-1);
   recovered_slot_.reset();

@@ -83,6 +83,14 @@ struct Pool::Impl {
   detail::SlotRecordHeader& record(int slot) const {
     return *At<detail::SlotRecordHeader>(header().slot_record_offset[slot]);
   }
+  // Stores slot `slot`'s commit word, the one 8-byte store that changes a
+  // slot's state, and persists it.
+  void PersistCommitWord(int slot, std::uint64_t epoch, SlotState state) const {
+    detail::SlotRecordHeader& slot_record = record(slot);
+    slot_record.commit_word.store(detail::MakeCommitWord(epoch, static_cast<std::uint8_t>(state)),
+                                  std::memory_order_release);
+    detail::seam::Persist(pop, &slot_record.commit_word, sizeof(slot_record.commit_word));
+  }
   std::uint64_t* part_checksums(int slot) const {
     return reinterpret_cast<std::uint64_t*>(&record(slot) + 1);
   }
