@@ -85,4 +85,16 @@ for method in pmsnap pmsnap-continuous pmsnap-staged dcp_async checkfreq; do
     '$c == m && $k > 0 { found = 1 } END { exit !found }' "$csv" ||
     fail "$method's row reports no checkpoint: $(cat "$csv")"
 done
+# A budget spent before the first round ends stops it between runs and keeps
+# what it measured (a caller's timeout would have lost it all): here the
+# baseline, which runs whatever the budget.
+PYTHONPATH="$pythonpath" PMSNAP_POOL_DIR="${PMSNAP_POOL_DIR:-/dev/shm}" "$python" \
+  "$root/bench/gpu/gpu_stall.py" --device cpu --tiny --steps 2 --warmup 1 --every 1 \
+  --methods none,pmsnap --time-budget 1e-9 --csv "$csv" >"$out/budget.log" 2>&1 ||
+  fail "benchmark run with a spent budget failed: $(cat "$out/budget.log")"
+grep -q "round 1 stopped every 1, before pmsnap" "$out/budget.log" ||
+  fail "the spent budget's stop is not reported: $(cat "$out/budget.log")"
+method_col="$(column method)"
+[[ "$(awk -F, -v c="$method_col" 'NR > 1 { print $c }' "$csv")" == none ]] ||
+  fail "the stopped round should keep only its baseline row: $(cat "$csv")"
 echo "gpu_check_script_test: ok"

@@ -90,8 +90,9 @@ def parse_args():
     p.add_argument("--csv", default="bench/results/gpu_stall.csv")
     p.add_argument("--time-budget", type=float, default=0.0,
                    help="seconds: no round starts that would end after them, as far as the "
-                        "rounds so far tell (each model gets at least its first round while "
-                        "time is left); 0: no limit")
+                        "rounds so far tell, and no run starts after them (the first run "
+                        "always does; a first round stopped so keeps what it measured); "
+                        "0: no limit")
     return p.parse_args()
 
 
@@ -685,6 +686,7 @@ def main():
     summary = []
     began = time.perf_counter()
     last_round_seconds, last_params = 0.0, 1.0
+    runs_done = 0  # the budget never stops the first run: something is measured
     cut_short = []
     for model_name, rounds, steps in models:
         args.steps = steps
@@ -702,15 +704,26 @@ def main():
         round_seconds = last_round_seconds * approx_params(model_name) / last_params
         for round_index in range(rounds):
             spent = time.perf_counter() - began
-            if args.time_budget > 0 and spent + round_seconds > args.time_budget:
+            if args.time_budget > 0 and runs_done and spent + round_seconds > args.time_budget:
                 cut_short.append(f"{model_name}: {round_index} of {rounds} rounds run "
                                  f"(time budget {args.time_budget:.0f} s)")
                 break
             round_began = time.perf_counter()
+            stopped = None
             for every in intervals:
                 rows = {}
                 for m in wanted[every]:
+                    # A round that outlasts the budget stops between runs,
+                    # before a caller's timeout could lose every figure. A
+                    # model's first round keeps what it measured; a later
+                    # round's cut interval is dropped, so each median comes
+                    # from whole rounds.
+                    spent = time.perf_counter() - began
+                    if args.time_budget > 0 and runs_done and spent > args.time_budget:
+                        stopped = f"every {every}, before {m}"
+                        break
                     rows[m] = run(m, model_name, every, args, device)
+                    runs_done += 1
                     details = " ".join(f"{key} {rows[m][key]:.1f}" for key in RUN_DETAILS
                                        if isinstance(rows[m].get(key), float))
                     print(f"gpu_stall: {model_name} every {every} round {round_index + 1}: "
@@ -722,7 +735,15 @@ def main():
                         r["overhead_pct"] = 100.0 * (r["step_ms"] / base["step_ms"] - 1.0)
                         r["stall_ms"] = r["step_ms"] - base["step_ms"]
                         r["gpu_stall_ms"] = r["gpu_step_ms"] - base["gpu_step_ms"]
-                per_round[every].append(rows)
+                if rows and (stopped is None or round_index == 0):
+                    per_round[every].append(rows)
+                if stopped:
+                    break
+            if stopped:
+                kept = "its runs so far kept" if round_index == 0 else "dropped"
+                cut_short.append(f"{model_name}: round {round_index + 1} stopped {stopped} "
+                                 f"(time budget {args.time_budget:.0f} s; {kept})")
+                break
             round_seconds = max(round_seconds if round_index else 0.0,
                                 time.perf_counter() - round_began)
             last_round_seconds, last_params = round_seconds, approx_params(model_name)
@@ -730,7 +751,9 @@ def main():
             if not per_round[every]:
                 continue
             for m in wanted[every]:
-                runs = [rows[m] for rows in per_round[every]]
+                runs = [rows[m] for rows in per_round[every] if m in rows]
+                if not runs:
+                    continue
                 row = dict(runs[-1])
                 for key in ("step_ms", "overhead_pct", "stall_ms", "gpu_stall_ms",
                             "host_blocked_ms") + RUN_DETAILS:
