@@ -64,7 +64,10 @@ gives the median over rounds with the range. The machine may be loaded by
 other work: read the in-round ratios, not the milliseconds. "step() CPU ms"
 is the training thread's CPU time inside step() (time.thread_time, median of
 the timed iterations): what the stepping itself costs, which the load moves
-far less than the wall clock; "fwd+bwd CPU ms" the same for the rest of the
+far less than the wall clock; "pmsnap CPU ms" the part of it outside the
+wrapped optimizer's own step() calls (pmsnap's Python and engine calls; ~0
+for plain), steady where the update's memory traffic moves step() CPU by
+milliseconds between processes; "fwd+bwd CPU ms" the same for the rest of the
 iteration (the batch, the forward pass with its hooks, the backward pass);
 "faults/it" the training thread's page faults per timed iteration (on a VM
 each costs ~10-20 us, and they contend with the copy workers' faults on
@@ -214,7 +217,20 @@ def run_trial(workload, method, args, pool_dir, trial, worker_cpus):
             optimizer, **checkpoint_kwargs(method, base, pool, worker_cpus))
     checkpointed = isinstance(stepper, pmsnap.CheckpointedOptimizer)
     set_to_none = not METHODS.get(method, {}).get("zero_in_place", False)
-    times, step_cpu, rest_cpu = [], [], []
+    # The wrapped optimizer's own step() CPU, to tell pmsnap's part of a
+    # step from the update's, whose memory traffic moves by milliseconds.
+    update_cpu = [0.0]
+    update = optimizer.step
+
+    def timed_update(*args, **kwargs):
+        began = time.thread_time()
+        try:
+            return update(*args, **kwargs)
+        finally:
+            update_cpu[0] += time.thread_time() - began
+
+    optimizer.step = timed_update
+    times, step_cpu, rest_cpu, own_cpu = [], [], [], []
     commits_at_warmup = commits_at_end = 0
     faults_at_warmup = 0
     try:
@@ -228,8 +244,10 @@ def run_trial(workload, method, args, pool_dir, trial, worker_cpus):
             stepper.zero_grad(set_to_none=set_to_none)
             loss_of(it).backward()
             cpu = time.thread_time()
+            update_cpu[0] = 0.0
             stepper.step()
             step_cpu.append(time.thread_time() - cpu)
+            own_cpu.append(step_cpu[-1] - update_cpu[0])
             rest_cpu.append(cpu - rest)
             times.append(time.perf_counter() - start)
         faults = thread_page_faults() - faults_at_warmup
@@ -252,6 +270,7 @@ def run_trial(workload, method, args, pool_dir, trial, worker_cpus):
     return dict(mean_ms=1e3 * statistics.mean(timed), median_ms=1e3 * statistics.median(timed),
                 step_cpu_ms=1e3 * statistics.median(step_cpu[args.warmup:]),
                 rest_cpu_ms=1e3 * statistics.median(rest_cpu[args.warmup:]),
+                own_cpu_ms=1e3 * statistics.median(own_cpu[args.warmup:]),
                 commits=commits, blocked_ms=1e3 * blocked,
                 faults_per_it=faults / len(timed),
                 # Over the timed iterations: the cold first epochs left out.
@@ -334,7 +353,8 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["round", "method", "mean_ms", "median_ms",
-                                               "step_cpu_ms", "rest_cpu_ms", "faults_per_it",
+                                               "step_cpu_ms", "own_cpu_ms", "rest_cpu_ms",
+                                               "faults_per_it",
                                                "overhead_pct", "commits",
                                                "blocked_ms", "ckpt_per_min", "checkpoint_mb"])
         writer.writeheader()
@@ -346,7 +366,8 @@ def main():
     if write_gbps:
         print(f"\nsimulated PM: {write_gbps} GB/s write (PMSNAP_PM_WRITE_GBPS)")
     print(f"\n{'method':<19} {'mean ms/it':>11} {'overhead % (median, range over rounds)':>40} "
-          f"{'step() CPU ms':>14} {'fwd+bwd CPU ms':>15} {'faults/it':>10} {'commits':>8} "
+          f"{'step() CPU ms':>14} {'pmsnap CPU ms':>14} {'fwd+bwd CPU ms':>15} "
+          f"{'faults/it':>10} {'commits':>8} "
           f"{'blocked ms/it':>14} {'ckpt/min':>9}"
           + (f" {'% of PM limit':>14}" if write_gbps else ""))
     for method in methods:
@@ -360,6 +381,7 @@ def main():
         print(f"{method:<19} {statistics.median(r['mean_ms'] for r in mine):11.2f} "
               f"{statistics.median(over):+15.2f} ({over[0]:+.2f} .. {over[-1]:+.2f}){'':>8} "
               f"{statistics.median(r['step_cpu_ms'] for r in mine):14.2f} "
+              f"{statistics.median(r['own_cpu_ms'] for r in mine):14.3f} "
               f"{statistics.median(r['rest_cpu_ms'] for r in mine):15.2f} "
               f"{statistics.median(r['faults_per_it'] for r in mine):10.0f} "
               f"{statistics.median(r['commits'] for r in mine):8.0f} "

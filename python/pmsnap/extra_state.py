@@ -20,9 +20,12 @@ Thread-safety: the functions read and set process-global RNG state; call them
 from the training thread.
 """
 
+import array
+import ctypes
 import io
 import pickle
 import random
+import sys
 
 import torch
 
@@ -37,12 +40,71 @@ except ImportError:  # pragma: no cover - numpy ships with Debian's torch
     _numpy = None
 
 
+class _NumpyGlobalState:
+    """numpy.random.get_state() of the global RandomState, the last capture
+    reused while the generator drew nothing. get_state() costs 40-80 us a
+    step (it copies the 624 key words one at a time); comparing the
+    generator's raw key and position (2.5 KB, read through its public ctypes
+    address) costs about 1 us. Reused only when the last capture held no
+    cached Gaussian: consuming one changes the state without a draw.
+
+    The raw layout (uint32 key[624], int pos) is numpy's MT19937 struct; it
+    is checked against get_state() once, and without that match, or another
+    generator than MT19937, every capture calls get_state()."""
+
+    _RAW_BYTES = 624 * 4 + 4
+
+    def __init__(self):
+        # numpy.random.get_bit_generator: numpy >= 1.25.
+        self._current = getattr(_numpy.random, "get_bit_generator", None)
+        # (bit generator, its state's address or None, raw state, get_state()),
+        # replaced whole so that a capture from another thread reads one.
+        self._cache = (None, None, None, None)
+
+    def capture(self):
+        if self._current is None:
+            return _numpy.random.get_state()
+        generator = self._current()
+        cached_generator, address, cached_raw, cached_state = self._cache
+        if generator is not cached_generator:
+            address, cached_raw = self._checked_address(generator), None
+        if address is None:
+            self._cache = (generator, None, None, None)
+            return _numpy.random.get_state()
+        # Read before get_state(): a draw in between (another thread) makes
+        # the next capture read afresh, never reuse a newer raw state.
+        raw = ctypes.string_at(address, self._RAW_BYTES)
+        if raw == cached_raw and not cached_state[3]:
+            return cached_state
+        state = _numpy.random.get_state()
+        self._cache = (generator, address, raw, state)
+        return state
+
+    def forget(self):
+        """After a set_state (restore): the next capture reads afresh."""
+        self._cache = (None, None, None, None)
+
+    def _checked_address(self, generator):
+        if type(generator).__name__ != "MT19937":
+            return None
+        try:
+            address = generator.ctypes.state_address
+        except AttributeError:  # pragma: no cover - numpy without the ctypes interface
+            return None
+        state = _numpy.random.get_state()
+        expected = state[1].tobytes() + int(state[2]).to_bytes(4, sys.byteorder, signed=True)
+        return address if ctypes.string_at(address, self._RAW_BYTES) == expected else None
+
+
+_numpy_global = _NumpyGlobalState() if _numpy is not None else None
+
+
 def capture_rng():
     """The process's global RNG states (torch CPU, Python, numpy)."""
     rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if _numpy is not None:
-        rng["numpy"] = _numpy.random.get_state()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["numpy"] = _numpy_global.capture()
+    if torch.cuda.is_initialized():  # implies is_available(), which costs 1 us a step
         rng["cuda"] = torch.cuda.get_rng_state_all()
     return rng
 
@@ -55,6 +117,7 @@ def apply_rng(rng):
         random.setstate(rng["python"])
     if "numpy" in rng and _numpy is not None:
         _numpy.random.set_state(rng["numpy"])
+        _numpy_global.forget()
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
 
@@ -69,7 +132,7 @@ def pack(user, rng, param_groups, nontensor_state, param_names=None, peers=None,
     blob = {
         "format": FORMAT,
         "user": user,
-        "rng": rng,
+        "rng": _rng_as_words(rng),
         "param_groups": param_groups,
         "state": nontensor_state,
     }
@@ -106,6 +169,56 @@ class _TensorsAsBytesPickler(pickle.Pickler):
             return _tensor_from_bytes, (data, str(obj.dtype).removeprefix("torch."),
                                         tuple(obj.shape))
         return NotImplemented
+
+
+_WORD = next(code for code in "IL" if array.array(code).itemsize == 4)  # a 32-bit word
+
+
+class _PickledAs:
+    """Pickles as the call `function(*args)`: an unpickled blob holds what
+    that call returns, so readers see the usual types."""
+
+    __slots__ = ("_reduced",)
+
+    def __init__(self, function, args):
+        self._reduced = (function, args)
+
+    def __reduce__(self):
+        return self._reduced
+
+
+def _rng_as_words(rng):
+    """`rng` with the Python and numpy Mersenne Twister states pickled as
+    their 32-bit words in one bytes object each: pickling 625 Python ints
+    costs 26 us a step, 624 numpy words in an ndarray 12 us, the bytes 3
+    us (bench/RESULTS.md, seventh session). Other shapes pickle as they are."""
+    python, legacy_numpy = rng.get("python"), rng.get("numpy")
+    out = rng
+    if type(python) is tuple and len(python) == 3 and type(python[1]) is tuple:
+        try:  # array refuses what is not a 32-bit word (the tuple then pickles as it is)
+            words = array.array(_WORD, python[1]).tobytes()
+        except (OverflowError, TypeError):
+            words = None
+        if words is not None:
+            out = dict(out, python=_PickledAs(_python_rng_state, (python[0], words, python[2])))
+    if (_numpy is not None and type(legacy_numpy) is tuple and len(legacy_numpy) == 5
+            and type(legacy_numpy[1]) is _numpy.ndarray and legacy_numpy[1].dtype == _numpy.uint32
+            and legacy_numpy[1].ndim == 1):
+        out = dict(out, numpy=_PickledAs(_numpy_rng_state,
+                                         (legacy_numpy[0], legacy_numpy[1].tobytes())
+                                         + legacy_numpy[2:]))
+    return out
+
+
+def _python_rng_state(version, words, gauss):
+    """random.getstate()'s tuple from _rng_as_words' bytes."""
+    return (version, tuple(array.array(_WORD, words)), gauss)
+
+
+def _numpy_rng_state(name, words, pos, has_gauss, cached_gaussian):
+    """numpy.random.get_state()'s tuple from _rng_as_words' bytes."""
+    return (name, _numpy.frombuffer(words, dtype=_numpy.uint32).copy(), pos, has_gauss,
+            cached_gaussian)
 
 
 def _tensor_from_bytes(data, dtype_name, shape):

@@ -59,14 +59,20 @@ class ParameterStepper:
         are still updated, without hooks, and the first error is raised at
         the end. Any other exception (from the optimizer, Ctrl-C) leaves the
         update half done and propagates. Every gradient is left as it was."""
-        if indices is None:
+        one_call = one_call or observer is None
+        every_parameter = indices is None
+        if every_parameter:
             indices = range(len(self._params) - 1, -1, -1)
-        error = None
-        with self._only_gradient_shown() as shown:
-            one_call = one_call or observer is None
-            groups = [list(indices)] if one_call else self._groups_of(indices)
-            for group in groups:
-                error = self._update(observer, group, shown, error)
+        if every_parameter and one_call:
+            # Nothing to hide from the optimizer: the gradients stay in
+            # place, 4 swaps per parameter fewer.
+            error = self._update(observer, indices, None, None)
+        else:
+            error = None
+            with self._only_gradient_shown() as shown:
+                groups = [list(indices)] if one_call else self._groups_of(indices)
+                for group in groups:
+                    error = self._update(observer, group, shown, error)
         if error is not None:
             raise error
 
@@ -98,9 +104,14 @@ class ParameterStepper:
     def _update(self, observer, group, shown, error):
         """Updates the parameters `group` in one optimizer step, each between
         its hooks (none once a hook failed: `error`, returned with the first
-        new one). Parameters without a gradient are left to the engine, which
-        counts them as updated at the step's end."""
-        present = [index for index in group if shown(index) is not None]
+        new one). `shown`: the hidden gradients' context, or None when
+        `group` is every parameter and the gradients stay in place.
+        Parameters without a gradient are left to the engine, which counts
+        them as updated at the step's end."""
+        if shown is None:
+            present = [index for index in group if self._params[index].grad is not None]
+        else:
+            present = [index for index in group if shown(index) is not None]
         if not present:
             return error
         hooked = []
@@ -113,13 +124,16 @@ class ParameterStepper:
                     hooked.append(index)
                 except _pmsnap.Error as e:
                     error = e
-        for index in present:
-            self._params[index].grad = shown(index)
-        try:
+        if shown is None:
             self.optimizer.step()
-        finally:
+        else:
             for index in present:
-                self._params[index].grad = None
+                self._params[index].grad = shown(index)
+            try:
+                self.optimizer.step()
+            finally:
+                for index in present:
+                    self._params[index].grad = None
         if observer is not None:
             for index in present:
                 observer.after_optimizer_step(index)

@@ -142,8 +142,8 @@ class Unit:
     """One parameter and its state tensors, as laid out: one engine unit, or for
     an embedding table its encoded unit plus a dense companion."""
 
-    __slots__ = ("name", "param", "tensors", "ptrs", "shapes", "table", "_registrations",
-                 "_storage_holds")
+    __slots__ = ("name", "param", "tensors", "table", "_registrations", "_storage_holds",
+                 "_watched")
 
     def __init__(self, name, param, state, table=False):
         self.name = name
@@ -154,8 +154,10 @@ class Unit:
         # `p.data = ...` does not rebind: the memory the engine copies stays
         # valid (module doc).
         self._storage_holds = [local_tensor(t).detach() for _, t in self.tensors]
-        self.ptrs = [t.data_ptr() for t in self._storage_holds]
-        self.shapes = [tuple(t.shape) for t in self._storage_holds]
+        # What check_unchanged compares on every step: (role, tensor, its
+        # registered memory's pointer and shape).
+        self._watched = [(role, t, held.data_ptr(), held.shape)
+                         for (role, t), held in zip(self.tensors, self._storage_holds)]
         self.table = table
         self._registrations = None
 
@@ -181,9 +183,10 @@ class Unit:
 
     def check_unchanged(self):
         """ModelMismatchError if a registered tensor moved or changed shape."""
-        for (role, t), ptr, shape in zip(self.tensors, self.ptrs, self.shapes):
-            t = local_tensor(t)
-            if t.data_ptr() != ptr or tuple(t.shape) != shape:
+        for role, t, ptr, shape in self._watched:
+            if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+                t = local_tensor(t)  # a DTensor: its local shard is registered
+            if t.data_ptr() != ptr or t.shape != shape:
                 raise make_error(_pmsnap.ModelMismatchError,
                                  f"parameter '{self.name}': tensor '{role}' changed from "
                                  f"{shape_text(shape)} to {shape_text(t.shape)} (or moved) "

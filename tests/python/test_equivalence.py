@@ -121,7 +121,7 @@ def test_step_groups_bound_the_optimizer_calls_while_a_copy_is_in_flight(step_gr
     wrapped optimizer at most G times per step (a group ends once it holds
     1/G of the parameter bytes), None once per parameter; a step begun with
     no copy in flight steps it once, captured or not. Neither changes a bit
-    of the training."""
+    of the training, and both leave every gradient in place."""
     widths = (12, 32, 32, 16, 4)  # 8 tensors of unequal sizes
     plain_model, plain_opt = run(OPTIMIZERS["adamw"], widths=widths)
     model = make_model(widths=widths)
@@ -142,7 +142,7 @@ def test_step_groups_bound_the_optimizer_calls_while_a_copy_is_in_flight(step_gr
                 copt.flush()
             started = copt.stats()["epochs_started"] if step else 0
             calls.clear()
-            train_step(model, copt, step)
+            train_step(model, GradientsKept(copt, model), step)
             # In flight after a step that opened no epoch: in flight all
             # through it (it only ever goes from true to false).
             in_flight_all_through = (copt.stats()["epochs_started"] == started
@@ -158,6 +158,25 @@ def test_step_groups_bound_the_optimizer_calls_while_a_copy_is_in_flight(step_gr
                     assert len(calls) > 1 or step_groups == 1, f"step {step}"
     assert in_flight_steps > 0
     assert_same_training_state(plain_model, plain_opt, model, opt)
+
+
+class GradientsKept:
+    """`optimizer`, whose step() must leave each of `model`'s gradients the
+    same tensor (the stepping hides them from the wrapped optimizer only
+    while it runs groups)."""
+
+    def __init__(self, optimizer, model):
+        self._optimizer = optimizer
+        self._params = list(model.parameters())
+
+    def zero_grad(self):
+        self._optimizer.zero_grad()
+
+    def step(self):
+        before = [p.grad for p in self._params]
+        self._optimizer.step()
+        moved = [i for i, (p, g) in enumerate(zip(self._params, before)) if p.grad is not g]
+        assert not moved, f"step() replaced the gradients of parameters {moved}"
 
 
 def test_step_groups_must_be_a_count(pool_path):

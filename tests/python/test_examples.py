@@ -162,6 +162,8 @@ def test_python_overhead_bench_breaks_the_dlrm_overhead_into_its_parts(tmp_path)
     for r in rows:
         commits.setdefault(r["method"], set()).add(int(r["commits"]))
         assert float(r["mean_ms"]) > 0 and float(r["step_cpu_ms"]) >= 0
+        # pmsnap's part of step(): what the wrapped optimizer's calls leave.
+        assert 0 <= float(r["own_cpu_ms"]) <= float(r["step_cpu_ms"]), r
     for method in methods:
         assert re.search(rf"^{re.escape(method)} +{NUMBER} +{NUMBER} \(", done.stdout,
                          re.MULTILINE), f"no table row for {method}:\n{done.stdout}"

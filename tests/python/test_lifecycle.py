@@ -2,9 +2,11 @@
 
 import gc
 import os
+import random
 import signal
 import weakref
 
+import numpy
 import pytest
 import torch
 
@@ -64,6 +66,82 @@ def test_tensors_in_the_extra_state_restore_with_their_dtype_shape_and_bits(pool
         assert torch.equal(*bits), key
     extra["data_rng"][0] = 1  # a writable tensor of its own
     assert torch.Generator().set_state(extra["data_rng"]) is not None
+
+
+def test_rng_states_packed_as_words_unpack_to_the_same_states_and_draws():
+    """The Python and numpy generator states are pickled as their 32-bit
+    words (faster than 625 ints every step); what unpack() gives back is the
+    usual tuples, and the draws after apply_rng() are the captured ones',
+    numpy's cached Gaussian included. A state of another shape pickles as it
+    is."""
+    extra_state = pmsnap.extra_state
+    random.seed(3)
+    random.random()
+    numpy.random.seed(5)
+    numpy.random.standard_normal()  # draws two, caches the second: has_gauss 1
+    rng = extra_state.capture_rng()
+    assert rng["numpy"][3] == 1
+    blob = extra_state.pack({}, rng, [], {})
+    assert b"_python_rng_state" in blob and b"_numpy_rng_state" in blob
+    back = extra_state.unpack(blob)["rng"]
+    assert type(back["python"]) is tuple and back["python"] == rng["python"]
+    assert type(back["numpy"][1]) is numpy.ndarray and back["numpy"][1].dtype == numpy.uint32
+    assert numpy.array_equal(back["numpy"][1], rng["numpy"][1])
+    assert back["numpy"][0] == rng["numpy"][0] and back["numpy"][2:] == rng["numpy"][2:]
+    expected = (random.random(), numpy.random.standard_normal(), torch.rand(3))
+    random.seed(0)
+    numpy.random.seed(0)
+    torch.manual_seed(0)
+    extra_state.apply_rng(back)
+    drawn = (random.random(), numpy.random.standard_normal(), torch.rand(3))
+    assert drawn[:2] == expected[:2] and torch.equal(drawn[2], expected[2])
+    odd = {"python": (3, (1 << 40, -1), None), "numpy": ("MT19937", [1, 2], 0, 0, 0.0)}
+    assert extra_state.unpack(extra_state.pack({}, odd, [], {}))["rng"] == odd
+
+
+@pytest.mark.filterwarnings("ignore:get_state and legacy:RuntimeWarning")  # PCG64's get_state
+def test_numpy_rng_captures_follow_every_change_of_the_global_generator():
+    """A capture reuses the last one while numpy's global generator drew
+    nothing; every change shows: draws, a consumed cached Gaussian (no
+    draw), a reseed, set_state, another global bit generator."""
+    extra_state = pmsnap.extra_state
+
+    def assert_captures_now():
+        captured, now = extra_state.capture_rng()["numpy"], numpy.random.get_state()
+        if isinstance(now, dict):  # not MT19937: get_state()'s dict
+            assert captured == now
+            return
+        assert captured[0] == now[0] and numpy.array_equal(captured[1], now[1])
+        assert captured[2:] == now[2:]
+
+    original = numpy.random.get_bit_generator()
+    try:
+        numpy.random.seed(11)
+        assert_captures_now()
+        assert_captures_now()  # nothing drawn
+        numpy.random.random(3)
+        assert_captures_now()
+        numpy.random.standard_normal()  # draws two, caches one
+        assert_captures_now()
+        numpy.random.standard_normal()  # the cached one: the key is unchanged
+        assert_captures_now()
+        numpy.random.seed(11)
+        assert_captures_now()
+        before = numpy.random.get_state()
+        numpy.random.random()
+        extra_state.apply_rng({"numpy": before})
+        assert_captures_now()
+        # A restore to the same key with a cached Gaussian: no raw change.
+        extra_state.apply_rng({"numpy": before[:3] + (1, 0.5)})
+        assert_captures_now()
+        numpy.random.set_bit_generator(numpy.random.MT19937(5))
+        assert_captures_now()
+        numpy.random.random()
+        assert_captures_now()
+        numpy.random.set_bit_generator(numpy.random.PCG64(5))
+        assert_captures_now()
+    finally:
+        numpy.random.set_bit_generator(original)
 
 
 def test_continuous_mode_checkpoints_the_step_after_a_flush(pool_path):
