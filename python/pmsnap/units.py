@@ -62,6 +62,8 @@ def _dtensor_class():
 def is_dtensor(t):
     """Whether `t` is a torch.distributed DTensor (FSDP2's sharded parameters
     and their optimizer state, distribute_tensor's)."""
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+        return False  # the common case, on every step: no class lookup
     dtensor = _dtensor_class()
     return dtensor is not None and isinstance(t, dtensor)
 
@@ -184,8 +186,7 @@ class Unit:
     def check_unchanged(self):
         """ModelMismatchError if a registered tensor moved or changed shape."""
         for role, t, ptr, shape in self._watched:
-            if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
-                t = local_tensor(t)  # a DTensor: its local shard is registered
+            t = local_tensor(t)
             if t.data_ptr() != ptr or t.shape != shape:
                 raise make_error(_pmsnap.ModelMismatchError,
                                  f"parameter '{self.name}': tensor '{role}' changed from "
