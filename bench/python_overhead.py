@@ -205,8 +205,11 @@ def thread_page_faults():
     return usage.ru_minflt + usage.ru_majflt
 
 
-def run_trial(workload, method, args, pool_dir, trial, worker_cpus):
-    model, optimizer, loss_of, base = workload.make()
+def run_trial(workload, method, args, pool_dir, trial, worker_cpus, made=None):
+    """One trial of `method`: a fresh copy of the workload's model, or `made`
+    (workload.make()'s tuple, kept by --same-model; its optimizer is left
+    as it was, its state trained further)."""
+    model, optimizer, loss_of, base = made or workload.make()
     pool = os.path.join(pool_dir, f"pmsnap-bench-python-{os.getpid()}-{trial}.pool")
     stepper = optimizer
     tracker = None
@@ -262,6 +265,7 @@ def run_trial(workload, method, args, pool_dir, trial, worker_cpus):
             blocked = s["blocked_seconds"] / max(1, s["steps"])
             checkpoint_bytes = s["bytes_written"] / max(1, commits)
     finally:
+        del optimizer.step  # the class's step() again, for the next trial on `made`
         if tracker is not None:
             tracker.remove()
         if os.path.exists(pool):
@@ -295,6 +299,11 @@ def main():
                              "plain,pmsnap,tracking-only,pmsnap-notrack,pmsnap-norng,"
                              "pmsnap-dense,hooks-only); also pmsnap-cont, pmsnap-cont-staged, "
                              "pmsnap-cont-staged-w2")
+    parser.add_argument("--same-model", action="store_true",
+                        help="every trial trains on, with the same model, optimizer and "
+                             "tensors (fresh copies per trial move the plain iteration by "
+                             "tens of percent between trials on a VM); with short trials and "
+                             "many rounds, the rounds pair methods run seconds apart")
     parser.add_argument("--out", default=None,
                         help="CSV (default bench/results/python_<workload>.csv)")
     args = parser.parse_args()
@@ -329,12 +338,14 @@ def main():
     pool_dir = os.environ.get("PMSNAP_POOL_DIR", "/dev/shm")
     workload = WORKLOADS[args.workload](args)
     print(f"{workload.describe()}; "
-          f"{args.iterations} iterations per trial, the first {args.warmup} untimed; "
+          f"{args.iterations} iterations per trial, the first {args.warmup} untimed"
+          f"{', every trial on the same model (--same-model)' if args.same_model else ''}; "
           f"training thread on CPU {allowed[0] if worker_cpus else 'any'}, "
           f"pmsnap workers on CPU(s) {worker_cpus or 'any'}; load average "
           f"{os.getloadavg()[0]:.1f} at start; "
           f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}")
 
+    made = workload.make() if args.same_model else None
     rows = []
     trial = 0
     for rnd in range(args.rounds):
@@ -342,7 +353,7 @@ def main():
         results = {}
         for method in order:
             results[method] = run_trial(workload, method, args, pool_dir, trial,
-                                        worker_cpus)
+                                        worker_cpus, made)
             trial += 1
         for method in methods:
             r = results[method]

@@ -91,10 +91,15 @@ Status TensorBlock::ReadRow(std::uint64_t r, float* out) const {
   return quant::DequantizeRow(quantized_view, r, out);
 }
 
+std::uint64_t BloomWords(std::uint64_t keys, std::uint32_t bits_per_key) {
+  if (bits_per_key == 0 || keys == 0) return 0;
+  return (keys * bits_per_key + 63) / 64;
+}
+
 std::vector<std::uint64_t> BuildBloom(std::span<const std::uint64_t> keys,
                                       std::uint32_t bits_per_key) {
-  if (bits_per_key == 0 || keys.empty()) return {};
-  const std::uint64_t words = (keys.size() * bits_per_key + 63) / 64;
+  const std::uint64_t words = BloomWords(keys.size(), bits_per_key);
+  if (words == 0) return {};
   std::vector<std::uint64_t> bloom(words, 0);
   const std::uint64_t bits = words * 64;
   for (std::uint64_t key : keys) {
@@ -124,6 +129,12 @@ Result<std::vector<std::byte>> BuildDataChunk(std::uint64_t epoch,
                                               const EncodeOptions& options,
                                               const std::string& table) {
   ByteWriter w;
+  // The unquantized size, an upper bound of the quantized one: the image is
+  // a table's changed rows (megabytes), built once per epoch.
+  std::size_t bound = sizeof(DataHeader) + keys.size_bytes() +
+                      8 * BloomWords(keys.size(), options.bloom_bits_per_key);
+  for (const TensorInput& t : tensors) bound += 16 + Pad8(t.rows.size_bytes());
+  w.Reserve(bound);
   WriteHeaderAndKeys(w, epoch, keys, tensors.size(), options.bloom_bits_per_key);
   for (const TensorInput& t : tensors) {
     const bool quantize = options.quantize && t.elems_per_row >= 2 && !keys.empty();

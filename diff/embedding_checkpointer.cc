@@ -224,17 +224,27 @@ struct EmbeddingCheckpointer::Table {
   std::vector<std::uint64_t> priority_carry PMSNAP_GUARDED_BY(mutex);
   double select_seconds PMSNAP_GUARDED_BY(mutex) = 0;
   std::uint64_t access_record_bytes PMSNAP_GUARDED_BY(mutex) = 0;
+  // The rows a data chunk is built from, per tensor. Kept between epochs
+  // (up to kKeptGatherBytes): a buffer freed after each epoch goes back to
+  // the OS and is faulted in again by the next, 4 KiB at a time (172
+  // faults, about 2.6 ms of a worker's time per step on the DLRM example;
+  // bench/RESULTS.md, eighth session).
+  std::vector<std::vector<float>> gathered PMSNAP_GUARDED_BY(mutex);
 };
 
 namespace {
 
 using Table = EmbeddingCheckpointer::Table;
 
-// Gathers `rows` of every tensor of `table` from device memory, coalescing
-// consecutive rows into one copy.
+// A table's gather buffers up to this size stay allocated between epochs;
+// a larger one (a full checkpoint of a big table) is freed after use.
+constexpr std::size_t kKeptGatherBytes = std::size_t{64} << 20;
+
+// Gathers `rows` of every tensor of `table` from device memory into
+// `out` (their buffers reused), coalescing consecutive rows into one copy.
 Status Gather(const Table& table, runtime::Device& device, const std::vector<std::uint64_t>& rows,
               std::vector<std::vector<float>>* out) {
-  out->assign(table.tensors.size(), {});
+  out->resize(table.tensors.size());
   for (std::size_t t = 0; t < table.tensors.size(); ++t) {
     const std::uint32_t elems = table.shape.elems_per_row[t];
     (*out)[t].resize(rows.size() * elems);
@@ -411,16 +421,21 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
   // A data chunk of `rows` read from the live tensors.
   auto data_chunk = [&](const std::vector<std::uint64_t>& rows,
                         std::uint32_t bloom_bits) -> Result<std::vector<std::byte>> {
-    std::vector<std::vector<float>> gathered;
+    std::vector<std::vector<float>>& gathered = table.gathered;
     PMSNAP_RETURN_IF_ERROR(Gather(table, *device_, rows, &gathered));
     std::vector<detail::TensorInput> inputs;
+    std::size_t gathered_bytes = 0;
     for (std::size_t t = 0; t < gathered.size(); ++t) {
       inputs.push_back({table.shape.elems_per_row[t], gathered[t]});
+      gathered_bytes += gathered[t].capacity() * sizeof(float);
     }
     detail::EncodeOptions options = encode;
     options.bloom_bits_per_key = bloom_bits;
     stats.rows_written += rows.size();
-    return detail::BuildDataChunk(epoch, rows, inputs, options, table.name);
+    Result<std::vector<std::byte>> image =
+        detail::BuildDataChunk(epoch, rows, inputs, options, table.name);
+    if (gathered_bytes > kKeptGatherBytes) gathered = {};
+    return image;
   };
   auto all_rows = [&table]() {
     std::vector<std::uint64_t> rows(table.shape.rows);

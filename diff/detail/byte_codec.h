@@ -32,6 +32,8 @@ class ByteWriter {
     out.insert(out.end(), p, p + n);
   }
   void PadTo8() { out.resize(Pad8(out.size()), std::byte{0}); }
+  // One allocation for what is written next, not a doubling per overflow.
+  void Reserve(std::size_t bytes) { out.reserve(out.size() + bytes); }
   std::vector<std::byte> out;
 };
 

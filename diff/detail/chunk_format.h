@@ -87,6 +87,9 @@ Result<std::vector<std::byte>> SliceDataChunk(const DataChunkView& source,
 // Validates and views a data chunk image. `what` names table and checkpoint.
 Result<DataChunkView> ParseDataChunk(std::span<const std::byte> bytes, const std::string& what);
 
+// The words of the bloom filter BuildBloom makes for `keys` keys (0: none).
+std::uint64_t BloomWords(std::uint64_t keys, std::uint32_t bits_per_key);
+
 // Bloom filter over the keys: k hashes by double hashing.
 std::vector<std::uint64_t> BuildBloom(std::span<const std::uint64_t> keys,
                                       std::uint32_t bits_per_key);

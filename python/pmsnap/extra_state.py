@@ -39,69 +39,142 @@ try:  # numpy is optional; its global RNG is saved when it is there.
 except ImportError:  # pragma: no cover - numpy ships with Debian's torch
     _numpy = None
 
+_WORD = next(code for code in "IL" if array.array(code).itemsize == 4)  # a 32-bit word
 
-class _NumpyGlobalState:
-    """numpy.random.get_state() of the global RandomState, the last capture
-    reused while the generator drew nothing. get_state() costs 40-80 us a
-    step (it copies the 624 key words one at a time); comparing the
-    generator's raw key and position (2.5 KB, read through its public ctypes
-    address) costs about 1 us. Reused only when the last capture held no
-    cached Gaussian: consuming one changes the state without a draw.
 
-    The raw layout (uint32 key[624], int pos) is numpy's MT19937 struct; it
-    is checked against get_state() once, and without that match, or another
-    generator than MT19937, every capture calls get_state()."""
+class _GlobalRngState:
+    """A global Mersenne Twister's get-state call, its last result reused
+    while the generator drew nothing. The call builds the 624 key words one
+    at a time: 10-80 us a step, more with the caches cold after the
+    optimizer's update; comparing the generator's raw key and position (2.5
+    KB) costs about 1 us. Reused only while the generator's cached Gaussian
+    is the captured one: consuming it changes the state without a draw.
+
+    The raw layout is the C struct behind the generator; it is checked
+    against the get-state call once per generator object, and without that
+    match every capture makes the call. Subclasses say where the struct is
+    and what the call returns."""
 
     _RAW_BYTES = 624 * 4 + 4
 
     def __init__(self):
-        # numpy.random.get_bit_generator: numpy >= 1.25.
-        self._current = getattr(_numpy.random, "get_bit_generator", None)
-        # (bit generator, its state's address or None, raw state, get_state()),
+        # (generator, its raw state's address or None, raw state, state),
         # replaced whole so that a capture from another thread reads one.
         self._cache = (None, None, None, None)
 
     def capture(self):
-        if self._current is None:
-            return _numpy.random.get_state()
-        generator = self._current()
+        generator = self._generator()
         cached_generator, address, cached_raw, cached_state = self._cache
         if generator is not cached_generator:
             address, cached_raw = self._checked_address(generator), None
         if address is None:
             self._cache = (generator, None, None, None)
-            return _numpy.random.get_state()
-        # Read before get_state(): a draw in between (another thread) makes
+            return self._read_state()
+        # Read before the state: a draw in between (another thread) makes
         # the next capture read afresh, never reuse a newer raw state.
         raw = ctypes.string_at(address, self._RAW_BYTES)
-        if raw == cached_raw and not cached_state[3]:
+        if raw == cached_raw and self._cached_gaussian_kept(cached_state, generator):
             return cached_state
-        state = _numpy.random.get_state()
+        state = self._read_state()
         self._cache = (generator, address, raw, state)
         return state
 
     def forget(self):
-        """After a set_state (restore): the next capture reads afresh."""
+        """After a set-state (restore): the next capture reads afresh."""
         self._cache = (None, None, None, None)
 
     def _checked_address(self, generator):
-        if type(generator).__name__ != "MT19937":
+        address = self._raw_address(generator)
+        if address is None:
             return None
-        try:
-            address = generator.ctypes.state_address
-        except AttributeError:  # pragma: no cover - numpy without the ctypes interface
-            return None
-        state = _numpy.random.get_state()
-        expected = state[1].tobytes() + int(state[2]).to_bytes(4, sys.byteorder, signed=True)
+        expected = self._raw_of(self._read_state())
         return address if ctypes.string_at(address, self._RAW_BYTES) == expected else None
 
 
+class _NumpyGlobalState(_GlobalRngState):
+    """numpy.random.get_state() of the global RandomState. The raw layout
+    (uint32 key[624], int pos) is numpy's MT19937 struct, read through its
+    public ctypes address; another bit generator is read every time. The
+    cached Gaussian is get_state()'s has_gauss: a capture holding one is
+    never reused."""
+
+    def __init__(self):
+        super().__init__()
+        # numpy.random.get_bit_generator: numpy >= 1.25.
+        self._current = getattr(_numpy.random, "get_bit_generator", None)
+
+    def _generator(self):
+        return None if self._current is None else self._current()
+
+    def _read_state(self):
+        return _numpy.random.get_state()
+
+    def _raw_address(self, generator):
+        if type(generator).__name__ != "MT19937":
+            return None
+        try:
+            return generator.ctypes.state_address
+        except AttributeError:  # pragma: no cover - numpy without the ctypes interface
+            return None
+
+    def _raw_of(self, state):
+        return state[1].tobytes() + int(state[2]).to_bytes(4, sys.byteorder, signed=True)
+
+    def _cached_gaussian_kept(self, state, generator):
+        return not state[3]
+
+
+class _PythonGlobalState(_GlobalRngState):
+    """random.getstate() of the random module's generator. The raw layout
+    (int index, uint32 state[624]) is CPython's _random.Random struct after
+    the object header; a subclass of random.Random is read every time (it
+    may keep state of its own). The cached Gaussian is gauss_next; setstate
+    sets it anew, so a restore needs no forget()."""
+
+    def __init__(self):
+        super().__init__()
+        self._words = (None, None)  # (a key tuple, its words), replaced whole
+
+    def _generator(self):
+        return random.getstate.__self__
+
+    def _read_state(self):
+        return random.getstate()
+
+    def _raw_address(self, generator):
+        if type(generator) is not random.Random:
+            return None
+        return id(generator) + object.__basicsize__
+
+    def _raw_of(self, state):
+        version, words, _ = state
+        if version != 3 or len(words) != 625:
+            return None
+        return (int(words[624]).to_bytes(4, sys.byteorder, signed=True)
+                + array.array(_WORD, words[:624]).tobytes())
+
+    def _cached_gaussian_kept(self, state, generator):
+        return generator.gauss_next is state[2]
+
+    def words_of(self, key):
+        """The 32-bit words of `key` (a getstate() tuple's second item) as
+        bytes; the last result again for the same, reused, tuple (saves 7
+        us). OverflowError or TypeError for what is not 32-bit words."""
+        last_key, last_words = self._words
+        if key is last_key:
+            return last_words
+        words = array.array(_WORD, key).tobytes()
+        self._words = (key, words)
+        return words
+
+
 _numpy_global = _NumpyGlobalState() if _numpy is not None else None
+_python_global = _PythonGlobalState()
 
 
 def capture_rng():
     """The process's global RNG states (torch CPU, Python, numpy)."""
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    rng = {"torch": torch.get_rng_state(), "python": _python_global.capture()}
     if _numpy is not None:
         rng["numpy"] = _numpy_global.capture()
     if torch.cuda.is_initialized():  # implies is_available(), which costs 1 us a step
@@ -171,7 +244,6 @@ class _TensorsAsBytesPickler(pickle.Pickler):
         return NotImplemented
 
 
-_WORD = next(code for code in "IL" if array.array(code).itemsize == 4)  # a 32-bit word
 
 
 class _PickledAs:
@@ -196,7 +268,7 @@ def _rng_as_words(rng):
     out = rng
     if type(python) is tuple and len(python) == 3 and type(python[1]) is tuple:
         try:  # array refuses what is not a 32-bit word (the tuple then pickles as it is)
-            words = array.array(_WORD, python[1]).tobytes()
+            words = _python_global.words_of(python[1])
         except (OverflowError, TypeError):
             words = None
         if words is not None:

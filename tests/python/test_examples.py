@@ -182,3 +182,54 @@ def test_python_overhead_bench_refuses_a_table_method_on_the_transformer(tmp_pat
     assert "pmsnap-dense needs --workload dlrm" in done.stderr
     done = run_bench("--methods", "pmsnap,plain", "--out", str(tmp_path / "t.csv"))
     assert done.returncode == 2 and "the first method must be plain" in done.stderr
+
+
+def test_python_overhead_bench_trains_one_model_on_in_every_trial_with_same_model(tmp_path):
+    """--same-model: every trial steps the same model and optimizer, each
+    pmsnap trial into a pool of its own, and each still commits its steps."""
+    csv_path = tmp_path / "same.csv"
+    done = run_bench("--workload", "dlrm", "--same-model", "--rounds", "2", "--iterations", "4",
+                     "--warmup", "1", "--methods", "plain,pmsnap", "--out", str(csv_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every trial on the same model (--same-model)" in done.stdout
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["method"], int(r["commits"])) for r in rows] == [
+        ("plain", 0), ("pmsnap", 4), ("plain", 0), ("pmsnap", 4)]
+    for r in rows:
+        assert 0 <= float(r["own_cpu_ms"]) <= float(r["step_cpu_ms"]), r
+
+
+PAIRED = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "python_paired.py")
+
+
+def test_python_paired_bench_alternates_blocks_and_swaps_the_copies_halfway(tmp_path):
+    """bench/python_paired.py: a CSV row per pair of blocks, the measured
+    copy swapped halfway, each half's pool committing every step and
+    removed, and the three summary rows printed."""
+    csv_path = tmp_path / "paired.csv"
+    pool_dir = os.environ.get("PMSNAP_POOL_DIR", "/dev/shm")
+    pools_before = set(os.listdir(pool_dir))
+    done = subprocess.run([sys.executable, PAIRED, "--workload", "dlrm", "--pairs", "20",
+                           "--block", "3", "--skip", "1", "--warmup", "2", "--out",
+                           str(csv_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pmsnap against plain; 20 pairs of blocks of 3 iterations" in done.stdout
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    assert [(int(r["half"]), r["measured_copy"]) for r in rows] == (
+        [(0, "first")] * 10 + [(1, "second")] * 10)
+    for r in rows:
+        expected = 100 * (float(r["measured_ms"]) / float(r["plain_ms"]) - 1)
+        assert abs(float(r["overhead_pct"]) - expected) < 0.01, r
+    for title in ("first half", "second half (swapped)", "all"):
+        assert re.search(rf"^{re.escape(title)} +{NUMBER} +{NUMBER} +{NUMBER} \[{NUMBER} \.\. "
+                         rf"{NUMBER}\]$", done.stdout, re.MULTILINE), done.stdout
+    # Per half: 2 warmup steps, then 10 blocks of 3: every step committed.
+    assert done.stdout.count("pmsnap: 32 checkpoints over 32 steps") == 2, done.stdout
+    left = [p for p in set(os.listdir(pool_dir)) - pools_before
+            if p.startswith("pmsnap-bench-paired-")]
+    assert not left, f"pools left behind: {left}"
+    refused = subprocess.run([sys.executable, PAIRED, "--pairs", "21"], capture_output=True,
+                             text=True, timeout=600)
+    assert refused.returncode == 2 and "--pairs must be even" in refused.stderr

@@ -144,6 +144,65 @@ def test_numpy_rng_captures_follow_every_change_of_the_global_generator():
         numpy.random.set_bit_generator(original)
 
 
+def test_python_rng_captures_follow_every_change_of_the_global_generator(monkeypatch):
+    """A capture reuses the last one while the random module's generator
+    drew nothing; every change shows: draws, a cached Gaussian made and
+    consumed (no draw), a reseed, setstate. Where the raw layout does not
+    match getstate(), every capture reads getstate()."""
+    extra_state = pmsnap.extra_state
+
+    def assert_captures_now():
+        captured = extra_state.capture_rng()["python"]
+        assert captured == random.getstate()
+        back = extra_state.unpack(extra_state.pack({}, {"python": captured}, [], {}))
+        assert back["rng"]["python"] == random.getstate()
+        return captured
+
+    original = random.getstate()
+    try:
+        random.seed(11)
+        first = assert_captures_now()
+        assert assert_captures_now() is first  # nothing drawn: reused
+        random.random()
+        assert_captures_now()
+        random.gauss()  # draws, caches a second Gaussian in gauss_next
+        assert_captures_now()
+        random.gauss()  # the cached one: the generator's words are unchanged
+        assert_captures_now()
+        random.seed(11)
+        assert_captures_now()
+        random.getrandbits(32)
+        drawn = random.getstate()
+        random.setstate(first)
+        assert assert_captures_now() == first
+        random.setstate(drawn)
+        assert_captures_now()
+        monkeypatch.setattr(type(extra_state._python_global), "_raw_address",
+                            lambda self, generator: id(generator))  # the header: no match
+        extra_state._python_global.forget()
+        reread = assert_captures_now()
+        assert assert_captures_now() is not reread
+    finally:
+        random.setstate(original)
+
+
+def test_extra_state_changed_in_place_is_checkpointed_with_the_next_step(pool_path):
+    """A caller's dict changed in place between steps (not replaced) is
+    stored as it is at each step, though an unchanged one is reused."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1) as copt:
+        copt.extra_state = {"position": {"batch": 0}}
+        for step in range(4):
+            train_step(model, copt, step)
+            if step < 2:
+                copt.extra_state["position"]["batch"] += 1
+    model = make_model()
+    iteration, extra = pmsnap.restore(pool_path, model,
+                                      torch.optim.SGD(model.parameters(), lr=0.1))
+    assert iteration == 4 and extra["position"] == {"batch": 2}
+
+
 def test_continuous_mode_checkpoints_the_step_after_a_flush(pool_path):
     # A slow simulated device keeps checkpoints in flight across steps, so
     # continuous mode skips some; the step after flush() finds none in flight
