@@ -282,6 +282,26 @@ def run_trial(workload, method, args, pool_dir, trial, worker_cpus, made=None):
                 checkpoint_mb=checkpoint_bytes / 1e6)
 
 
+def add_transformer_arguments(parser):
+    """The transformer workload's options (--batch, --seq, --seed)."""
+    parser.add_argument("--batch", type=int, default=2, help="transformer batch")
+    parser.add_argument("--seq", type=int, default=32, help="transformer sequence length")
+    parser.add_argument("--seed", type=int, default=0, help="transformer seed")
+
+
+def pin_training_thread():
+    """One torch thread, pinned to the first allowed CPU when there are two
+    or more; returns (the allowed CPUs, the others: pmsnap's workers' CPUs,
+    empty on one CPU)."""
+    torch.set_num_threads(1)
+    allowed = sorted(os.sched_getaffinity(0))
+    worker_cpus = []
+    if len(allowed) >= 2:
+        os.sched_setaffinity(0, {allowed[0]})  # this (the training) thread
+        worker_cpus = allowed[1:]
+    return allowed, worker_cpus
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="transformer")
@@ -290,9 +310,7 @@ def main():
                         help="per trial (default: transformer 30, dlrm 300)")
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed first iterations (default: transformer 2, dlrm 10)")
-    parser.add_argument("--batch", type=int, default=2, help="transformer batch")
-    parser.add_argument("--seq", type=int, default=32, help="transformer sequence length")
-    parser.add_argument("--seed", type=int, default=0, help="transformer seed")
+    add_transformer_arguments(parser)
     parser.add_argument("--methods", default=None,
                         help="comma-separated, plain first (default: transformer "
                              "plain,pmsnap,pmsnap-nopin,pmsnap-per-param,hooks-only; dlrm "
@@ -329,12 +347,7 @@ def main():
     if args.warmup >= args.iterations:
         parser.error("--warmup must be below --iterations")
 
-    torch.set_num_threads(1)
-    allowed = sorted(os.sched_getaffinity(0))
-    worker_cpus = []
-    if len(allowed) >= 2:
-        os.sched_setaffinity(0, {allowed[0]})  # this (the training) thread
-        worker_cpus = allowed[1:]
+    allowed, worker_cpus = pin_training_thread()
     pool_dir = os.environ.get("PMSNAP_POOL_DIR", "/dev/shm")
     workload = WORKLOADS[args.workload](args)
     print(f"{workload.describe()}; "

@@ -40,8 +40,6 @@ import statistics
 import sys
 import time
 
-import torch
-
 import pmsnap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -126,9 +124,7 @@ def main():
                         help="what the measured copy runs: a method of python_overhead.py "
                              "(pmsnap, pmsnap-norng, hooks-only, tracking-only, ...) or plain "
                              "(the control: what the pairing reads with nothing to find)")
-    parser.add_argument("--batch", type=int, default=2, help="transformer batch")
-    parser.add_argument("--seq", type=int, default=32, help="transformer sequence length")
-    parser.add_argument("--seed", type=int, default=0, help="transformer seed")
+    python_overhead.add_transformer_arguments(parser)
     parser.add_argument("--out", default=None,
                         help="CSV (default bench/results/python_paired_<workload>_<method>.csv)")
     args = parser.parse_args()
@@ -145,12 +141,7 @@ def main():
         args.out = os.path.join(HERE, "results",
                                 f"python_paired_{args.workload}_{args.method}.csv")
 
-    torch.set_num_threads(1)
-    allowed = sorted(os.sched_getaffinity(0))
-    worker_cpus = []
-    if len(allowed) >= 2:
-        os.sched_setaffinity(0, {allowed[0]})  # this (the training) thread
-        worker_cpus = allowed[1:]
+    allowed, worker_cpus = python_overhead.pin_training_thread()
     pool_dir = os.environ.get("PMSNAP_POOL_DIR", "/dev/shm")
     workload = python_overhead.WORKLOADS[args.workload](args)
     copies = [Copy(workload, "first"), Copy(workload, "second")]

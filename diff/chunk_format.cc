@@ -127,8 +127,11 @@ Result<std::vector<std::byte>> BuildDataChunk(std::uint64_t epoch,
                                               std::span<const std::uint64_t> keys,
                                               std::span<const TensorInput> tensors,
                                               const EncodeOptions& options,
-                                              const std::string& table) {
+                                              const std::string& table,
+                                              std::vector<std::byte> buffer) {
   ByteWriter w;
+  w.out = std::move(buffer);
+  w.out.clear();
   // The unquantized size, an upper bound of the quantized one: the image is
   // a table's changed rows (megabytes), built once per epoch.
   std::size_t bound = sizeof(DataHeader) + keys.size_bytes() +

@@ -224,21 +224,24 @@ struct EmbeddingCheckpointer::Table {
   std::vector<std::uint64_t> priority_carry PMSNAP_GUARDED_BY(mutex);
   double select_seconds PMSNAP_GUARDED_BY(mutex) = 0;
   std::uint64_t access_record_bytes PMSNAP_GUARDED_BY(mutex) = 0;
-  // The rows a data chunk is built from, per tensor. Kept between epochs
-  // (up to kKeptGatherBytes): a buffer freed after each epoch goes back to
-  // the OS and is faulted in again by the next, 4 KiB at a time (172
-  // faults, about 2.6 ms of a worker's time per step on the DLRM example;
-  // bench/RESULTS.md, eighth session).
+  // The rows a data chunk is built from, per tensor, and a written chunk's
+  // image to build the next in, each kept between epochs up to
+  // kKeptBufferBytes: buffers freed after each epoch go back to the OS when
+  // glibc trims the worker's heap and are faulted in again by the next,
+  // 4 KiB at a time (172 faults, about 2.6 ms of a worker's time per
+  // step on the DLRM example; bench/RESULTS.md, eighth session).
   std::vector<std::vector<float>> gathered PMSNAP_GUARDED_BY(mutex);
+  std::vector<std::byte> spare_image PMSNAP_GUARDED_BY(mutex);
 };
 
 namespace {
 
 using Table = EmbeddingCheckpointer::Table;
 
-// A table's gather buffers up to this size stay allocated between epochs;
-// a larger one (a full checkpoint of a big table) is freed after use.
-constexpr std::size_t kKeptGatherBytes = std::size_t{64} << 20;
+// A table's gather and image buffers up to this size each stay allocated
+// between epochs; a larger one (a full checkpoint of a big table) is freed
+// after use.
+constexpr std::size_t kKeptBufferBytes = std::size_t{64} << 20;
 
 // Gathers `rows` of every tensor of `table` from device memory into
 // `out` (their buffers reused), coalescing consecutive rows into one copy.
@@ -398,7 +401,7 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
   }
 
   // Writes images as one heap chunk (a bundle when more than one).
-  auto write = [&](const std::vector<std::vector<std::byte>>& images,
+  auto write = [&](const std::vector<std::span<const std::byte>>& images,
                    bool bundle) -> Result<std::vector<ChunkRef>> {
     std::vector<ChunkRef> refs;
     if (images.empty()) return refs;
@@ -418,24 +421,27 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
     stats.bytes_written += total;
     return refs;
   };
+  // The table's kept buffers (Table::gathered), lent to the lambdas below
+  // (which the thread-safety analysis cannot see under the lock) and handed
+  // back once the chunks are written.
+  std::vector<std::vector<float>> gathered = std::move(table.gathered);
+  std::vector<std::byte> spare_image = std::move(table.spare_image);
   // A data chunk of `rows` read from the live tensors.
   auto data_chunk = [&](const std::vector<std::uint64_t>& rows,
                         std::uint32_t bloom_bits) -> Result<std::vector<std::byte>> {
-    std::vector<std::vector<float>>& gathered = table.gathered;
     PMSNAP_RETURN_IF_ERROR(Gather(table, *device_, rows, &gathered));
     std::vector<detail::TensorInput> inputs;
-    std::size_t gathered_bytes = 0;
     for (std::size_t t = 0; t < gathered.size(); ++t) {
       inputs.push_back({table.shape.elems_per_row[t], gathered[t]});
-      gathered_bytes += gathered[t].capacity() * sizeof(float);
     }
     detail::EncodeOptions options = encode;
     options.bloom_bits_per_key = bloom_bits;
     stats.rows_written += rows.size();
-    Result<std::vector<std::byte>> image =
-        detail::BuildDataChunk(epoch, rows, inputs, options, table.name);
-    if (gathered_bytes > kKeptGatherBytes) gathered = {};
-    return image;
+    return detail::BuildDataChunk(epoch, rows, inputs, options, table.name,
+                                  std::move(spare_image));
+  };
+  auto recycle = [&spare_image](std::vector<std::byte>&& image) {
+    spare_image = std::move(image);
   };
   auto all_rows = [&table]() {
     std::vector<std::uint64_t> rows(table.shape.rows);
@@ -455,6 +461,7 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
   if (next.baseline_epoch == 0 || encoding_->TakesFull(next)) {
     PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, data_chunk(all_rows(), 0));
     PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, write({image}, false));
+    recycle(std::move(image));
     next.baseline = refs[0];
     next.baseline_epoch = epoch;
     next.diff_sizes.clear();
@@ -475,8 +482,15 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
     step.priority_rows = &table.priority_rows;
     step.data_chunk = data_chunk;
     step.write = write;
+    step.recycle = recycle;
     PMSNAP_RETURN_IF_ERROR(encoding_->WriteIncrement(step, next, checkpoint, stats));
   }
+  std::size_t gathered_bytes = 0;
+  for (const std::vector<float>& rows : gathered) {
+    gathered_bytes += rows.capacity() * sizeof(float);
+  }
+  if (gathered_bytes <= kKeptBufferBytes) table.gathered = std::move(gathered);
+  if (spare_image.capacity() <= kKeptBufferBytes) table.spare_image = std::move(spare_image);
   next.retained.push_back(checkpoint);
   encoding_->RebuildRetained(next);
   while (next.retained.size() > options_.retain) next.retained.erase(next.retained.begin());

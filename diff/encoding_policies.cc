@@ -17,6 +17,7 @@ Result<ChunkRef> WriteRows(const EncodeStep& step, const std::vector<std::uint64
                            std::uint32_t bloom_bits) {
   PMSNAP_ASSIGN_OR_RETURN(std::vector<std::byte> image, step.data_chunk(rows, bloom_bits));
   PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, step.write({image}, false));
+  if (step.recycle) step.recycle(std::move(image));
   return refs[0];
 }
 
@@ -196,7 +197,8 @@ class IncrCPEncoding final : public EncodingPolicy {
   Status Place(const EncodeStep& step, const std::vector<std::vector<std::byte>>& images,
                std::vector<ListNode>& nodes) const {
     if (options_.concatenate) {
-      PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, step.write(images, images.size() > 1));
+      const std::vector<std::span<const std::byte>> views(images.begin(), images.end());
+      PMSNAP_ASSIGN_OR_RETURN(std::vector<ChunkRef> refs, step.write(views, images.size() > 1));
       for (std::size_t i = 0; i < refs.size(); ++i) nodes[i].ref = refs[i];
       return Status::Ok();
     }

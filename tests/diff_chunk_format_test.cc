@@ -39,6 +39,30 @@ TEST(ChunkFormatTest, BlockPaddingPastTheEndIsTruncationNotARead) {
   EXPECT_THAT(parsed.status().message(), HasSubstr("tensor block truncated"));
 }
 
+// A data chunk built in an earlier image's memory (the embedding
+// checkpointer's reused buffer) is the same chunk, whatever that memory held,
+// and is built where the buffer was when it had room: no new allocation.
+TEST(ChunkFormatTest, ChunkBuiltInAReusedBufferIsTheSameChunkInTheSameMemory) {
+  const std::vector<std::uint64_t> keys = {3, 4, 9};
+  const std::vector<float> weights = {1, 2, 3, 4, 5, 6};
+  const std::vector<float> sums = {0.5f, 0.25f, 0.125f};
+  const std::vector<TensorInput> tensors = {{2, weights}, {1, sums}};
+  EncodeOptions options;
+  options.bloom_bits_per_key = 10;
+  auto fresh = BuildDataChunk(5, keys, tensors, options, "t");
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+
+  std::vector<std::byte> earlier(4096, std::byte{0xab});  // another image's bytes
+  const std::byte* memory = earlier.data();
+  auto reused = BuildDataChunk(5, keys, tensors, options, "t", std::move(earlier));
+  ASSERT_TRUE(reused.ok()) << reused.status().ToString();
+  EXPECT_EQ(*reused, *fresh);
+  EXPECT_EQ(reused->data(), memory);
+  auto view = ParseDataChunk(*reused, "t");
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  EXPECT_EQ(view->keys.size(), keys.size());
+}
+
 // Found by the fuzzer (undefined behaviour under UBSan: memcpy into the null
 // data() of an empty vector): slicing a chunk whose tensor has zero floats
 // per row. Only the undefined-behaviour sanitizer build

@@ -71,12 +71,14 @@ struct EncodeOptions {
   std::uint32_t bloom_bits_per_key = 0;  // 0: no bloom filter
 };
 
-// Builds a data chunk image.
+// Builds a data chunk image, in `buffer`'s memory (its contents dropped):
+// an earlier image's, so that no new memory is faulted in.
 Result<std::vector<std::byte>> BuildDataChunk(std::uint64_t epoch,
                                               std::span<const std::uint64_t> keys,
                                               std::span<const TensorInput> tensors,
                                               const EncodeOptions& options,
-                                              const std::string& table);
+                                              const std::string& table,
+                                              std::vector<std::byte> buffer = {});
 
 // The subset `positions` (ascending indices into `source.keys`) of a data
 // chunk, keeping each row's record bytes as they are (no re-quantization).

@@ -68,8 +68,12 @@ struct EncodeStep {
   std::function<Result<std::vector<std::byte>>(const std::vector<std::uint64_t>& rows,
                                                std::uint32_t bloom_bits)>
       data_chunk;
+  // Takes an image back once written, for the next data_chunk to build in
+  // (optional: an image dropped instead is only freed).
+  std::function<void(std::vector<std::byte>&& image)> recycle;
   // Writes `images` as one heap chunk (a bundle when `bundle`); their refs.
-  std::function<Result<std::vector<ChunkRef>>(const std::vector<std::vector<std::byte>>& images,
+  // Views, not copies: an image is a table's changed rows, megabytes.
+  std::function<Result<std::vector<ChunkRef>>(const std::vector<std::span<const std::byte>>& images,
                                               bool bundle)>
       write;
 };

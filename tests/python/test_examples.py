@@ -233,3 +233,26 @@ def test_python_paired_bench_alternates_blocks_and_swaps_the_copies_halfway(tmp_
     refused = subprocess.run([sys.executable, PAIRED, "--pairs", "21"], capture_output=True,
                              text=True, timeout=600)
     assert refused.returncode == 2 and "--pairs must be even" in refused.stderr
+
+
+FAULTS = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "python_thread_faults.py")
+
+
+def test_python_thread_faults_bench_counts_each_threads_faults_per_step(tmp_path):
+    """bench/python_thread_faults.py: a row per thread, the training thread
+    among them, faults per step over the counted steps; the pool removed."""
+    csv_path = tmp_path / "faults.csv"
+    pool_dir = os.environ.get("PMSNAP_POOL_DIR", "/dev/shm")
+    pools_before = set(os.listdir(pool_dir))
+    done = subprocess.run([sys.executable, FAULTS, "--steps", "6", "--warmup", "2", "--out",
+                           str(csv_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "faults over steps 2-6" in done.stdout
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["role"] for r in rows].count("training") == 1, rows
+    assert len(rows) >= 2 and all(float(r["faults_per_step"]) >= 0 for r in rows), rows
+    assert re.search(rf"^ +\d+ training +{NUMBER}$", done.stdout, re.MULTILINE), done.stdout
+    left = [p for p in set(os.listdir(pool_dir)) - pools_before
+            if p.startswith("pmsnap-bench-faults-")]
+    assert not left, f"pools left behind: {left}"
