@@ -225,23 +225,24 @@ struct EmbeddingCheckpointer::Table {
   double select_seconds PMSNAP_GUARDED_BY(mutex) = 0;
   std::uint64_t access_record_bytes PMSNAP_GUARDED_BY(mutex) = 0;
   // The rows a data chunk is built from, per tensor, and a written chunk's
-  // image to build the next in, each kept between epochs up to
-  // kKeptBufferBytes: buffers freed after each epoch go back to the OS when
-  // glibc trims the worker's heap and are faulted in again by the next,
-  // 4 KiB at a time (172 faults, about 2.6 ms of a worker's time per
-  // step on the DLRM example; bench/RESULTS.md, eighth session).
+  // image to build the next in, kept between epochs while all tables' kept
+  // buffers fit in kKeptBufferBytes: buffers freed after each epoch go back
+  // to the OS when glibc trims the worker's heap and are faulted in again
+  // by the next, 4 KiB at a time (172 faults, about 2.6 ms of a worker's
+  // time per step on the DLRM example; bench/RESULTS.md, eighth session).
   std::vector<std::vector<float>> gathered PMSNAP_GUARDED_BY(mutex);
   std::vector<std::byte> spare_image PMSNAP_GUARDED_BY(mutex);
+  std::uint64_t kept_bytes PMSNAP_GUARDED_BY(mutex) = 0;  // their capacity
 };
 
 namespace {
 
 using Table = EmbeddingCheckpointer::Table;
 
-// A table's gather and image buffers up to this size each stay allocated
-// between epochs; a larger one (a full checkpoint of a big table) is freed
-// after use.
-constexpr std::size_t kKeptBufferBytes = std::size_t{64} << 20;
+// The tables' gather and image buffers stay allocated between epochs up to
+// this much in all; beyond it (a full checkpoint of a big table, many
+// tables) a table's are freed after use.
+constexpr std::uint64_t kKeptBufferBytes = std::uint64_t{64} << 20;
 
 // Gathers `rows` of every tensor of `table` from device memory into
 // `out` (their buffers reused), coalescing consecutive rows into one copy.
@@ -485,12 +486,18 @@ Status EmbeddingCheckpointer::Encode(std::uint32_t unit, std::uint64_t epoch) {
     step.recycle = recycle;
     PMSNAP_RETURN_IF_ERROR(encoding_->WriteIncrement(step, next, checkpoint, stats));
   }
-  std::size_t gathered_bytes = 0;
-  for (const std::vector<float>& rows : gathered) {
-    gathered_bytes += rows.capacity() * sizeof(float);
+  std::uint64_t buffer_bytes = spare_image.capacity();
+  for (const std::vector<float>& rows : gathered) buffer_bytes += rows.capacity() * sizeof(float);
+  // Other tables' encodes update the total beside this one: the bound is
+  // approximate by a table's buffers, never exceeded by more.
+  const std::uint64_t others = kept_buffer_bytes_.load() - table.kept_bytes;
+  const std::uint64_t kept = others + buffer_bytes <= kKeptBufferBytes ? buffer_bytes : 0;
+  if (kept != 0) {
+    table.gathered = std::move(gathered);
+    table.spare_image = std::move(spare_image);
   }
-  if (gathered_bytes <= kKeptBufferBytes) table.gathered = std::move(gathered);
-  if (spare_image.capacity() <= kKeptBufferBytes) table.spare_image = std::move(spare_image);
+  kept_buffer_bytes_.fetch_add(kept - table.kept_bytes);  // modulo 2^64: a decrease too
+  table.kept_bytes = kept;
   next.retained.push_back(checkpoint);
   encoding_->RebuildRetained(next);
   while (next.retained.size() > options_.retain) next.retained.erase(next.retained.begin());

@@ -354,6 +354,27 @@ TEST(DiffEngineTest, RetentionFreesChunksNoCheckpointNeeds) {
   EXPECT_GT((*engine)->stats().encoded_bytes_written, 12u * kRows * kDim * 4);
 }
 
+// A table keeps its gather and image buffers between epochs (no memory
+// faulted in again each epoch), counted once however many epochs reuse them.
+TEST(DiffEngineTest, EncodeBuffersAreKeptBetweenEpochsAndCountedOnce) {
+  TempPoolPath path("diff-kept-buffers");
+  EmbeddingOptions options;
+  options.policy = Policy::kFull;
+  auto checkpointer = std::make_shared<EmbeddingCheckpointer>(options);
+  EmbeddingToy toy(kRows, kDim);
+  auto engine = runtime::Engine::Open(Options(path.path(), checkpointer), toy.Registrations());
+  ASSERT_TRUE(engine.ok());
+  EXPECT_EQ(checkpointer->kept_buffer_bytes(), 0u);
+  Train(**engine, *checkpointer, toy, 1, 3);
+  const std::uint64_t kept = checkpointer->kept_buffer_bytes();
+  // The weights and the accumulator gathered, and the image built of them.
+  EXPECT_GE(kept, 2 * kRows * (kDim + 1) * sizeof(float));
+  EXPECT_LE(kept, std::uint64_t{64} << 20);
+  Train(**engine, *checkpointer, toy, 4, 12);
+  EXPECT_EQ(checkpointer->kept_buffer_bytes(), kept);
+  for (std::uint64_t epoch = 11; epoch <= 12; ++epoch) ExpectTableAt((*engine)->pool(), epoch, 0);
+}
+
 TEST(DiffEngineTest, EncodedUnitWithoutEncoderIsRejected) {
   TempPoolPath path("diff-no-encoder");
   EmbeddingToy toy(kRows, kDim);

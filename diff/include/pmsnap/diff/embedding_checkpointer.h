@@ -144,6 +144,10 @@ class EmbeddingCheckpointer final : public runtime::Encoder {
   Status Restore(std::uint32_t unit, std::uint64_t epoch) override;
   std::uint64_t bytes_written() const override;
 
+  // Host bytes of encode buffers the tables keep between epochs, all tables
+  // together (about 64 MiB at most): memory pmsnap holds beside the pool.
+  std::uint64_t kept_buffer_bytes() const { return kept_buffer_bytes_.load(); }
+
   struct Table;  // per-table state (embedding_checkpointer.cc)
 
  private:
@@ -155,6 +159,9 @@ class EmbeddingCheckpointer final : public runtime::Encoder {
   std::vector<std::unique_ptr<Table>> tables_;     // one per encoded unit
   std::vector<int> table_of_unit_;                 // unit -> index in tables_, -1
   std::atomic<std::uint64_t> committed_bytes_{0};  // chunk bytes of committed epochs
+  // What the tables keep of their encode buffers between epochs, all
+  // tables together (Table::gathered; at most kKeptBufferBytes).
+  std::atomic<std::uint64_t> kept_buffer_bytes_{0};
 };
 
 // --- recovery without an engine (tools, benchmarks, tests) ---
