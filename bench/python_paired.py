@@ -195,7 +195,8 @@ def main():
               f"{median:+17.2f} [{low:+.2f} .. {high:+.2f}]")
     for s in filter(None, stats):
         print(f"pmsnap: {s['epochs_committed']} checkpoints over {s['steps']} steps, "
-              f"blocked {1e3 * s['blocked_seconds'] / max(1, s['steps']):.3f} ms/step")
+              f"blocked {1e3 * s['blocked_seconds'] / max(1, s['steps']):.3f} ms/step "
+              "(the untimed flushes included)")
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end; CSV: {args.out}")
 
 
