@@ -186,21 +186,22 @@ def test_python_rng_captures_follow_every_change_of_the_global_generator(monkeyp
         random.setstate(original)
 
 
-def test_extra_state_changed_in_place_is_checkpointed_with_the_next_step(pool_path):
+def test_extra_state_changed_in_place_is_checkpointed_as_it_was_when_the_step_ended(
+        pool_path):
     """A caller's dict changed in place between steps (not replaced) is
-    stored as it is at each step, though an unchanged one is reused."""
+    stored with each step as it was when that step ended: the change made
+    after the last step, before close() commits it, is not in it."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pmsnap.CheckpointedOptimizer(opt, pool=pool_path, model=model, every=1) as copt:
         copt.extra_state = {"position": {"batch": 0}}
         for step in range(4):
             train_step(model, copt, step)
-            if step < 2:
-                copt.extra_state["position"]["batch"] += 1
+            copt.extra_state["position"]["batch"] += 1
     model = make_model()
     iteration, extra = pmsnap.restore(pool_path, model,
                                       torch.optim.SGD(model.parameters(), lr=0.1))
-    assert iteration == 4 and extra["position"] == {"batch": 2}
+    assert iteration == 4 and extra["position"] == {"batch": 3}
 
 
 def test_continuous_mode_checkpoints_the_step_after_a_flush(pool_path):
